@@ -1,0 +1,586 @@
+#!/usr/bin/env bash
+# Kernel TCP vs sdirect with programs as Debian ships them, one run, same
+# machine: both ends of every connection run unmodified, plainly (kernel)
+# or both under build/tools/sdirect-run (sdirect).
+#
+#   sockperf  `sockperf sr --tcp` / `sockperf pp --tcp -m 64 -t S`: 64-byte
+#             ping-pong for S seconds (BENCH_SOCKPERF_SECS, 5); sockperf's
+#             one-way latency (RTT/2): its 50th percentile and its mean.
+#   redis     redis-server and `redis-benchmark -t set,get -c C -n N --csv`,
+#             no pipelining, C = 1 (N = BENCH_REDIS_N1, 20000) and C = 50
+#             (N = BENCH_REDIS_N50, 100000): requests per second.
+#   idle      benchmarks/idle_conns.py: a server and a client process hold
+#             BENCH_IDLE_CONNS (100) connections that carried one byte each
+#             way and are now idle, the server blocked in epoll_wait on
+#             them, the client in poll. After a second to settle, the CPU
+#             time (utime + stime of /proc/PID/stat, every thread) each
+#             uses in BENCH_IDLE_SECS (10) seconds, in % of one core, and
+#             its threads' context switches per second (wake-ups).
+#
+# Every measurement is repeated BENCH_REPEATS times (default 5), the
+# programs interleaved (repeat 1 of each, then repeat 2 ...) so a burst of
+# load elsewhere hits all columns alike; the table shows medians. Every
+# process is started afresh for every measurement and bounded by timeout.
+# A failed run (timeout, no report) is left out of the median, counted in
+# the runs column and listed under the table (with the library's view of
+# the connections when a preloaded client stalled); three failed runs in a
+# row retire that column of that program. A server that could not start
+# (its port taken meanwhile, e.g. as some connection's ephemeral port) is
+# tried once more on the next port.
+#
+# Each sdirect run must prove it ran direct: the library writes every
+# connection to SDIRECT_STATS_FILE at exit, and every connection on the
+# benchmark's port, on both ends, must end in mode=direct having moved
+# bytes over the fabric; otherwise the row says NOT DIRECT.
+#
+# Output: the table on stdout, benchmarks/results/apps.{tsv,txt}.
+#
+# Usage: benchmarks/apps.sh [sockperf] [redis] [idle]   (default: all three)
+# Environment: BENCH_REPEATS, BENCH_PIN, SDIRECT_BUILD_DIR as for run.sh;
+# BENCH_APPS_PORT (first port, default BENCH_PORT + 100 = 47200; up to 100
+# ports above it are used, skipping any a socket uses), and the variables
+# named above.
+set -uo pipefail
+
+me=apps.sh
+# shellcheck source=benchmarks/lib.sh
+source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib.sh"
+port_base="${BENCH_APPS_PORT:-$((${BENCH_PORT:-47100} + 100))}"
+sp_secs="${BENCH_SOCKPERF_SECS:-5}"
+redis_n1="${BENCH_REDIS_N1:-20000}"
+redis_n50="${BENCH_REDIS_N50:-100000}"
+idle_secs="${BENCH_IDLE_SECS:-10}"
+idle_conns="${BENCH_IDLE_CONNS:-100}"
+idle_settle=1  # seconds between "ready" and the first CPU reading
+redis_limit=20  # seconds for one redis-benchmark run (kernel: 2-6 s here)
+py=/usr/bin/python3
+[[ -x "$py" ]] || py="$(command -v python3 || echo python3)"
+clk_tck="$(getconf CLK_TCK)"
+
+for v in sp_secs redis_n1 redis_n50 idle_secs idle_conns; do
+    if ! [[ "${!v}" =~ ^[1-9][0-9]*$ ]]; then
+        echo "$me: ${v} must be a positive integer (got '${!v}')" >&2
+        exit 1
+    fi
+done
+apps=("$@")
+((${#apps[@]})) || apps=(sockperf redis idle)
+for app in "${apps[@]}"; do
+    case "$app" in
+        sockperf | redis | idle) ;;
+        *) echo "usage: $me [sockperf] [redis] [idle]" >&2; exit 2 ;;
+    esac
+done
+
+hows=(kernel)
+if bench_have_sdirect; then
+    hows+=(sdirect)
+else
+    echo "$me: libsdirect.so not available; the sdirect column is n/a" >&2
+fi
+
+tmp="$(mktemp -d /tmp/sdirect-apps.XXXXXX)"
+pids=()  # timeout wrappers still running, stopped at exit
+cleanup() {
+    local pid
+    for pid in "${pids[@]}"; do stop_pid "$pid" TERM 5; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# start_bg ROLE SECONDS HOW PIN-ARRAY CMD...: starts CMD in the background,
+# bounded by timeout (SIGTERM at SECONDS, SIGKILL 3 s later), preloaded if
+# HOW is sdirect, stats in $tmp/ROLE.stats, output in $tmp/ROLE.out and
+# .err. Sets bg_pid (the timeout wrapper; it passes signals on to CMD).
+start_bg() {
+    local role="$1" secs="$2" how="$3" pre=()
+    local -n pinning="$4"
+    shift 4
+    [[ "$how" == sdirect ]] && pre=("$run")
+    rm -f "$tmp/$role.stats"
+    # Without the library SDIRECT_STATS_FILE is inert.
+    SDIRECT_STATS_FILE="$tmp/$role.stats" timeout -k 3 "$secs" "${pinning[@]}" "${pre[@]}" "$@" \
+        </dev/null >"$tmp/$role.out" 2>"$tmp/$role.err" &
+    bg_pid=$!
+    pids+=("$bg_pid")
+}
+
+# run_fg ROLE SECONDS HOW PIN-ARRAY CMD...: the same in the foreground;
+# returns CMD's status (124: timed out). A preloaded CMD still running
+# two seconds before its timeout leaves the library's view of the
+# connections on $port in $tmp/stall, for the failure note.
+run_fg() {
+    local until=$((SECONDS + $2 - 2))
+    rm -f "$tmp/stall"
+    start_bg "$@"
+    while ((SECONDS < until)) && kill -0 "$bg_pid" 2>/dev/null; do
+        sleep 0.05
+    done
+    [[ "$3" == sdirect ]] && kill -0 "$bg_pid" 2>/dev/null && stall_snapshot
+    wait_pid "$bg_pid" 6
+}
+
+# stall_snapshot: the live connections on $port as sdirect-stat shows them
+# (a few counters of the first four) into $tmp/stall.
+stall_snapshot() {
+    "$build/tools/sdirect-stat" 2>/dev/null | awk -v port="$port" '
+        {
+            lp = ""; pp = ""; keep = ""
+            for (i = 1; i <= NF; i++) {
+                if ($i ~ /^local=/) { lp = $i; sub(/.*:/, "", lp) }
+                else if ($i ~ /^peer=/) { pp = $i; sub(/.*:/, "", pp) }
+                if ($i ~ /^(pid|comm|local|peer|mode|tx_fabric|rx_fabric|tx_msgs|rx_msgs|tx_window|rx_queued)=/)
+                    keep = keep (keep == "" ? "" : " ") $i
+            }
+            if ((lp == port || pp == port) && pp != "0") { n++; if (n <= 4) print keep }
+        }
+        END { if (n > 4) print "... " n " connections in all" }' >"$tmp/stall"
+}
+
+# wait_pid PID SECONDS: waits at most SECONDS for PID to end by itself,
+# then stops it (stop_pid PID TERM 5); returns its status.
+wait_pid() {
+    local pid="$1" i
+    for ((i = 0; i < $2 * 20; i++)); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.05
+    done
+    stop_pid "$pid" TERM 5
+}
+
+# stop_pid PID SIGNAL SECONDS: sends SIGNAL to PID (if it still runs),
+# waits at most SECONDS, then SIGKILLs it; reaps it and returns its status.
+# PID is a timeout wrapper started with -k 3: it passes the signal on to
+# its program and SIGKILLs that 3 s later, so with SECONDS >= 4 the final
+# SIGKILL (which the wrapper cannot pass on) is only a last resort.
+stop_pid() {
+    local pid="$1" i rc rest=()
+    if kill -0 "$pid" 2>/dev/null; then
+        kill "-$2" "$pid" 2>/dev/null
+        for ((i = 0; i < $3 * 20; i++)); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.05
+        done
+        kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
+    fi
+    wait "$pid" 2>/dev/null
+    rc=$?
+    for i in "${pids[@]}"; do [[ "$i" == "$pid" ]] || rest+=("$i"); done
+    pids=("${rest[@]}")
+    return "$rc"
+}
+
+# status_text RC: an exit status in words.
+status_text() {
+    case "$1" in
+        0) echo "exit 0" ;;
+        124) echo "timed out" ;;
+        137) echo "killed (timed out)" ;;
+        *) if (($1 > 128)); then echo "killed by signal $(($1 - 128))"; else echo "exit $1"; fi ;;
+    esac
+}
+
+# next_port: sets port to the next port of the range that no socket uses
+# as its local port (listening or not: ports of this range can also be
+# ephemeral ports of outgoing connections).
+port_seq=0
+next_port() {
+    local i
+    for ((i = 0; i < 100; i++)); do
+        port=$((port_base + port_seq % 100))
+        port_seq=$((port_seq + 1))
+        ss -Htan "sport = :$port" 2>/dev/null | grep -q . || return 0
+    done
+    echo "$me: no free port in $port_base..$((port_base + 99))" >&2
+    exit 1
+}
+
+# direct_verdict PORT MIN ROLE...: "direct" if, in each ROLE's stats file,
+# the connections on PORT (listeners aside; connections that never moved a
+# byte and are not direct aside, as they needed no transport) number at
+# least MIN, are all mode=direct and moved bytes over the fabric;
+# otherwise "NOT DIRECT: ..." saying why.
+direct_verdict() {
+    local port="$1" min="$2" role total direct fabric modes bad=""
+    shift 2
+    for role in "$@"; do
+        if [[ ! -s "$tmp/$role.stats" ]]; then
+            bad+="${bad:+; }$role wrote no stats"
+            continue
+        fi
+        read -r total direct fabric modes < <(awk -v port="$port" '
+            {
+                lp = ""; pp = ""; mode = ""; moved = 0; fab = 0
+                for (i = 1; i <= NF; i++) {
+                    if ($i ~ /^local=/) { lp = $i; sub(/.*:/, "", lp) }
+                    else if ($i ~ /^peer=/) { pp = $i; sub(/.*:/, "", pp) }
+                    else if ($i ~ /^mode=/) mode = substr($i, 6)
+                    else if ($i ~ /^(tx|rx)_(kernel|fabric)=/) {
+                        v = $i; sub(/.*=/, "", v); moved += v
+                        if ($i ~ /_fabric=/) fab += v
+                    }
+                }
+                if (mode == "" || pp == "0" || (lp != port && pp != port)) next
+                if (mode != "direct" && moved == 0) next
+                total++; seen[mode]++; fabric += fab
+                if (mode == "direct") direct++
+            }
+            END {
+                m = ""
+                for (k in seen) m = m (m == "" ? "" : ",") k "x" seen[k]
+                printf "%d %d %.0f %s\n", total, direct + 0, fabric, (m == "" ? "-" : m)
+            }' "$tmp/$role.stats")
+        if ((total < min)); then
+            bad+="${bad:+; }$role: $total connections, expected $min"
+        elif ((direct != total)); then
+            bad+="${bad:+; }$role: modes $modes"
+        elif [[ "$fabric" == 0 ]]; then
+            bad+="${bad:+; }$role: no byte over the fabric"
+        fi
+    done
+    if [[ -z "$bad" ]]; then echo direct; else echo "NOT DIRECT: $bad"; fi
+}
+
+# Per-row values: $tmp/v/ROW.HOW holds one value per good run;
+# $tmp/v/GROUP.HOW.runs one line per attempted run (ok or failed);
+# $tmp/v/GROUP.mode one verdict per sdirect run.
+mkdir -p "$tmp/v"
+put() { echo "$3" >>"$tmp/v/$1.$2"; }  # ROW HOW VALUE
+ran() { echo "$3" >>"$tmp/v/$1.$2.runs"; }  # GROUP HOW ok|failed
+
+# One measurement each. $1: kernel|sdirect. Return 1 on failure, 2 if the
+# server did not start (after saying why with failed), else 0 after
+# recording the values with put.
+
+# failed TEXT: a run failed; said on stderr and listed under the table.
+failed() {
+    echo "  $*" >&2
+    echo "repeat $r: $*" >>"$tmp/failures"
+    if [[ -s "$tmp/stall" ]]; then
+        {
+            echo "    live connections shortly before the timeout:"
+            sed 's/^/    /' "$tmp/stall"
+        } | tee -a "$tmp/failures" >&2
+        rm -f "$tmp/stall"
+    fi
+}
+
+# output_of FILE...: the last lines the files hold, on one line.
+output_of() {
+    local text
+    text="$(cat "$@" 2>/dev/null | tr -d '\r' | grep -v '^[[:space:]]*$' | tail -n 3 | tr '\n' ' ')"
+    echo "${text:-no output}" | cut -c 1-240
+}
+
+measure_sockperf() {
+    local how="$1" rc vals med avg
+    next_port
+    start_bg sp-srv "$((sp_secs + 30))" "$how" srv_pin sockperf sr --tcp -i 127.0.0.1 -p "$port"
+    local srv=$bg_pid
+    if ! wait_listen "$port" "$srv"; then
+        failed "sockperf $how: server did not start (tried once more on the next port): $(output_of "$tmp/sp-srv.out" "$tmp/sp-srv.err")"
+        stop_pid "$srv" TERM 5
+        return 2
+    fi
+    run_fg sp-cli "$((sp_secs + 15))" "$how" cli_pin \
+        sockperf pp --tcp -i 127.0.0.1 -p "$port" -m 64 -t "$sp_secs"
+    rc=$?
+    # sockperf ends through exit() (stats written) on SIGINT.
+    stop_pid "$srv" INT 5
+    # "====> avg-latency=2.075 (std-dev=70.279)" and
+    # "---> percentile 50.000 =    0.787", among colour escapes.
+    vals="$(awk '
+        match($0, /avg-latency=[0-9.]+/) { avg = substr($0, RSTART + 12, RLENGTH - 12) }
+        /percentile 50\.000 =/ { med = $NF }
+        /# dropped messages = 0; # duplicated messages = 0; # out-of-order messages = 0/ { clean = 1 }
+        END { if (avg != "" && med != "" && clean) print med, avg }' "$tmp/sp-cli.out")"
+    if ((rc != 0)) || [[ -z "$vals" ]]; then
+        failed "sockperf $how: $(status_text "$rc"), $(output_of "$tmp/sp-cli.out" "$tmp/sp-cli.err")"
+        return 1
+    fi
+    read -r med avg <<<"$vals"
+    put sp_med "$how" "$med"
+    put sp_avg "$how" "$avg"
+    [[ "$how" == sdirect ]] && direct_verdict "$port" 1 sp-srv sp-cli >>"$tmp/v/sp.mode"
+    echo "  sockperf $how: median $med us, mean $avg us" >&2
+}
+
+measure_redis() {
+    local how="$1" clients="$2" n rc vals set get
+    n=$redis_n1
+    ((clients > 1)) && n=$redis_n50
+    next_port
+    rm -rf "$tmp/redis"
+    mkdir -p "$tmp/redis"
+    start_bg rd-srv 120 "$how" srv_pin redis-server --bind 127.0.0.1 --port "$port" --save '' \
+        --appendonly no --dir "$tmp/redis" --daemonize no --protected-mode no
+    local srv=$bg_pid
+    if ! wait_listen "$port" "$srv"; then
+        failed "redis $how: server did not start (tried once more on the next port): $(output_of "$tmp/rd-srv.out" "$tmp/rd-srv.err")"
+        stop_pid "$srv" TERM 5
+        return 2
+    fi
+    run_fg rd-cli "$redis_limit" "$how" cli_pin \
+        redis-benchmark -h 127.0.0.1 -p "$port" -t set,get -c "$clients" -n "$n" --csv
+    rc=$?
+    # redis-server shuts down through exit() (stats written) on SIGTERM.
+    stop_pid "$srv" TERM 10
+    # "SET","74404.77","0.010",...
+    vals="$(awk -F, '
+        { gsub(/"/, "") }
+        $1 == "SET" { set = $2 }
+        $1 == "GET" { get = $2 }
+        END { if (set != "" && get != "") print set, get }' "$tmp/rd-cli.out")"
+    if ((rc != 0)) || [[ -z "$vals" ]]; then
+        failed "redis $how -c $clients: $(status_text "$rc"), $(output_of "$tmp/rd-cli.out" "$tmp/rd-cli.err")"
+        return 1
+    fi
+    read -r set get <<<"$vals"
+    put "rd_set_$clients" "$how" "$set"
+    put "rd_get_$clients" "$how" "$get"
+    # redis-benchmark opens one more connection (CONFIG GET) than -c.
+    [[ "$how" == sdirect ]] && direct_verdict "$port" "$clients" rd-srv rd-cli >>"$tmp/v/rd$clients.mode"
+    echo "  redis $how -c $clients: SET $set/s, GET $get/s" >&2
+}
+
+# cpu_of PID: "ticks switches" of a process: utime + stime (all its
+# threads, /proc/PID/stat) and the context switches of its live threads.
+cpu_of() {
+    local ticks sw
+    ticks="$(awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat" 2>/dev/null)" || return 1
+    [[ -n "$ticks" ]] || return 1
+    sw="$(cat "/proc/$1"/task/*/status 2>/dev/null |
+        awk '/^(non)?voluntary_ctxt_switches:/ { n += $2 } END { print n + 0 }')"
+    echo "$ticks $sw"
+}
+
+# wait_ready ROLE PID SECONDS: waits for "ready PID" in ROLE's output;
+# sets ready_pid.
+wait_ready() {
+    local i
+    ready_pid=""
+    for ((i = 0; i < $3 * 20; i++)); do
+        ready_pid="$(awk '$1 == "ready" { print $2; exit }' "$tmp/$1.out" 2>/dev/null)"
+        [[ -n "$ready_pid" ]] && return 0
+        kill -0 "$2" 2>/dev/null || return 1
+        sleep 0.05
+    done
+    return 1
+}
+
+measure_idle() {
+    local how="$1" limit=$((idle_secs + 60)) srv cli spid="" cpid="" s0="" c0="" s1 c1 t0 t1 ok rc_s rc_c
+    next_port
+    start_bg idle-srv "$limit" "$how" srv_pin "$py" "$bench_dir/idle_conns.py" server "$port" "$idle_conns"
+    srv=$bg_pid
+    if ! wait_listen "$port" "$srv"; then
+        failed "idle $how: server did not start (tried once more on the next port): $(output_of "$tmp/idle-srv.err")"
+        stop_pid "$srv" TERM 5
+        return 2
+    fi
+    start_bg idle-cli "$limit" "$how" cli_pin "$py" "$bench_dir/idle_conns.py" client "$port" "$idle_conns"
+    cli=$bg_pid
+    # The server is ready once the client has set up every connection.
+    wait_ready idle-srv "$srv" 30 && spid=$ready_pid &&
+        wait_ready idle-cli "$cli" 10 && cpid=$ready_pid
+    if [[ -z "$spid" || -z "$cpid" ]]; then
+        failed "idle $how: connections not set up: $(output_of "$tmp/idle-srv.err" "$tmp/idle-cli.err")"
+        stop_pid "$cli" TERM 5
+        stop_pid "$srv" TERM 5
+        return 1
+    fi
+    sleep "$idle_settle"
+    t0=$EPOCHREALTIME
+    s0="$(cpu_of "$spid")" && c0="$(cpu_of "$cpid")"
+    sleep "$idle_secs"
+    s1="$(cpu_of "$spid")" && c1="$(cpu_of "$cpid")"
+    ok=$?
+    t1=$EPOCHREALTIME
+    # The client closes its connections on SIGTERM; the server then sees
+    # EOF on all of them and exits by itself.
+    stop_pid "$cli" TERM 10
+    rc_c=$?
+    wait_pid "$srv" 10
+    rc_s=$?
+    if ((ok != 0)) || [[ -z "$s0" || -z "$c0" ]]; then
+        failed "idle $how: a process ended during the measurement (server $(status_text "$rc_s"), client $(status_text "$rc_c"))"
+        return 1
+    fi
+    if ((rc_c != 0 || rc_s != 0)); then
+        failed "idle $how: server $(status_text "$rc_s"), client $(status_text "$rc_c"): $(output_of "$tmp/idle-srv.err" "$tmp/idle-cli.err")"
+        return 1
+    fi
+    local vals
+    vals="$(awk -v t0="$t0" -v t1="$t1" -v hz="$clk_tck" -v s0="$s0" -v s1="$s1" -v c0="$c0" -v c1="$c1" '
+        BEGIN {
+            secs = t1 - t0
+            split(s0, a, " "); split(s1, b, " "); split(c0, c, " "); split(c1, d, " ")
+            printf "%.2f %.2f %.1f %.1f\n", (b[1] - a[1]) / hz / secs * 100, (d[1] - c[1]) / hz / secs * 100,
+                (b[2] - a[2]) / secs, (d[2] - c[2]) / secs
+        }')"
+    read -r scpu ccpu swake cwake <<<"$vals"
+    put idle_srv_cpu "$how" "$scpu"
+    put idle_cli_cpu "$how" "$ccpu"
+    put idle_srv_wake "$how" "$swake"
+    put idle_cli_wake "$how" "$cwake"
+    [[ "$how" == sdirect ]] && direct_verdict "$port" "$idle_conns" idle-srv idle-cli >>"$tmp/v/idle.mode"
+    echo "  idle $how: server ${scpu}% ${swake} wake-ups/s, client ${ccpu}% ${cwake} wake-ups/s" >&2
+}
+
+# Measurement groups: name, the programs they need, the call.
+declare -A need=([sp]="sockperf" [rd1]="redis-server redis-benchmark"
+    [rd50]="redis-server redis-benchmark" [idle]="$py")
+groups=()
+for app in "${apps[@]}"; do
+    case "$app" in
+        sockperf) groups+=(sp) ;;
+        redis) groups+=(rd1 rd50) ;;
+        idle) groups+=(idle) ;;
+    esac
+done
+declare -A usable=()
+for g in "${groups[@]}"; do
+    usable[$g]=1
+    for prog in ${need[$g]}; do
+        if ! command -v "$prog" >/dev/null 2>&1; then
+            echo "$me: $prog not installed (scripts/setup.sh installs it); its rows are n/a" >&2
+            usable[$g]=0
+        fi
+    done
+done
+measure() {  # GROUP HOW
+    case "$1" in
+        sp) measure_sockperf "$2" ;;
+        rd1) measure_redis "$2" 1 ;;
+        rd50) measure_redis "$2" 50 ;;
+        idle) measure_idle "$2" ;;
+    esac
+}
+
+load_at_start="$(bench_load)"
+echo "$me: ${apps[*]}, $repeats repeat(s)" >&2
+started=$SECONDS
+declare -A failed_row=()
+for ((r = 1; r <= repeats; r++)); do
+    echo " repeat $r of $repeats ($((SECONDS - started)) s)" >&2
+    for g in "${groups[@]}"; do
+        ((usable[$g])) || continue
+        for how in "${hows[@]}"; do
+            # Three failed runs in a row retire the column: a hanging
+            # library cannot stretch the run by a timeout per repeat.
+            ((${failed_row[$g.$how]:-0} >= 3)) && continue
+            measure "$g" "$how"
+            rc=$?
+            if ((rc == 2)); then
+                measure "$g" "$how"
+                rc=$?
+            fi
+            if ((rc == 0)); then
+                ran "$g" "$how" ok
+                failed_row[$g.$how]=0
+            else
+                ran "$g" "$how" failed
+                failed_row[$g.$how]=$((${failed_row[$g.$how]:-0} + 1))
+                ((failed_row[$g.$how] >= 3)) &&
+                    echo "$me: $g $how failed three times in a row; no more runs of it" >&2
+            fi
+        done
+    done
+done
+
+# The rows: id, group, label, unit, kind (lower: latency, speedup
+# kernel/sdirect; higher: rate, speedup sdirect/kernel; max: an absolute
+# bound on sdirect; info: no target), target.
+rows=(
+    "sp_med sp sockperf_ping-pong_64_B,_median us lower 10"
+    "sp_avg sp sockperf_ping-pong_64_B,_mean us lower -"
+    "rd_set_1 rd1 redis_SET,_1_client req/s higher 2"
+    "rd_get_1 rd1 redis_GET,_1_client req/s higher 2"
+    "rd_set_50 rd50 redis_SET,_50_clients req/s higher 1.3"
+    "rd_get_50 rd50 redis_GET,_50_clients req/s higher 1.3"
+    "idle_srv_cpu idle idle_${idle_conns}_conns:_server_CPU_(epoll) %_core max 1"
+    "idle_cli_cpu idle idle_${idle_conns}_conns:_client_CPU_(poll) %_core max 1"
+    "idle_srv_wake idle idle_${idle_conns}_conns:_server_wake-ups /s info -"
+    "idle_cli_wake idle idle_${idle_conns}_conns:_client_wake-ups /s info -"
+)
+mkdir -p "$results"
+tsv="$tmp/apps.tsv"
+printf 'id\tbenchmark\tunit\tkernel\tsdirect\tspeedup\ttarget\tmet\tsdirect_mode\tkernel_runs\tsdirect_runs\trepeats\tkernel_values\tsdirect_values\n' >"$tsv"
+runs_of() {  # GROUP HOW: "good/attempted"
+    local f="$tmp/v/$1.$2.runs"
+    [[ -f "$f" ]] || { echo 0/0; return; }
+    echo "$(grep -c '^ok$' "$f")/$(wc -l <"$f")"
+}
+for row in "${rows[@]}"; do
+    read -r id g label unit kind target <<<"$row"
+    [[ " ${groups[*]} " == *" $g "* ]] || continue
+    label="${label//_/ }"
+    unit="${unit//_/ }"
+    k=n/a
+    s=n/a
+    [[ -f "$tmp/v/$id.kernel" ]] && k="$(median <"$tmp/v/$id.kernel")"
+    [[ -f "$tmp/v/$id.sdirect" ]] && s="$(median <"$tmp/v/$id.sdirect")"
+    case "$kind" in
+        lower) speedup="$(ratio "$k" "$s")" ;;
+        higher) speedup="$(ratio "$s" "$k")" ;;
+        *) speedup=- ;;
+    esac
+    if [[ ! -f "$tmp/v/$g.mode" ]]; then
+        mode="$([[ "$s" == n/a ]] && echo n/a || echo unknown)"
+    elif ! grep -qv '^direct$' "$tmp/v/$g.mode"; then
+        mode=direct
+    else
+        mode="NOT DIRECT in $(grep -cv '^direct$' "$tmp/v/$g.mode") of $(wc -l <"$tmp/v/$g.mode") runs ($(grep -v '^direct$' "$tmp/v/$g.mode" | head -n 1 | sed 's/^NOT DIRECT: //'))"
+    fi
+    met=-
+    case "$kind" in
+        lower | higher)
+            [[ "$target" == - ]] && tshow=- || tshow=">=${target}x"
+            [[ "$target" != - && "$speedup" != n/a ]] &&
+                met="$(awk -v a="$speedup" -v t="$target" 'BEGIN { print (a + 0 >= t + 0 ? "yes" : "no") }')" ;;
+        max)
+            tshow="<${target}%"
+            [[ "$s" != n/a ]] && met="$(awk -v a="$s" -v t="$target" 'BEGIN { print (a + 0 < t + 0 ? "yes" : "no") }')" ;;
+        *) tshow=- ;;
+    esac
+    [[ "$mode" != direct && "$met" == yes ]] && met="no (not direct)"
+    kv="$(paste -sd, "$tmp/v/$id.kernel" 2>/dev/null)"
+    sv="$(paste -sd, "$tmp/v/$id.sdirect" 2>/dev/null)"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$id" "$label" "$unit" "$k" "$s" \
+        "$speedup" "$tshow" "$met" "$mode" "$(runs_of "$g" kernel)" "$(runs_of "$g" sdirect)" \
+        "$repeats" "${kv:--}" "${sv:--}" >>"$tsv"
+done
+cp "$tsv" "$results/apps.tsv"
+
+{
+    echo "sdirect application benchmarks, $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -r), $(nproc) CPUs, median of $repeats run(s), placement $pin, load $load_at_start at start"
+    echo "sockperf: one-way latency (RTT/2) of 64 B TCP ping-pong, ${sp_secs} s a run; redis: requests/s, no pipelining, -n $redis_n1 (1 client) / $redis_n50 (50 clients)"
+    echo "idle: $idle_conns idle connections, CPU in % of one core and context switches/s of each process over ${idle_secs} s"
+    echo "speedup: kernel/sdirect for latency, sdirect/kernel for rates; runs: good/attempted; sdirect mode: as recorded by the library"
+    echo
+    awk -F'\t' '
+        function f(v) {
+            if (v == "n/a" || v == "-") return v
+            if (v + 0 >= 100) return sprintf("%.0f", v)
+            if (v + 0 >= 10) return sprintf("%.1f", v)
+            return sprintf("%.2f", v)
+        }
+        NR == 1 {
+            printf "%-38s %-6s %9s %9s %8s %7s %4s %6s %6s  %s\n", "benchmark", "unit", "kernel", "sdirect",
+                "speedup", "target", "met", "k runs", "s runs", "sdirect mode"
+            next
+        }
+        {
+            printf "%-38s %-6s %9s %9s %8s %7s %4s %6s %6s  %s\n", $2, $3, f($4), f($5), $6, $7,
+                ($8 == "no (not direct)" ? "no" : $8), $10, $11, $9
+        }' "$tsv"
+    if [[ -s "$tmp/failures" ]]; then
+        echo
+        echo "failed runs (left out of the medians) and retries:"
+        sed 's/^/  /' "$tmp/failures"
+    fi
+} >"$results/apps.txt"
+cat "$results/apps.txt"
+echo "results: $results/apps.tsv ($((SECONDS - started)) s)" >&2

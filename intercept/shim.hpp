@@ -1,0 +1,45 @@
+// Helpers every shim uses: find the stream behind an fd (with a reference
+// held for the call) and turn a core result (value or -errno) into the
+// libc convention.
+#pragma once
+#include "shm_fallback/table.hpp"
+#include "transport/sys.hpp"
+
+#include <cerrno>
+#include <sys/types.h>
+
+#define SD_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace sd::intercept {
+
+using transport::sys;
+
+// A stream held for the duration of one call; empty when the call must go
+// straight to libc (not ours, or made by our own dependencies).
+class Held {
+  public:
+    explicit Held(int fd) noexcept
+        : s_(transport::guarded() ? nullptr : fallback::acquire(fd)) {}
+    ~Held() {
+        if (s_) fallback::release(s_);
+    }
+    Held(const Held &) = delete;
+    Held &operator=(const Held &) = delete;
+    explicit operator bool() const noexcept { return s_ != nullptr; }
+    fallback::Stream *operator->() const noexcept { return s_; }
+    fallback::Stream *get() const noexcept { return s_; }
+
+  private:
+    fallback::Stream *s_;
+};
+
+template <typename T>
+inline T ret(T r) noexcept {
+    if (r < 0) {
+        errno = int(-r);
+        return T(-1);
+    }
+    return r;
+}
+
+}  // namespace sd::intercept

@@ -1,0 +1,233 @@
+// Socket life: socket, listen, connect, accept, shutdown, close, dup*,
+// fcntl, ioctl, setsockopt.
+// Our symbols must keep their plain names (fcntl, sendfile), not the
+// *64 names glibc redirects them to under _FILE_OFFSET_BITS=64.
+#undef _FILE_OFFSET_BITS
+#include "shim.hpp"
+#include "shm_fallback/readiness.hpp"
+#include "transport/engine.hpp"
+#include "transport/memguard.hpp"
+
+#include <cstdarg>
+#include <cstdint>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+
+using namespace sd::intercept;
+using sd::fallback::Phase;
+using sd::fallback::Stream;
+
+namespace {
+
+bool is_tcp(int domain, int type, int protocol) noexcept {
+    return (domain == AF_INET || domain == AF_INET6) && (type & 0xf) == SOCK_STREAM &&
+           (protocol == 0 || protocol == IPPROTO_TCP);
+}
+
+int close_mapped(int fd) noexcept {
+    sd::fallback::epoll_fd_closed(fd);
+    Stream *s = sd::fallback::close_prepare(fd);
+    int r = sys.close(fd);
+    if (s) sd::fallback::release(s);
+    return r;
+}
+
+void after_accept(Held &listener, int fd, int flags) noexcept {
+    if (fd < 0 || !listener) return;
+    Stream *s = sd::fallback::create(fd, listener->domain, flags & SOCK_NONBLOCK);
+    if (s) s->connected(true);
+}
+
+std::int64_t timeval_ns(const void *v, socklen_t len) noexcept {
+    if (!v || len < sizeof(timeval)) return 0;
+    const auto *tv = static_cast<const timeval *>(v);
+    return std::int64_t(tv->tv_sec) * 1000000000 + std::int64_t(tv->tv_usec) * 1000;
+}
+
+}  // namespace
+
+SD_EXPORT int socket(int domain, int type, int protocol) {
+    int fd = sys.socket(domain, type, protocol);
+    if (fd >= 0 && !sd::transport::guarded() && is_tcp(domain, type, protocol))
+        sd::fallback::create(fd, domain, type & SOCK_NONBLOCK);
+    return fd;
+}
+
+SD_EXPORT int listen(int fd, int backlog) {
+    int r = sys.listen(fd, backlog);
+    Held s(fd);
+    if (r == 0 && s) {
+        s->phase.store(Phase::listener);
+        // Build the engine now, in the background: the first accepted
+        // connection then needs no wait to be upgraded.
+        sd::transport::Engine::ready();
+    }
+    return r;
+}
+
+SD_EXPORT int connect(int fd, const sockaddr *addr, socklen_t len) {
+    Held s(fd);
+    // Start building the engine now, so that it overlaps the handshake.
+    if (s) sd::transport::Engine::ready();
+    int r = sys.connect(fd, addr, len);
+    if (!s) return r;
+    int err = errno;
+    if (r == 0) {
+        s->connected(false);
+    } else if (err == EINPROGRESS || err == EALREADY || err == EINTR) {
+        Phase p = Phase::fresh;
+        s->phase.compare_exchange_strong(p, Phase::connecting);
+    }
+    errno = err;
+    return r;
+}
+
+SD_EXPORT int accept(int fd, sockaddr *addr, socklen_t *len) {
+    int nfd = sys.accept(fd, addr, len);
+    Held s(fd);
+    int err = errno;
+    after_accept(s, nfd, 0);
+    errno = err;
+    return nfd;
+}
+
+SD_EXPORT int accept4(int fd, sockaddr *addr, socklen_t *len, int flags) {
+    int nfd = sys.accept4(fd, addr, len, flags);
+    Held s(fd);
+    int err = errno;
+    after_accept(s, nfd, flags);
+    errno = err;
+    return nfd;
+}
+
+SD_EXPORT int shutdown(int fd, int how) {
+    Held s(fd);
+    if (!s || (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR))
+        return sys.shutdown(fd, how);
+    return ret(s->shutdown(how));
+}
+
+SD_EXPORT int close(int fd) {
+    if (sd::transport::guarded()) return sys.close(fd);
+    return close_mapped(fd);
+}
+
+SD_EXPORT int dup(int fd) {
+    int nfd = sys.dup(fd);
+    Held s(fd);
+    if (nfd >= 0 && s) sd::fallback::map_dup(nfd, s.get());
+    if (nfd >= 0 && !s) sd::fallback::epoll_fd_dup(fd, nfd);
+    return nfd;
+}
+
+namespace {
+int dup_onto(int fd, int nfd, int r) noexcept {
+    Held s(fd);
+    if (r >= 0 && s && nfd != fd) sd::fallback::map_dup(nfd, s.get());
+    if (r >= 0 && !s && nfd != fd) sd::fallback::epoll_fd_dup(fd, nfd);
+    return r;
+}
+}  // namespace
+
+SD_EXPORT int dup2(int fd, int nfd) {
+    if (fd == nfd || sd::transport::guarded()) return sys.dup2(fd, nfd);
+    // dup2 closes nfd first: for a socket of ours that is a close.
+    sd::fallback::epoll_fd_closed(nfd);
+    Stream *old = sd::fallback::close_prepare(nfd);
+    int r = sys.dup2(fd, nfd);
+    int err = errno;
+    if (old) sd::fallback::release(old);
+    r = dup_onto(fd, nfd, r);
+    errno = err;
+    return r;
+}
+
+SD_EXPORT int dup3(int fd, int nfd, int flags) {
+    if (fd == nfd || sd::transport::guarded()) return sys.dup3(fd, nfd, flags);
+    sd::fallback::epoll_fd_closed(nfd);
+    Stream *old = sd::fallback::close_prepare(nfd);
+    int r = sys.dup3(fd, nfd, flags);
+    int err = errno;
+    if (old) sd::fallback::release(old);
+    r = dup_onto(fd, nfd, r);
+    errno = err;
+    return r;
+}
+
+namespace {
+int fcntl_any(int fd, int cmd, void *arg) noexcept {
+    int r = sys.fcntl(fd, cmd, arg);
+    if (r < 0 || sd::transport::guarded()) return r;
+    Held s(fd);
+    if (!s) {
+        if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) sd::fallback::epoll_fd_dup(fd, r);
+        return r;
+    }
+    if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)
+        sd::fallback::map_dup(r, s.get());
+    else if (cmd == F_SETFL)
+        s->nonblock.store((reinterpret_cast<std::intptr_t>(arg) & O_NONBLOCK) != 0);
+    return r;
+}
+}  // namespace
+
+SD_EXPORT int fcntl(int fd, int cmd, ...) {
+    va_list ap;
+    va_start(ap, cmd);
+    void *arg = va_arg(ap, void *);
+    va_end(ap);
+    return fcntl_any(fd, cmd, arg);
+}
+
+SD_EXPORT int fcntl64(int fd, int cmd, ...) {
+    va_list ap;
+    va_start(ap, cmd);
+    void *arg = va_arg(ap, void *);
+    va_end(ap);
+    return fcntl_any(fd, cmd, arg);
+}
+
+SD_EXPORT int ioctl(int fd, unsigned long req, ...) {
+    va_list ap;
+    va_start(ap, req);
+    void *arg = va_arg(ap, void *);
+    va_end(ap);
+    Held s(fd);
+    if (s && req == FIONREAD && s->conn.load() && s->conn.load()->is_direct() &&
+        sd::transport::writable(arg, sizeof(int))) {
+        int n = s->readable_bytes();
+        if (n < 0) return ret(n);
+        *static_cast<int *>(arg) = n;
+        return 0;
+    }
+    int r = sys.ioctl(fd, req, arg);
+    if (r == 0 && s && req == FIONBIO) s->nonblock.store(*static_cast<int *>(arg) != 0);
+    return r;
+}
+
+SD_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t len) {
+    // Always applied to the kernel socket: it validates, and it is what
+    // carries the connection when it is not direct.
+    int r = sys.setsockopt(fd, level, name, val, len);
+    if (r != 0) return r;
+    Held s(fd);
+    if (!s) return r;
+    int on = val && len >= sizeof(int) ? *static_cast<const int *>(val) : 0;
+    if (level == SOL_SOCKET && name == SO_RCVTIMEO)
+        s->rcvtimeo_ns.store(timeval_ns(val, len));
+    else if (level == SOL_SOCKET && name == SO_SNDTIMEO)
+        s->sndtimeo_ns.store(timeval_ns(val, len));
+    else if (level == SOL_SOCKET && name == SO_RCVBUF && on > 0)
+        s->rcvbuf.store(std::uint32_t(on));
+    else if (level == IPPROTO_TCP && name == TCP_NODELAY) {
+        s->nodelay.store(on != 0);
+        if (on) s->flush();
+    } else if (level == IPPROTO_TCP && name == TCP_CORK) {
+        s->cork.store(on != 0);
+        if (!on) s->flush();
+    }
+    return r;
+}

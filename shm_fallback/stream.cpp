@@ -1,0 +1,769 @@
+#include "stream.hpp"
+
+
+#include "table.hpp"
+
+#include "transport/log.hpp"
+#include "transport/memguard.hpp"
+#include "transport/settings.hpp"
+#include "transport/sys.hpp"
+#include "transport/wait.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <poll.h>
+#include <sys/ioctl.h>
+
+namespace sd::fallback {
+
+using transport::Conn;
+using transport::ConnState;
+using transport::kNoOffset;
+using transport::MsgType;
+using transport::monotonic_ns;
+using transport::sys;
+
+namespace {
+
+constexpr int kMaxSlice = 64;
+
+std::size_t iov_total(const iovec *iov, int n) noexcept {
+    std::size_t t = 0;
+    for (int i = 0; i < n; ++i) t += iov[i].iov_len;
+    return t;
+}
+
+// out[] = the bytes [skip, skip + len) of iov[]; returns the count of
+// entries (at most `max`, so the slice may come out shorter).
+int slice(const iovec *iov, int n, std::size_t skip, std::size_t len, iovec *out,
+          int max) noexcept {
+    int k = 0;
+    for (int i = 0; i < n && len && k < max; ++i) {
+        std::size_t l = iov[i].iov_len;
+        if (skip >= l) {
+            skip -= l;
+            continue;
+        }
+        std::size_t take = std::min(l - skip, len);
+        out[k++] = {static_cast<char *>(iov[i].iov_base) + skip, take};
+        len -= take;
+        skip = 0;
+    }
+    return k;
+}
+
+std::size_t sliced(const iovec *v, int k) noexcept { return iov_total(v, k); }
+
+// Copies n ring bytes starting at stream position `head` into the slice.
+void ring_copy_out(const Conn *c, std::uint64_t head, const iovec *v, int k) noexcept {
+    for (int i = 0; i < k; ++i) {
+        auto *dst = static_cast<char *>(v[i].iov_base);
+        std::size_t left = v[i].iov_len;
+        while (left) {
+            std::uint32_t at = std::uint32_t(head % c->ring_cap);
+            std::size_t run = std::min<std::size_t>(left, c->ring_cap - at);
+            std::memcpy(dst, c->ring + at, run);
+            dst += run;
+            left -= run;
+            head += run;
+        }
+    }
+}
+
+void finish_pending_cb(void *ctx) noexcept {
+    auto *s = static_cast<Stream *>(ctx);
+    s->finish_pending();
+    release(s);
+}
+
+bool readable(void *ctx) noexcept {
+    auto *c = static_cast<Conn *>(ctx);
+    std::lock_guard lock(c->rx_lock);
+    return c->rx_ready() || c->fin_off != kNoOffset || c->broken ||
+           c->state.load(std::memory_order_relaxed) == ConnState::final;
+}
+
+bool writable(void *ctx) noexcept {
+    auto *c = static_cast<Conn *>(ctx);
+    std::lock_guard lock(c->rx_lock);
+    return c->credits.load(std::memory_order_relaxed) > 0 || c->gone();
+}
+
+// A zero-copy send waits for its reader; it gives way (cancels, the rest
+// goes buffered) when its own side has unread bytes piling up: the peer
+// may itself be blocked sending to us, and would never read.
+bool zcopy_should_yield(Conn *c) noexcept {
+    std::lock_guard lock(c->rx_lock);
+    return c->zc.active || c->ring_bytes() >= c->ring_cap / 2;
+}
+
+bool zcopy_answered(void *ctx) noexcept {
+    auto *c = static_cast<Conn *>(ctx);
+    return c->zc_answer_off.load(std::memory_order_acquire) != kNoOffset || c->gone() ||
+           zcopy_should_yield(c);
+}
+
+bool state_changed(void *ctx) noexcept {
+    auto *c = static_cast<Conn *>(ctx);
+    return c->state.load(std::memory_order_acquire) != ConnState::kernel &&
+           c->state.load(std::memory_order_acquire) != ConnState::initiating;
+}
+
+ssize_t epipe(int flags) noexcept {
+    if (!(flags & MSG_NOSIGNAL)) raise(SIGPIPE);
+    return -EPIPE;
+}
+
+int ms_until(std::uint64_t deadline) noexcept {
+    if (!deadline) return -1;
+    std::uint64_t now = monotonic_ns();
+    return now >= deadline ? 0 : int((deadline - now + 999999) / 1000000);
+}
+
+// After our own sleep was interrupted: should the call go on?
+bool keep_going_after_eintr(std::int64_t timeout_ns) noexcept {
+    // A socket with a timeout always reports EINTR, as the kernel does.
+    return timeout_ns == 0 && transport::restart_after_signal();
+}
+
+}  // namespace
+
+void Stream::reset(int f, int dom, bool nb) noexcept {
+    fd.store(f, std::memory_order_relaxed);
+    {
+        std::lock_guard lock(alias_lock);
+        aliases.clear();
+    }
+    domain = dom;
+    fds.store(1, std::memory_order_relaxed);
+    phase.store(Phase::fresh, std::memory_order_relaxed);
+    nonblock.store(nb, std::memory_order_relaxed);
+    nodelay.store(false, std::memory_order_relaxed);
+    cork.store(false, std::memory_order_relaxed);
+    rd_shut.store(false, std::memory_order_relaxed);
+    rcvtimeo_ns.store(0, std::memory_order_relaxed);
+    sndtimeo_ns.store(0, std::memory_order_relaxed);
+    rcvbuf.store(0, std::memory_order_relaxed);
+    conn.store(nullptr, std::memory_order_relaxed);
+    engine = nullptr;
+    next_free = nullptr;
+    refs.store(1, std::memory_order_release);
+}
+
+void Stream::fd_added(int nfd) noexcept {
+    std::lock_guard lock(alias_lock);
+    aliases.push_back(nfd);
+}
+
+void Stream::fd_removed(int gone) noexcept {
+    std::lock_guard lock(alias_lock);
+    if (fd.load(std::memory_order_relaxed) != gone) {
+        std::erase(aliases, gone);
+        return;
+    }
+    if (aliases.empty()) return;  // the last fd: the stream goes with it
+    int next = aliases.back();
+    aliases.pop_back();
+    fd.store(next, std::memory_order_relaxed);
+    if (transport::Conn *c = conn.load(std::memory_order_acquire))
+        std::atomic_ref<std::int32_t>(c->stat->fd).store(next, std::memory_order_relaxed);
+}
+
+void Stream::connected(bool accepted) noexcept {
+    Phase p = phase.load(std::memory_order_acquire);
+    if (p != Phase::fresh && p != Phase::connecting) return;
+    if (!phase.compare_exchange_strong(p, Phase::attached)) return;
+    acceptor = accepted;
+    if ((engine = transport::Engine::wait_ready(transport::settings().engine_wait_ms))) {
+        conn.store(engine->attach(kfd(), acceptor, rcvbuf.load(std::memory_order_relaxed)),
+                   std::memory_order_release);
+        return;
+    }
+    std::lock_guard lock(pend_lock);
+    pre_tx = pre_rx = 0;
+    refs.fetch_add(1, std::memory_order_relaxed);  // the builder's, until it is done
+    pending.store(true, std::memory_order_release);
+    if (!transport::Engine::when_ready(finish_pending_cb, this)) {
+        pending.store(false, std::memory_order_release);
+        refs.fetch_sub(1, std::memory_order_relaxed);
+    }
+}
+
+void Stream::finish_pending() noexcept {
+    std::lock_guard lock(pend_lock);
+    if (!pending.load(std::memory_order_relaxed)) return;
+    engine = transport::Engine::current();
+    if (engine && fds.load(std::memory_order_acquire) > 0)
+        conn.store(engine->attach(kfd(), acceptor, rcvbuf.load(std::memory_order_relaxed), pre_tx,
+                                  pre_rx),
+                   std::memory_order_release);
+    pending.store(false, std::memory_order_release);
+}
+
+// Until the engine exists, the kernel carries the bytes. The calls never
+// block in the kernel (the connection may be upgraded meanwhile, and a
+// thread blocked in recv would never see the fabric); they poll instead.
+ssize_t Stream::pending_io(const iovec *iov, int iovcnt, int flags, bool out,
+                           std::size_t &done) noexcept {
+    const bool nb = nonblock.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
+    const std::int64_t tmo = (out ? sndtimeo_ns : rcvtimeo_ns).load(std::memory_order_relaxed);
+    const std::uint64_t deadline = tmo ? monotonic_ns() + std::uint64_t(tmo) : 0;
+    std::size_t total = iov_total(iov, iovcnt);
+    done = 0;
+    for (;;) {
+        ssize_t n;
+        {
+            std::unique_lock lock(pend_lock);
+            if (!pending.load(std::memory_order_relaxed)) return -EALREADY;  // attached: redo
+            iovec v[kMaxSlice];
+            int k = slice(iov, iovcnt, done, total - done, v, kMaxSlice);
+            msghdr mh{};
+            mh.msg_iov = v;
+            mh.msg_iovlen = std::size_t(k);
+            n = out ? sys.sendmsg(kfd(), &mh, flags | MSG_DONTWAIT)
+                    : sys.recvmsg(kfd(), &mh, (flags & ~MSG_WAITALL) | MSG_DONTWAIT);
+            if (n > 0 && !(flags & MSG_PEEK)) (out ? pre_tx : pre_rx) += std::uint64_t(n);
+        }
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return done ? ssize_t(done) : -errno;
+        if (n == 0 && !out) return ssize_t(done);
+        if (n > 0) {
+            done += std::size_t(n);
+            bool whole = out || (flags & MSG_WAITALL);
+            if (!whole || done == total || (flags & MSG_PEEK)) return ssize_t(done);
+            continue;
+        }
+        if (nb) return done ? ssize_t(done) : -EAGAIN;
+        if (deadline && monotonic_ns() >= deadline) return done ? ssize_t(done) : -EAGAIN;
+        pollfd p{kfd(), short(out ? POLLOUT : POLLIN), 0};
+        int t = deadline ? std::min(10, ms_until(deadline)) : 10;
+        if (sys.poll(&p, 1, t) < 0 && errno == EINTR && !keep_going_after_eintr(tmo))
+            return done ? ssize_t(done) : -EINTR;
+    }
+}
+
+Conn *Stream::attached_conn() noexcept {
+    Phase p = phase.load(std::memory_order_acquire);
+    if (p == Phase::connecting) {
+        // Non-blocking connect: attach once the handshake is done.
+        transport::Tuple t;
+        if (transport::tuple_of(kfd(), t) == 0) connected(false);
+    }
+    return conn.load(std::memory_order_acquire);
+}
+
+ssize_t Stream::kernel_recv(const iovec *iov, int iovcnt, int flags, Conn *c) noexcept {
+    msghdr mh{};
+    mh.msg_iov = const_cast<iovec *>(iov);
+    mh.msg_iovlen = std::size_t(iovcnt);
+    ssize_t n = sys.recvmsg(kfd(), &mh, flags);
+    if (n < 0) return -errno;
+    if (c && !(flags & MSG_PEEK)) {
+        c->rx_off += std::uint64_t(n);
+        c->stat->rx_kernel.fetch_add(std::uint64_t(n), std::memory_order_relaxed);
+    }
+    return n;
+}
+
+ssize_t Stream::recv(const iovec *iov, int iovcnt, int flags) noexcept {
+    if (flags & MSG_OOB) {
+        // Urgent data is never carried on the fabric: the companion socket
+        // answers (EINVAL when there is none, as on any TCP connection).
+        msghdr mh{};
+        mh.msg_iov = const_cast<iovec *>(iov);
+        mh.msg_iovlen = std::size_t(iovcnt);
+        ssize_t n = sys.recvmsg(kfd(), &mh, flags);
+        return n < 0 ? -errno : n;
+    }
+    Conn *c = attached_conn();
+    if (!c && pending.load(std::memory_order_acquire)) {
+        std::size_t done = 0;
+        ssize_t n = pending_io(iov, iovcnt, flags, false, done);
+        if (n != -EALREADY) return n;
+        if (done) {
+            // Attached in the middle of a MSG_WAITALL: the rest comes the new way.
+            iovec v[kMaxSlice];
+            int k = slice(iov, iovcnt, done, iov_total(iov, iovcnt) - done, v, kMaxSlice);
+            ssize_t r = recv(v, k, flags);
+            return r < 0 ? ssize_t(done) : ssize_t(done) + r;
+        }
+        c = conn.load(std::memory_order_acquire);
+    }
+    std::size_t total = iov_total(iov, iovcnt);
+    if (!c || c->state.load(std::memory_order_acquire) == ConnState::final || total == 0) {
+        // On TCP for good: the kernel blocks as the application asked.
+        // Only the counters are ours (no later switch needs rx_off).
+        msghdr mh{};
+        mh.msg_iov = const_cast<iovec *>(iov);
+        mh.msg_iovlen = std::size_t(iovcnt);
+        ssize_t n = sys.recvmsg(kfd(), &mh, flags);
+        if (n < 0) return -errno;
+        if (c && !(flags & MSG_PEEK))
+            c->stat->rx_kernel.fetch_add(std::uint64_t(n), std::memory_order_relaxed);
+        return n;
+    }
+    if (rd_shut.load(std::memory_order_relaxed)) return 0;
+    const bool nb = nonblock.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
+    const std::int64_t tmo = rcvtimeo_ns.load(std::memory_order_relaxed);
+    std::uint64_t deadline = tmo ? monotonic_ns() + std::uint64_t(tmo) : 0;
+    std::uint64_t spin_until = 0;
+    std::size_t done = 0;
+    bool check_kernel = true;
+    for (;;) {
+        ssize_t r = try_recv(c, iov, iovcnt, done, total, flags, check_kernel);
+        if (r > 0) {
+            done += std::size_t(r);
+            if (!(flags & MSG_WAITALL) || (flags & MSG_PEEK) || done == total) return ssize_t(done);
+            spin_until = 0;
+            continue;
+        }
+        if (r == 0) return ssize_t(done);
+        if (r != -EAGAIN) return done ? ssize_t(done) : r;
+        if (nb) return done ? ssize_t(done) : -EAGAIN;
+        std::uint64_t now = monotonic_ns();
+        if (!spin_until) spin_until = now + std::uint64_t(transport::settings().spin_us) * 1000;
+        if (deadline && now >= deadline) return done ? ssize_t(done) : -EAGAIN;
+        if (now < spin_until && c->is_direct()) {
+            check_kernel = false;  // spin on the fabric only: no syscalls
+            continue;
+        }
+        check_kernel = true;
+        bool upgrading = !c->is_direct();
+        int w = transport::sleep_once(engine, c, kfd(), POLLIN | POLLRDHUP,
+                                      upgrading ? state_changed : readable, c,
+                                      ms_until(deadline));
+        if (w == -EINTR && !keep_going_after_eintr(tmo)) return done ? ssize_t(done) : -EINTR;
+    }
+}
+
+ssize_t Stream::try_recv(Conn *c, const iovec *iov, int iovcnt, std::size_t skip,
+                         std::size_t total, int flags, bool check_kernel) noexcept {
+    engine->progress();
+    std::unique_lock lock(c->rx_lock);
+    for (int round = 0; round < 2; ++round) {
+        if (c->broken) return -ECONNRESET;
+        iovec v[kMaxSlice];
+        if (c->rx_off < c->switch_off) {
+            // Bytes still due on the companion socket: before the peer's
+            // switch point, or the peer has not switched at all.
+            if (!check_kernel) return -EAGAIN;
+            std::uint64_t due = c->switch_off - c->rx_off;
+            int k = slice(iov, iovcnt, skip, std::min<std::uint64_t>(total - skip, due), v, kMaxSlice);
+            ssize_t n = kernel_recv(v, k, (flags & MSG_PEEK) | MSG_DONTWAIT, c);
+            if (n != 0 || c->switch_off != kNoOffset) return n;
+            // Kernel EOF with no switch point known: the peer may have
+            // moved to the fabric and closed; its messages precede its FIN.
+            lock.unlock();
+            engine->progress_blocking();
+            lock.lock();
+            if (c->switch_off == kNoOffset) return 0;
+            continue;
+        }
+        if (std::uint64_t avail = c->ring_bytes()) {
+            int k = slice(iov, iovcnt, skip, std::min<std::uint64_t>(total - skip, avail), v,
+                          kMaxSlice);
+            std::size_t n = sliced(v, k);
+            if (!transport::guarded([&] { ring_copy_out(c, c->ring_head, v, k); }))
+                return -EFAULT;  // nothing consumed
+            if (!(flags & MSG_PEEK)) {
+                c->ring_head += n;
+                c->rx_off += n;
+                c->unreturned.fetch_add(std::uint32_t(n), std::memory_order_relaxed);
+                c->show_flow(true);
+                lock.unlock();
+                engine->maybe_return_credits(c);
+            }
+            return ssize_t(n);
+        }
+        if (c->zc.active && c->rx_off == c->zc.off + c->zc.done)
+            return read_advert(c, lock, iov, iovcnt, skip, total, flags);
+        if (c->fin_off != kNoOffset && c->rx_off >= c->fin_off)
+            return c->reset_unreported.exchange(false) ? -ECONNRESET : 0;
+        if (!check_kernel) return -EAGAIN;
+        // Nothing on the fabric. A companion at EOF without a fabric FIN
+        // means the peer process is gone: deliver what arrived, then EOF.
+        char probe;
+        ssize_t n = sys.recv(kfd(), &probe, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+            if (round == 1) {
+                // The peer is gone or closed without a word: sending to it
+                // fails from now on, as after a reset.
+                if (!engine->peer_alive(c->peer)) engine->peer_died(c);
+                if (c->reset_unreported.exchange(false)) return -ECONNRESET;
+                return n == 0 ? 0 : -errno;
+            }
+            lock.unlock();
+            engine->progress_blocking();
+            lock.lock();
+            continue;
+        }
+        return -EAGAIN;
+    }
+    return -EAGAIN;
+}
+
+ssize_t Stream::read_advert(Conn *c, std::unique_lock<std::mutex> &lock, const iovec *iov,
+                            int iovcnt, std::size_t skip, std::size_t total, int flags) noexcept {
+    // Another thread of ours is reading it: its wake-up brings us back.
+    if (c->zc.busy) return -EAGAIN;
+    iovec v[kMaxSlice];
+    std::size_t want = std::min<std::size_t>(total - skip, c->zc.len - c->zc.done);
+    int k = slice(iov, iovcnt, skip, want, v, std::min(kMaxSlice, engine->rma_iov_limit()));
+    std::size_t n = sliced(v, k);
+    // The kernel would fault on a bad buffer before taking a byte.
+    for (int i = 0; i < k; ++i)
+        if (!transport::writable(v[i].iov_base, v[i].iov_len)) return -EFAULT;
+    const std::uint64_t addr = c->zc.addr + c->zc.done, key = c->zc.key;
+    c->zc.busy = true;
+    lock.unlock();
+    int rc = engine->read_remote(c, v, k, addr, key, n);
+    lock.lock();
+    c->zc.busy = false;
+    if (rc) {
+        // The sender's memory is gone (it died, or the advert was torn
+        // down under us): the stream cannot go on.
+        SD_LOG(info, "fd %d: reading the peer's advertised buffer failed: %s", kfd(),
+               std::strerror(-rc));
+        c->broken = true;
+        c->wake_locked();
+        return -ECONNRESET;
+    }
+    std::uint64_t answer_off = kNoOffset;
+    std::uint32_t answer_len = 0;
+    if (!(flags & MSG_PEEK)) {
+        c->zc.done += std::uint32_t(n);
+        c->rx_off += n;
+        transport::bump(c->stat->rx_fabric, n);
+    }
+    if (c->zc.done == c->zc.len || c->zc.cancel)
+        transport::Engine::finish_advert_locked(c, &answer_off, &answer_len);
+    c->wake_locked();  // readers that found it busy
+    lock.unlock();
+    if (answer_off != kNoOffset) engine->answer_advert(c, answer_off, answer_len);
+    return ssize_t(n);
+}
+
+long Stream::send_zcopy(Conn *c, const char *buf, std::uint32_t len, bool *interrupted) noexcept {
+    fid_mr *mr = nullptr;
+    const std::uint64_t off = c->tx_off;
+    if (int rc = engine->advertise(c, buf, len, &mr)) return rc;
+    bool cancelled = false;
+    long result = 0;
+    std::uint64_t spin_until = monotonic_ns() + std::uint64_t(transport::settings().spin_us) * 1000;
+    for (;;) {
+        engine->progress();
+        if (c->zc_answer_off.load(std::memory_order_acquire) == off) {
+            result = long(c->zc_answer_len.load(std::memory_order_relaxed));
+            break;
+        }
+        engine->maybe_return_credits(c);
+        if (c->gone() || !engine->peer_alive(c->peer)) {
+            // The reader is gone: whatever it read no longer matters.
+            result = -EPIPE;
+            break;
+        }
+        if (!cancelled && zcopy_should_yield(c)) {
+            cancelled = engine->cancel_advert(c, off) == 0;
+            continue;
+        }
+        if (monotonic_ns() < spin_until) continue;
+        int w = transport::sleep_once(engine, c, -1, 0, zcopy_answered, c, -1);
+        if (w == -EINTR && !cancelled && !keep_going_after_eintr(0)) {
+            // As a TCP send hit by a signal: what was taken counts, the
+            // rest is not sent. The reader may be copying right now, so the
+            // answer (how much) must come before we return.
+            *interrupted = true;
+            cancelled = engine->cancel_advert(c, off) == 0;
+        }
+    }
+    engine->release_advert(mr);
+    if (result > 0) {
+        c->tx_off += std::uint64_t(result);
+        transport::bump(c->stat->tx_fabric, std::uint64_t(result));
+    }
+    return result;
+}
+
+ssize_t Stream::kernel_send(const iovec *iov, int iovcnt, int flags, Conn *c) noexcept {
+    msghdr mh{};
+    mh.msg_iov = const_cast<iovec *>(iov);
+    mh.msg_iovlen = std::size_t(iovcnt);
+    ssize_t n = sys.sendmsg(kfd(), &mh, flags);
+    if (n < 0) return -errno;
+    if (c) {
+        c->tx_off += std::uint64_t(n);
+        transport::bump(c->stat->tx_kernel, std::uint64_t(n));
+    }
+    return n;
+}
+
+ssize_t Stream::send(const iovec *iov, int iovcnt, int flags) noexcept {
+    Conn *c = attached_conn();
+    if (!c && pending.load(std::memory_order_acquire)) {
+        std::size_t done = 0;
+        ssize_t n = pending_io(iov, iovcnt, flags, true, done);  // the kernel raised SIGPIPE
+        if (n != -EALREADY) return n;
+        if (done) {
+            // Attached in the middle of this send: the rest goes the new way,
+            // after the bytes the kernel already took.
+            iovec v[kMaxSlice];
+            int k = slice(iov, iovcnt, done, iov_total(iov, iovcnt) - done, v, kMaxSlice);
+            ssize_t r = send(v, k, flags);
+            return r < 0 ? ssize_t(done) : ssize_t(done) + r;
+        }
+        c = conn.load(std::memory_order_acquire);
+    }
+    if (!c) return kernel_send(iov, iovcnt, flags, nullptr);
+    std::lock_guard tx(c->tx_lock);
+    std::size_t total = iov_total(iov, iovcnt);
+    if (!c->is_direct() || total == 0) {
+        if (c->tx_fin && c->is_direct()) return epipe(flags);
+        return kernel_send(iov, iovcnt, flags, c);
+    }
+    return direct_send(c, iov, iovcnt, total, flags);
+}
+
+int Stream::wait_credit(Conn *c, std::uint64_t deadline) noexcept {
+    std::uint64_t spin_until = monotonic_ns() + std::uint64_t(transport::settings().spin_us) * 1000;
+    for (;;) {
+        engine->progress();
+        if (c->credits.load(std::memory_order_acquire) > 0) return 0;
+        // Credits our reader owes the peer go out too: if both sides wait
+        // for credits, each must return what it has consumed.
+        engine->maybe_return_credits(c);
+        if (c->gone()) return -EPIPE;
+        if (!engine->peer_alive(c->peer)) return -EPIPE;
+        std::uint64_t now = monotonic_ns();
+        if (deadline && now >= deadline) return -EAGAIN;
+        if (now < spin_until) continue;
+        int w = transport::sleep_once(engine, c, -1, 0, writable, c, ms_until(deadline));
+        if (w == -EINTR && !keep_going_after_eintr(sndtimeo_ns.load(std::memory_order_relaxed)))
+            return -EINTR;
+    }
+}
+
+int Stream::post_data(Conn *c, const iovec *iov, int iovcnt, std::uint32_t len,
+                      std::uint64_t deadline) noexcept {
+    // Protocol choice, in one place: large pieces are written straight into
+    // the peer's ring (one copy), small ones travel inline in the message.
+    int rc = len > engine->chunk() ? engine->post_ring(c, iov, iovcnt, len, deadline)
+                                   : engine->post(c, MsgType::data, iov, iovcnt, len, c->tx_off,
+                                                  deadline);
+    if (rc) return rc;
+    engine->sent_into_ring(c, len);
+    return 0;
+}
+
+int Stream::flush_locked(Conn *c, bool blocking, std::uint64_t deadline) noexcept {
+    while (c->staged) {
+        if (c->credits.load(std::memory_order_acquire) < std::int64_t(c->staged)) {
+            if (!blocking) {
+                engine->want_flush(c);
+                return -EAGAIN;
+            }
+            if (int w = wait_credit(c, deadline)) {
+                if (w == -EAGAIN || w == -EINTR) engine->want_flush(c);
+                return w;
+            }
+            continue;
+        }
+        if (int rc = engine->post_stage_locked(c, deadline)) {
+            if (rc == -EAGAIN) engine->want_flush(c);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t total,
+                            int flags) noexcept {
+    if (c->gone() || c->tx_fin) {
+        SD_LOG(debug, "fd %d: send refused: %s", kfd(),
+               c->tx_fin ? "shut down for writing" : c->broken ? "connection broken" : "peer closed");
+        if (!c->tx_fin && c->reset_unreported.exchange(false)) return -ECONNRESET;
+        return epipe(flags);
+    }
+    if (!c->tx_fabric) {
+        c->tx_fabric = true;
+        SD_LOG(debug, "fd %d: send switch point at offset %llu", kfd(),
+               (unsigned long long)c->tx_off);
+    }
+    const bool nb = nonblock.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
+    const std::int64_t tmo = sndtimeo_ns.load(std::memory_order_relaxed);
+    const std::uint64_t deadline = tmo ? monotonic_ns() + std::uint64_t(tmo) : 0;
+    const std::uint32_t chunk = engine->chunk();
+
+    // Combining: MSG_MORE and TCP_CORK keep small writes in the stage
+    // until it fills or a write without them comes.
+    const bool more = (flags & MSG_MORE) || cork.load(std::memory_order_relaxed);
+    if (!more && !c->staged && total <= chunk && c->credits.load(std::memory_order_acquire) >=
+                                                     std::int64_t(total)) {
+        // The common small write: straight from the caller's buffer.
+        iovec v[3];
+        int k = slice(iov, iovcnt, 0, total, v, 3);
+        if (sliced(v, k) == total) {
+            if (!transport::readable_iov(v, k, total)) return -EFAULT;
+            int rc = post_data(c, v, k, std::uint32_t(total), deadline);
+            if (rc == 0) {
+                engine->ring(c->peer);
+                return ssize_t(total);
+            }
+            if (rc == -EPIPE) return epipe(flags);
+            if (rc != -EAGAIN) return rc;
+        }
+    }
+    if (c->staged + total <= chunk) {
+        iovec v[kMaxSlice];
+        int k = slice(iov, iovcnt, 0, total, v, kMaxSlice);
+        if (sliced(v, k) == total) {
+            std::uint32_t at = c->staged;
+            bool ok = transport::guarded([&] {
+                for (int i = 0; i < k; ++i) {
+                    std::memcpy(c->stage + at, v[i].iov_base, v[i].iov_len);
+                    at += std::uint32_t(v[i].iov_len);
+                }
+            });
+            if (!ok) return -EFAULT;  // nothing taken
+            c->staged = at;
+            if (more) return ssize_t(total);
+            int rc = flush_locked(c, !nb, deadline);
+            // Staged bytes are accepted: progress() sends them when credits come.
+            if (rc == 0 || rc == -EAGAIN || rc == -EINTR) return ssize_t(total);
+            if (rc == -EPIPE) return epipe(flags);
+            return rc;
+        }
+    }
+    if (int rc = flush_locked(c, !nb, deadline)) {
+        if (rc == -EPIPE) return epipe(flags);
+        return rc;
+    }
+
+    std::size_t sent = 0;
+    int rc = 0;
+    // Read zero-copy for large pieces of blocking sends without a send
+    // timeout (the peer reads them straight from the caller's buffer).
+    const std::uint32_t zc_min = transport::settings().zcopy_min;
+    bool zc_ok = zc_min && !nb && !tmo && total >= zc_min && engine->can_read();
+    while (sent < total) {
+        if (zc_ok) {
+            // The rest of the iov piece we are in.
+            iovec piece{};
+            slice(iov, iovcnt, sent, total - sent, &piece, 1);
+            if (piece.iov_len >= zc_min) {
+                const char *p = static_cast<const char *>(piece.iov_base);
+                std::uint32_t len = std::uint32_t(std::min<std::size_t>(piece.iov_len, 1u << 30));
+                if (!transport::readable(p, len)) {
+                    rc = -EFAULT;
+                    break;
+                }
+                bool interrupted = false;
+                long r = send_zcopy(c, p, len, &interrupted);
+                if (r < 0) {
+                    rc = int(r);
+                    break;
+                }
+                sent += std::size_t(r);
+                if (interrupted) {
+                    rc = -EINTR;
+                    break;
+                }
+                // Cut short (the peer had to be let through): the rest of
+                // this send goes buffered.
+                if (std::uint32_t(r) < len) zc_ok = false;
+                continue;
+            }
+        }
+        std::int64_t credit = c->credits.load(std::memory_order_acquire);
+        if (credit <= 0) {
+            engine->ring(c->peer);
+            if (nb) {
+                rc = -EAGAIN;
+                break;
+            }
+            if ((rc = wait_credit(c, deadline))) break;
+            continue;
+        }
+        std::size_t left = total - sent;
+        bool rma = c->peer_ring_addr && left >= transport::settings().rma_min &&
+                   std::size_t(credit) >= transport::settings().rma_min;
+        std::size_t n = rma ? std::min<std::size_t>({left, std::size_t(credit), c->peer_ring_cap / 2})
+                            : std::min<std::size_t>({left, chunk, std::size_t(credit)});
+        iovec v[4];
+        // At most three pieces fit beside an inline header; four in a write.
+        int k = slice(iov, iovcnt, sent, n, v, rma ? 4 : 3);
+        n = sliced(v, k);
+        if (!transport::readable_iov(v, k, n)) {
+            rc = -EFAULT;
+            break;
+        }
+        if ((rc = post_data(c, v, k, std::uint32_t(n), deadline))) break;
+        sent += n;
+    }
+    if (sent) engine->ring(c->peer);
+    if (sent) return ssize_t(sent);
+    if (rc == -EPIPE) return epipe(flags);
+    return rc;
+}
+
+void Stream::flush() noexcept {
+    Conn *c = conn.load(std::memory_order_acquire);
+    if (!c || !c->is_direct()) return;
+    std::lock_guard tx(c->tx_lock);
+    (void)flush_locked(c, !nonblock.load(std::memory_order_relaxed), 0);
+}
+
+int Stream::shutdown(int how) noexcept {
+    Conn *c = conn.load(std::memory_order_acquire);
+    if (c && c->is_direct() && (how == SHUT_WR || how == SHUT_RDWR)) {
+        std::lock_guard tx(c->tx_lock);
+        if (!c->tx_fin) {
+            (void)flush_locked(c, true, 0);
+            if (engine->post(c, MsgType::fin, nullptr, 0, 0, c->tx_off, 0) == 0)
+                engine->ring(c->peer);
+            c->tx_fin = true;
+        }
+    }
+    if (sys.shutdown(kfd(), how) != 0) return -errno;
+    if (how == SHUT_RD || how == SHUT_RDWR) rd_shut.store(true, std::memory_order_relaxed);
+    return 0;
+}
+
+int Stream::readable_bytes() noexcept {
+    Conn *c = attached_conn();
+    int kernel = 0;
+    if (sys.ioctl(kfd(), FIONREAD, &kernel) != 0) return -errno;
+    if (!c || !c->is_direct()) return kernel;
+    engine->progress();
+    std::lock_guard lock(c->rx_lock);
+    std::uint64_t n = c->rx_ready();
+    if (c->rx_off < c->switch_off)
+        n = c->switch_off == kNoOffset ? std::uint64_t(kernel)
+                                       : std::min<std::uint64_t>(kernel, c->switch_off - c->rx_off);
+    return int(std::min<std::uint64_t>(n, 0x7fffffff));
+}
+
+void Stream::last_close() noexcept {
+    Conn *c = conn.load(std::memory_order_acquire);
+    if (!c || !c->is_direct()) return;
+    std::lock_guard tx(c->tx_lock);
+    // Bounded: a peer that stopped reading must not hang close().
+    (void)flush_locked(c, true, monotonic_ns() + 1000000000ull);
+    // Closing with the peer's bytes unread resets the connection (TCP).
+    engine->progress();
+    bool unread;
+    {
+        std::lock_guard lock(c->rx_lock);
+        unread = c->rx_ready() != 0 || (c->switch_off != kNoOffset && c->rx_off < c->switch_off);
+    }
+    if (!c->tx_fin && engine->post(c, MsgType::close, nullptr, 0, 0, c->tx_off, 0,
+                                   unread ? transport::kCloseReset : 0) == 0)
+        engine->ring(c->peer);
+    c->tx_fin = true;
+}
+
+void Stream::destroy() noexcept {
+    if (Conn *c = conn.exchange(nullptr, std::memory_order_acq_rel)) engine->detach(c);
+}
+
+}  // namespace sd::fallback

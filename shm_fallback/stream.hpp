@@ -1,0 +1,109 @@
+// A stream socket as the application sees it: the companion kernel socket
+// plus, once connected, its transport Conn. Reads and writes go to the
+// kernel until the switch points, to the fabric after them (brief §4.5):
+// each fabric message carries its stream offset, so the reader drains the
+// companion socket up to the peer's switch point and then reads the ring.
+// Every method returns a value or -errno; only the shims touch errno.
+#pragma once
+#include "transport/conn.hpp"
+#include "transport/engine.hpp"
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <vector>
+
+namespace sd::fallback {
+
+enum class Phase : std::uint8_t {
+    fresh,       // not connected yet (or connect still in progress)
+    connecting,  // non-blocking connect under way: attach at first use
+    attached,    // connected; `conn` set (or null when untracked)
+    listener,
+};
+
+class Stream {
+  public:
+    // The kernel socket: one of the fd numbers that map to this stream
+    // (after dup and a close of the original, another one).
+    std::atomic<int> fd{-1};
+    int domain = 0;
+    std::atomic<int> refs{0};   // fd mappings + calls in progress
+    std::atomic<int> fds{0};    // fd numbers mapping to this stream (dup)
+    std::atomic<Phase> phase{Phase::fresh};
+    std::atomic<bool> nonblock{false};
+    std::atomic<bool> nodelay{false};
+    std::atomic<bool> cork{false};
+    std::atomic<bool> rd_shut{false};
+    std::atomic<std::int64_t> rcvtimeo_ns{0};
+    std::atomic<std::int64_t> sndtimeo_ns{0};
+    std::atomic<std::uint32_t> rcvbuf{0};  // SO_RCVBUF as the application set it
+    std::atomic<transport::Conn *> conn{nullptr};
+    // Connected before the engine was built: I/O runs non-blocking on the
+    // kernel under pend_lock, counted, until the builder attaches us.
+    std::atomic<bool> pending{false};
+    std::mutex pend_lock;
+    bool acceptor = false;
+    std::uint64_t pre_tx = 0;
+    std::uint64_t pre_rx = 0;
+    transport::Engine *engine = nullptr;
+    Stream *next_free = nullptr;
+
+    void reset(int fd, int domain, bool nonblock) noexcept;
+
+    // The TCP handshake finished (connect returned 0, or accept).
+    void connected(bool acceptor) noexcept;
+    // recv family; `flags` as for recvmsg. Bytes, 0 at EOF, or -errno.
+    ssize_t recv(const iovec *iov, int iovcnt, int flags) noexcept;
+    // send family; raises SIGPIPE on EPIPE unless MSG_NOSIGNAL.
+    ssize_t send(const iovec *iov, int iovcnt, int flags) noexcept;
+    int shutdown(int how) noexcept;
+    // FIONREAD
+    int readable_bytes() noexcept;
+    // Pushes combined bytes out (TCP_CORK removed, TCP_NODELAY set).
+    void flush() noexcept;
+    // The last fd of this socket is being closed: the peer learns it now.
+    void last_close() noexcept;
+    // No fd and no call refers to it any more: release the connection.
+    void destroy() noexcept;
+
+    // dup: `nfd` now also maps to this stream.
+    void fd_added(int nfd) noexcept;
+    // `gone` no longer maps to it; if it was `fd`, another alias takes over.
+    void fd_removed(int gone) noexcept;
+
+    // The builder thread: attach now (pending connections).
+    void finish_pending() noexcept;
+
+  private:
+    std::mutex alias_lock;
+    std::vector<int> aliases;  // fd numbers besides `fd` (dup)
+    int kfd() const noexcept { return fd.load(std::memory_order_relaxed); }
+    transport::Conn *attached_conn() noexcept;
+    // -EALREADY when the connection got attached meanwhile; `done` then
+    // says how many bytes already went through the kernel.
+    ssize_t pending_io(const iovec *iov, int iovcnt, int flags, bool out,
+                       std::size_t &done) noexcept;
+    ssize_t kernel_recv(const iovec *iov, int iovcnt, int flags, transport::Conn *c) noexcept;
+    ssize_t kernel_send(const iovec *iov, int iovcnt, int flags, transport::Conn *c) noexcept;
+    ssize_t try_recv(transport::Conn *c, const iovec *iov, int iovcnt, std::size_t skip,
+                     std::size_t total, int flags, bool check_kernel) noexcept;
+    ssize_t direct_send(transport::Conn *c, const iovec *iov, int iovcnt, std::size_t total,
+                        int flags) noexcept;
+    int post_data(transport::Conn *c, const iovec *iov, int iovcnt, std::uint32_t len,
+                  std::uint64_t deadline) noexcept;
+    int flush_locked(transport::Conn *c, bool blocking, std::uint64_t deadline) noexcept;
+    int wait_credit(transport::Conn *c, std::uint64_t deadline) noexcept;
+    // Read zero-copy: the receive side reads the peer's advertisement
+    // (rx_lock held on entry, released on return); the send side
+    // advertises `len` bytes and waits until they were read. Bytes taken
+    // or -errno; `*interrupted`: a signal cut the send short.
+    ssize_t read_advert(transport::Conn *c, std::unique_lock<std::mutex> &lock, const iovec *iov,
+                        int iovcnt, std::size_t skip, std::size_t total, int flags) noexcept;
+    long send_zcopy(transport::Conn *c, const char *buf, std::uint32_t len,
+                    bool *interrupted) noexcept;
+};
+
+}  // namespace sd::fallback

@@ -1,0 +1,115 @@
+#include "table.hpp"
+
+#include "transport/sys.hpp"
+
+#include <cstdlib>
+#include <mutex>
+#include <new>
+#include <sys/mman.h>
+#include <sys/resource.h>
+
+namespace sd::fallback {
+namespace {
+
+std::atomic<Stream *> *slots = nullptr;
+int nslots = 0;
+std::mutex pool_lock;
+Stream *free_list = nullptr;
+
+Stream *pool_get() noexcept {
+    {
+        std::lock_guard lock(pool_lock);
+        if (Stream *s = free_list) {
+            free_list = s->next_free;
+            return s;
+        }
+    }
+    void *mem = std::malloc(sizeof(Stream));
+    return mem ? new (mem) Stream() : nullptr;
+}
+
+}  // namespace
+
+void table_init() noexcept {
+    rlimit rl{};
+    getrlimit(RLIMIT_NOFILE, &rl);
+    rlim_t n = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > (1u << 20) ? (1u << 20) : rl.rlim_max;
+    if (n < 1024) n = 1024;
+    // Pages are touched only where fds are used.
+    void *mem = mmap(nullptr, n * sizeof(std::atomic<Stream *>), PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (mem == MAP_FAILED) return;
+    slots = static_cast<std::atomic<Stream *> *>(mem);
+    nslots = int(n);
+}
+
+Stream *acquire(int fd) noexcept {
+    if (fd < 0 || fd >= nslots) return nullptr;
+    for (;;) {
+        Stream *s = slots[fd].load(std::memory_order_acquire);
+        if (!s) return nullptr;
+        int r = s->refs.load(std::memory_order_relaxed);
+        while (r > 0 && !s->refs.compare_exchange_weak(r, r + 1, std::memory_order_acq_rel)) {
+        }
+        if (r <= 0) continue;  // being recycled: look again
+        if (slots[fd].load(std::memory_order_acquire) == s) return s;
+        release(s);
+    }
+}
+
+void release(Stream *s) noexcept {
+    if (s->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    s->destroy();
+    std::lock_guard lock(pool_lock);
+    s->next_free = free_list;
+    free_list = s;
+}
+
+Stream *create(int fd, int domain, bool nonblock) noexcept {
+    if (fd < 0 || fd >= nslots) return nullptr;
+    Stream *s = pool_get();
+    if (!s) return nullptr;
+    s->reset(fd, domain, nonblock);
+    if (Stream *old = slots[fd].exchange(s, std::memory_order_acq_rel)) release(old);
+    return s;
+}
+
+void map_dup(int fd, Stream *s) noexcept {
+    if (fd < 0 || fd >= nslots) return;
+    s->refs.fetch_add(1, std::memory_order_relaxed);
+    s->fds.fetch_add(1, std::memory_order_relaxed);
+    s->fd_added(fd);
+    if (Stream *old = slots[fd].exchange(s, std::memory_order_acq_rel)) release(old);
+}
+
+Stream *unmap(int fd) noexcept {
+    if (fd < 0 || fd >= nslots) return nullptr;
+    Stream *s = slots[fd].exchange(nullptr, std::memory_order_acq_rel);
+    if (s) s->fd_removed(fd);
+    return s;
+}
+
+Stream *close_prepare(int fd) noexcept {
+    Stream *s = unmap(fd);
+    if (s && s->fds.fetch_sub(1, std::memory_order_acq_rel) == 1) s->last_close();
+    return s;
+}
+
+void table_lock_for_fork() noexcept { pool_lock.lock(); }
+void table_unlock_after_fork() noexcept { pool_lock.unlock(); }
+
+void table_after_fork_child() noexcept {
+    new (&pool_lock) std::mutex();
+    for (int fd = 0; fd < nslots; ++fd) {
+        Stream *s = slots[fd].load(std::memory_order_relaxed);
+        if (!s) continue;
+        Phase p = s->phase.load(std::memory_order_relaxed);
+        if (p == Phase::listener || p == Phase::fresh) continue;
+        // Inherited connection: it belongs to the parent's engine. The
+        // child leaves it to the kernel and never touches the parent's
+        // state (the object is simply abandoned here).
+        slots[fd].store(nullptr, std::memory_order_relaxed);
+    }
+}
+
+}  // namespace sd::fallback

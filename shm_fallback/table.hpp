@@ -1,0 +1,34 @@
+// The socket table: fd number -> Stream, an array of atomic pointers
+// indexed by fd (no lock on lookup). Streams come from a pool and are never
+// returned to the allocator, so a lookup racing with close() touches a
+// Stream object at worst, never freed memory; the reference count, taken
+// only while it is non-zero and rechecked against the table, tells.
+#pragma once
+#include "stream.hpp"
+
+namespace sd::fallback {
+
+void table_init() noexcept;
+
+// The stream at fd with a reference held, or nullptr.
+Stream *acquire(int fd) noexcept;
+void release(Stream *s) noexcept;
+
+// A new stream for the fresh socket `fd` (nullptr if fd is out of range).
+Stream *create(int fd, int domain, bool nonblock) noexcept;
+// `fd` now also refers to `s` (dup); the table takes a reference.
+void map_dup(int fd, Stream *s) noexcept;
+// Removes fd from the table; returns its stream (with the table's
+// reference, now the caller's) or nullptr.
+Stream *unmap(int fd) noexcept;
+// Unmaps fd and, if it was the last fd of its stream, tells the peer; the
+// caller then closes the kernel fd and releases the stream.
+Stream *close_prepare(int fd) noexcept;
+
+// After fork, in the child: forget every connected stream (the child's
+// copies stay pure kernel sockets) and reset the pool lock.
+void table_after_fork_child() noexcept;
+void table_lock_for_fork() noexcept;
+void table_unlock_after_fork() noexcept;
+
+}  // namespace sd::fallback

@@ -1,0 +1,119 @@
+// End of a connection: half-close, close, writes to a closed peer, and the
+// death of the peer process.
+#include <catch2/catch.hpp>
+
+#include "harness.hpp"
+
+#include <csignal>
+#include <cstdlib>
+
+using namespace sdt;
+
+namespace {
+
+void both_ends(const char *name) {
+    for (const char *driver : {"client", "server"}) {
+        INFO("driver " << driver);
+        PairSpec spec;
+        spec.args = {"--scenario", name, "--driver", driver};
+        if (!run_pair(spec)) return;
+    }
+}
+
+// The driver blocks in recv; the harness kills the responder with `sig`.
+// The survivor must see EOF or ECONNRESET within a second.
+void kill_responder(const char *driver, int sig) {
+    const auto pls = placements();
+    for (const Placement &pl : pls) {
+        Scratch scratch;
+        PairSpec spec;
+        spec.args = {"--scenario", "peer-death", "--driver", driver};
+        Pair pair = start_pair(scratch, spec, pl, "death");
+        INFO("placement: " << pl.label() << ", driver " << driver);
+        REQUIRE(pair.port != 0);
+        const bool client_drives = std::string(driver) == "client";
+        Proc &victim = client_drives ? pair.server : pair.client;
+        Proc &survivor = client_drives ? pair.client : pair.server;
+        const bool ready = wait_for_text(victim.out, "ready", 20);
+        sleep_s(0.1);  // the survivor is in recv by now
+        const double t0 = now_s();
+        signal_proc(victim, sig);
+        wait_exit(survivor, 10);
+        const double took = survivor.end_s - t0;
+        wait_exit(victim, 10);
+        INFO(describe(victim));
+        INFO(describe(survivor));
+        REQUIRE(ready);
+        CHECK(killed_by(victim, sig));
+        REQUIRE(exited_with(survivor, 0));
+        // The survivor's own measure: how long its recv was blocked (it
+        // entered recv about 0.1 s before the kill). Its exit may take
+        // longer under a sanitizer; that is not the library's doing.
+        double blocked = -1;
+        for (const std::string &l : lines_with(survivor, "survivor recv="))
+            if (auto at = l.find(" after "); at != std::string::npos)
+                blocked = std::atof(l.c_str() + at + 7);
+        INFO("survivor's recv returned after " << blocked << " s; it ended " << took
+                                               << " s after the kill");
+        CHECK(blocked >= 0);
+        CHECK(blocked < 1.1);
+        CHECK(took < 5.0);
+        check_modes(survivor, pl.expect(!client_drives));
+    }
+}
+
+}  // namespace
+
+TEST_CASE("recv returns 0 after peer shutdown(SHUT_WR), and the peer still reads",
+          "[shutdown]") {
+    both_ends("peer-shutdown-wr");
+}
+
+TEST_CASE("after shutdown(SHUT_WR) the peer reads all data then EOF, and the half-closed "
+          "side still receives what the peer sends back",
+          "[shutdown]") {
+    both_ends("shutdown-wr");
+}
+
+TEST_CASE("after the peer closes, the reader gets every byte, then EOF, then EPIPE with "
+          "MSG_NOSIGNAL",
+          "[close]") {
+    both_ends("close-epipe");
+}
+
+TEST_CASE("writing to a closed peer raises SIGPIPE, which kills by default", "[close]") {
+    const auto pls = placements();
+    for (const Placement &pl : pls) {
+        for (const char *driver : {"client", "server"}) {
+            Scratch scratch;
+            PairSpec spec;
+            spec.args = {"--scenario", "close-sigpipe", "--driver", driver};
+            Pair pair = start_pair(scratch, spec, pl, "sigpipe");
+            INFO("placement: " << pl.label() << ", driver " << driver);
+            REQUIRE(pair.port != 0);
+            wait_exit(pair.client, 30);
+            wait_exit(pair.server, 30);
+            const bool client_drives = std::string(driver) == "client";
+            Proc &writer = client_drives ? pair.client : pair.server;
+            Proc &closer = client_drives ? pair.server : pair.client;
+            INFO(describe(writer));
+            INFO(describe(closer));
+            CHECK(killed_by(writer, SIGPIPE));
+            REQUIRE(exited_with(closer, 0));
+            check_modes(closer, pl.expect(!client_drives));
+        }
+    }
+}
+
+TEST_CASE("a peer killed with SIGKILL wakes a blocked recv with EOF or ECONNRESET within a "
+          "second",
+          "[peer-death]") {
+    kill_responder("client", SIGKILL);
+    kill_responder("server", SIGKILL);
+}
+
+TEST_CASE("SIGTERM ends a process with an open connection as without the library",
+          "[peer-death]") {
+    kill_responder("client", SIGTERM);
+    kill_responder("server", SIGTERM);
+}

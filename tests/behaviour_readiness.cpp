@@ -1,0 +1,254 @@
+// Readiness: poll, ppoll and their FORTIFY variants, select, pselect and
+// epoll see exactly what the kernel shows for a connection, wake when it
+// changes, and keep their timeouts, signal and mask semantics. The peer
+// checks every answer against the kernel's (see peer_ready.hpp).
+#include <catch2/catch.hpp>
+
+#include "harness.hpp"
+
+#include <csignal>
+
+using namespace sdt;
+
+namespace {
+
+PairSpec scenario(const std::string &name, const std::string &apis,
+                  const std::string &driver = "client") {
+    PairSpec spec;
+    spec.args = {"--scenario", name, "--apis", apis, "--driver", driver};
+    return spec;
+}
+
+void run(const std::string &name, const std::string &apis) { run_pair(scenario(name, apis)); }
+
+// One connection per part, in order; the first failure ends the run.
+void run_parts(const std::string &name, const std::vector<std::string> &parts) {
+    std::string list;
+    for (const std::string &p : parts) list += (list.empty() ? "" : ",") + p;
+    PairSpec spec = scenario(name, "epoll");
+    spec.args.insert(spec.args.end(), {"--parts", list, "--conns", std::to_string(parts.size())});
+    run_pair(spec);
+}
+
+// Connected and accepted sockets: the accepting side runs a subset.
+void both_ends(const std::string &name, const std::string &apis,
+               const std::string &server_apis) {
+    {
+        INFO("driver client");
+        if (!run_pair(scenario(name, apis, "client"))) return;
+    }
+    INFO("driver server");
+    run_pair(scenario(name, server_apis, "server"));
+}
+
+// Scenarios that end their connection: one connection per call.
+void per_connection(const std::string &name, const std::string &apis, int calls) {
+    PairSpec spec = scenario(name, apis);
+    spec.args.insert(spec.args.end(), {"--conns", std::to_string(calls)});
+    run_pair(spec);
+}
+
+// The client waits with `api`; the harness kills the responding server
+// with SIGKILL while 1000 bytes it never read sit in its socket.
+void killed_with_unread_data(const std::string &api) {
+    const auto pls = placements();
+    for (const Placement &pl : pls) {
+        Scratch scratch;
+        Pair pair = start_pair(scratch, scenario("ready-death", api), pl, "death");
+        INFO("placement: " << pl.label());
+        REQUIRE(pair.port != 0);
+        const bool ready = wait_for_text(pair.server.out, "ready", 20);
+        sleep_s(0.2);  // the client is blocked in its wait by now
+        signal_proc(pair.server, SIGKILL);
+        wait_exit(pair.client, 30);
+        wait_exit(pair.server, 10);
+        INFO(describe(pair.server));
+        INFO(describe(pair.client));
+        REQUIRE(ready);
+        CHECK(killed_by(pair.server, SIGKILL));
+        if (exited_with(pair.client, 77)) {
+            note_skip(skip_reason(pair.client));
+            return;
+        }
+        REQUIRE(exited_with(pair.client, 0));
+        check_modes(pair.client, pl.expect(false));
+    }
+}
+
+}  // namespace
+
+// ---- poll, ppoll, __poll_chk, __ppoll_chk -----------------------------------------
+
+TEST_CASE("poll, ppoll and their FORTIFY variants report POLLOUT on a fresh connection, "
+          "POLLIN only once data arrives, and keep timeouts of 0, 100 ms and none",
+          "[poll]") {
+    both_ends("ready-data", "poll,poll_chk,ppoll,ppoll_chk", "poll,ppoll_chk");
+}
+
+TEST_CASE("poll: POLLOUT goes away while the peer does not read and the window is full, "
+          "and comes back when the peer drains it",
+          "[poll]") {
+    per_connection("ready-window", "poll,ppoll_chk", 2);
+}
+
+TEST_CASE("poll: the peer's shutdown(SHUT_WR) gives POLLIN|POLLRDHUP, and shutting our side "
+          "too adds POLLHUP",
+          "[poll]") {
+    per_connection("ready-rdhup", "poll,poll_chk,ppoll,ppoll_chk", 4);
+}
+
+TEST_CASE("poll: a peer that closes with unread data gives POLLERR|POLLHUP, then "
+          "ECONNRESET, then EOF",
+          "[poll]") {
+    per_connection("ready-reset", "poll,poll_chk,ppoll,ppoll_chk", 4);
+}
+
+TEST_CASE("a peer killed with unread data wakes a blocked poll with POLLERR|POLLHUP",
+          "[poll]") {
+    killed_with_unread_data("poll");
+}
+
+TEST_CASE("a signal interrupts poll and ppoll with EINTR, with SA_RESTART too", "[poll]") {
+    run("ready-eintr", "poll,poll_chk,ppoll,ppoll_chk");
+}
+
+TEST_CASE("ppoll's signal mask decides whether a signal interrupts the wait", "[poll]") {
+    run("ready-sigmask", "ppoll,ppoll_chk");
+}
+
+TEST_CASE("poll over a connection, a pipe, an eventfd, a timerfd, UDP and Unix sockets and a "
+          "listener reports exactly the ready fds",
+          "[poll]") {
+    run("ready-mixed", "poll,poll_chk,ppoll,ppoll_chk");
+}
+
+// ---- select, pselect ------------------------------------------------------------------
+
+TEST_CASE("select and pselect report a fresh connection writable, readable only once data "
+          "arrives, and keep timeouts of 0, 100 ms and none",
+          "[select]") {
+    run("ready-data", "select,pselect");
+}
+
+TEST_CASE("select: a full window is not writable until the peer drains it", "[select]") {
+    per_connection("ready-window", "select,pselect", 2);
+}
+
+TEST_CASE("select: the peer's shutdown(SHUT_WR) and then our own leave the socket readable "
+          "and writable",
+          "[select]") {
+    per_connection("ready-rdhup", "select,pselect", 2);
+}
+
+TEST_CASE("select: a peer that closes with unread data makes the socket readable and "
+          "writable, and recv gives ECONNRESET",
+          "[select]") {
+    per_connection("ready-reset", "select,pselect", 2);
+}
+
+TEST_CASE("a peer killed with unread data wakes a blocked select", "[select]") {
+    killed_with_unread_data("select");
+}
+
+TEST_CASE("a signal interrupts select and pselect with EINTR, with SA_RESTART too",
+          "[select]") {
+    run("ready-eintr", "select,pselect");
+}
+
+TEST_CASE("pselect's signal mask decides whether a signal interrupts the wait", "[select]") {
+    run("ready-sigmask", "pselect");
+}
+
+TEST_CASE("select over a connection, a pipe, an eventfd, a timerfd, UDP and Unix sockets "
+          "and a listener reports exactly the ready fds",
+          "[select]") {
+    run("ready-mixed", "select,pselect");
+}
+
+// ---- epoll ------------------------------------------------------------------------------
+
+TEST_CASE("epoll_wait and epoll_pwait report EPOLLOUT on a fresh connection, EPOLLIN only "
+          "once data arrives, and keep timeouts of 0, 100 ms and none",
+          "[epoll]") {
+    run("ready-data", "epoll,epoll_pwait");
+}
+
+TEST_CASE("epoll: EPOLLOUT goes away while the window is full and comes back when the peer "
+          "drains it",
+          "[epoll]") {
+    per_connection("ready-window", "epoll", 1);
+}
+
+TEST_CASE("epoll: the peer's shutdown(SHUT_WR) gives EPOLLIN|EPOLLRDHUP, and shutting our "
+          "side too adds EPOLLHUP",
+          "[epoll]") {
+    per_connection("ready-rdhup", "epoll,epoll_pwait", 2);
+}
+
+TEST_CASE("epoll: a peer that closes with unread data gives EPOLLERR|EPOLLHUP, then "
+          "ECONNRESET",
+          "[epoll]") {
+    per_connection("ready-reset", "epoll,epoll_pwait", 2);
+}
+
+TEST_CASE("a peer killed with unread data wakes a blocked epoll_wait with EPOLLERR|EPOLLHUP",
+          "[epoll]") {
+    killed_with_unread_data("epoll");
+}
+
+TEST_CASE("a signal interrupts epoll_wait and epoll_pwait with EINTR, with SA_RESTART too",
+          "[epoll]") {
+    run("ready-eintr", "epoll,epoll_pwait");
+}
+
+TEST_CASE("epoll_pwait's signal mask decides whether a signal interrupts the wait",
+          "[epoll]") {
+    run("ready-sigmask", "epoll_pwait");
+}
+
+TEST_CASE("epoll_pwait2 keeps timespec timeouts and its signal mask", "[epoll]") {
+    if (!run_pair(scenario("ready-data", "epoll_pwait2"))) return;
+    run("ready-sigmask", "epoll_pwait2");
+}
+
+TEST_CASE("epoll over a connection, a pipe, an eventfd, a timerfd, UDP and Unix sockets and "
+          "a listener reports exactly the ready fds",
+          "[epoll]") {
+    run("ready-mixed", "epoll,epoll_pwait");
+}
+
+TEST_CASE("epoll triggering: level-triggered entries report until the data is read, EPOLLET "
+          "each arrival once, EPOLLONESHOT once until EPOLL_CTL_MOD rearms it, EPOLLEXCLUSIVE "
+          "only through EPOLL_CTL_ADD",
+          "[epoll]") {
+    run_parts("epoll-modes", {"level", "edge", "oneshot", "exclusive"});
+}
+
+TEST_CASE("one socket in two epoll sets keeps its own mode in each; data.u64 and data.fd come "
+          "back verbatim; maxevents 1 takes ready entries in turns",
+          "[epoll]") {
+    run_parts("epoll-modes", {"two-sets", "data"});
+}
+
+TEST_CASE("epoll_create, epoll_ctl and epoll_wait fail exactly as the kernel's do",
+          "[epoll]") {
+    run("epoll-errors", "epoll");
+}
+
+TEST_CASE("an epoll fd inside another epoll set, inside poll and inside select wakes with "
+          "the connection",
+          "[epoll]") {
+    run("epoll-nested", "epoll");
+}
+
+TEST_CASE("epoll_ctl from another thread: ADD of a readable socket or of one that becomes "
+          "readable, and MOD, wake a blocked epoll_wait; DEL silences it",
+          "[epoll]") {
+    run_parts("epoll-thread-ctl", {"add-ready", "add-then-ready", "mod", "del"});
+}
+
+TEST_CASE("an epoll registration belongs to the open file: it outlives a closed registered fd "
+          "while a dup is open and goes with the last reference",
+          "[epoll]") {
+    run_parts("epoll-close", {"dup", "original"});
+}

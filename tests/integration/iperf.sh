@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# iperf 2 (a thread per connection, blocking calls) on both ends: one
+# server, two clients with CSV reports (-y C): 2 parallel streams
+# client -> server, then one stream server -> client (-R, reverse on the
+# same connection). Each must exit 0 and report bytes moved on every
+# stream. Then every connection must have run direct.
+source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib.sh"
+it_need iperf:iperf
+it_preflight
+
+port="$(it_free_port)"
+it_start server 60 iperf -s -B 127.0.0.1 -p "$port"
+srv=$it_pid
+if ! it_wait_listen "$port" "$srv"; then
+    it_bad "iperf -s did not listen on 127.0.0.1:$port"
+    it_finish
+fi
+
+# check_csv FILE STREAMS: STREAMS report lines (CSV: ...,id,interval,bytes,bps),
+# each with bytes > 0.
+check_csv() {
+    awk -F, -v want="$2" '
+        NF >= 9 && $8 ~ /^[0-9]+$/ {
+            n++; bytes += $8
+            if ($8 + 0 <= 0) bad++
+        }
+        END {
+            if (n != want) { printf "%d report lines, expected %d\n", n, want; exit 1 }
+            if (bad) { printf "%d streams moved no bytes\n", bad; exit 1 }
+            printf "%d stream(s), %.0f B\n", n, bytes
+        }' "$1"
+}
+
+# run_client NAME STREAMS ARGS...
+run_client() {
+    local name="$1" streams="$2" rc verdict
+    shift 2
+    it_run "client-$name" 20 iperf -c 127.0.0.1 -p "$port" -t 2 -y C "$@" \
+        >"$it_tmp/client-$name.csv" 2>"$it_tmp/client-$name.err"
+    rc=$?
+    if verdict="$(check_csv "$it_tmp/client-$name.csv" "$streams")" && ((rc == 0)); then
+        it_ok "iperf -c $* ($name): $verdict"
+    else
+        it_bad "iperf -c $* ($name): $(it_status "$rc"); $verdict"
+    fi
+}
+
+run_client forward 2 -P 2
+run_client reverse 1 -R
+
+# iperf's SIGTERM handler waits for its threads and exits 0.
+it_stop "$srv" TERM
+it_check "$it_stop_rc" "iperf -s ended on SIGTERM: $it_stop_text"
+
+it_expect_direct "$port" 3 server
+it_expect_direct "$port" 2 client-forward
+it_expect_direct "$port" 1 client-reverse
+it_finish

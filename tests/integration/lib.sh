@@ -1,0 +1,357 @@
+# Common part of the integration tests: programs as Debian ships them, run
+# unchanged on both ends of 127.0.0.1 connections with libsdirect.so
+# preloaded. Sourced by every tests/integration/<program>.sh, which
+#   starts its server with it_start and waits for it with it_wait_listen,
+#   runs its clients with it_run,
+#   records each check with it_ok / it_bad,
+#   stops the server with it_stop (by pid, never by name),
+#   asserts from the stats files that the connections ran direct
+#   (it_expect_direct) and ends with it_finish.
+#
+# Every preloaded process writes its connections to $it_tmp/<role>.stats
+# (SDIRECT_STATS_FILE) when it exits, so servers are stopped with a signal
+# they handle by calling exit(), and stats are read after the process ended.
+#
+# Environment:
+#   SDIRECT_IT_LIB     libsdirect.so (default: <repo>/build/intercept/libsdirect.so)
+#   SDIRECT_IT_TOOLS   directory with sdirect-run (default: <repo>/build/tools)
+#   SDIRECT_IT_KERNEL  1: nothing preloaded; the same correctness checks, the
+#                      mode check is skipped (validates the scripts themselves)
+#   SDIRECT_IT_PYTHON  python3 for the test programs (default: /usr/bin/python3,
+#                      Debian's, else python3 from PATH)
+#   SDIRECT_IT_BUDGET  seconds the whole script may take (default 75); every
+#                      wait is bounded by what is left of it
+#   SDIRECT_IT_KEEP    1: keep the temporary directory (path printed at the end)
+# Every other SDIRECT_* variable reaches the preloaded programs unchanged.
+#
+# Exit status: 0 pass, 1 fail, 77 skip (a program is not installed).
+
+set -uo pipefail
+
+it_name="integration-$(basename "$0" .sh)"
+it_dir="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd)"
+it_root="$(cd "$it_dir/../.." && pwd)"
+it_lib="${SDIRECT_IT_LIB:-$it_root/build/intercept/libsdirect.so}"
+it_tools="${SDIRECT_IT_TOOLS:-$it_root/build/tools}"
+it_kernel="${SDIRECT_IT_KERNEL:-0}"
+[[ "$it_kernel" == 1 ]] || it_kernel=0
+it_deadline=$((SECONDS + ${SDIRECT_IT_BUDGET:-75}))
+
+if [[ -n "${SDIRECT_IT_PYTHON:-}" ]]; then
+    it_py="$SDIRECT_IT_PYTHON"
+elif [[ -x /usr/bin/python3 ]]; then
+    it_py=/usr/bin/python3
+else
+    it_py="$(command -v python3 || echo python3)"
+fi
+
+it_tmp="$(mktemp -d "/tmp/sdirect-$it_name.XXXXXX")" || exit 1
+it_checks=0
+it_failures=0
+it_servers=()  # pids of servers still running (timeout wrappers)
+it_pid=""      # pid of the server it_start started last
+
+if ((it_kernel)); then
+    it_label="kernel: nothing preloaded"
+else
+    it_label="preloaded: $it_lib"
+fi
+
+# Runs at exit, however the script ends: stops the servers still running,
+# each by its pid, and removes the temporary directory.
+it_cleanup() {
+    local pid
+    for pid in "${it_servers[@]}"; do
+        it_stop "$pid" TERM 5 >/dev/null 2>&1
+    done
+    if [[ "${SDIRECT_IT_KEEP:-0}" == 1 ]]; then
+        echo "$it_name: kept $it_tmp"
+    else
+        rm -rf "$it_tmp"
+    fi
+}
+trap it_cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+it_log() { printf '%s: %s\n' "$it_name" "$*"; }
+
+# it_skip REASON: the test cannot run here; exit 77 (meson shows SKIP).
+it_skip() {
+    printf 'SKIP %s: %s\n' "$it_name" "$*"
+    printf 'SKIP %s: %s\n' "$it_name" "$*" >&2
+    exit 77
+}
+
+# it_need PROGRAM[:PACKAGE]...: skips the test unless every program is on PATH.
+it_need() {
+    local item prog pkg
+    for item in "$@"; do
+        prog="${item%%:*}"
+        pkg="${item#*:}"
+        command -v "$prog" >/dev/null 2>&1 ||
+            it_skip "'$prog' is not installed (Debian package $pkg; scripts/setup.sh installs it)"
+    done
+}
+
+# Checks that the library (or, in kernel mode, nothing) can be preloaded.
+# A missing library is a failure, not a skip: the build should have made it.
+it_preflight() {
+    it_need "$it_py:python3" timeout:coreutils
+    it_log "$it_label"
+    ((it_kernel)) && return 0
+    local why
+    if [[ ! -f "$it_lib" ]]; then
+        echo "FAIL $it_name: $it_lib does not exist (build it: ninja -C build)"
+        exit 1
+    fi
+    if [[ ! -x "$it_tools/sdirect-run" ]]; then
+        echo "FAIL $it_name: $it_tools/sdirect-run does not exist (build it: ninja -C build)"
+        exit 1
+    fi
+    export SDIRECT_LIB="$it_lib"
+    if ! why="$(timeout 20 "$it_tools/sdirect-run" true 2>&1)"; then
+        echo "FAIL $it_name: cannot preload $it_lib: $why"
+        exit 1
+    fi
+}
+
+# it_secs N: N, or what is left of the script's budget if that is less
+# (at least 1, so a late step still runs and fails rather than hanging).
+it_secs() {
+    local left=$((it_deadline - SECONDS))
+    ((left < 1)) && left=1
+    ((left < $1)) && echo "$left" || echo "$1"
+}
+
+# it_free_port: a TCP port on 127.0.0.1 that nobody uses right now.
+it_free_port() {
+    "$it_py" -c 'import socket
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])'
+}
+
+# it_prefix ROLE SECONDS: sets it_cmd to the words that run a program as
+# ROLE for at most SECONDS (then SIGTERM, 3 s later SIGKILL), preloaded
+# unless in kernel mode. --foreground keeps the program in the test's
+# process group, so a runner that kills the group kills it too, and a
+# signal sent to the timeout pid reaches the program only.
+it_prefix() {
+    it_cmd=(env "SDIRECT_STATS_FILE=$it_tmp/$1.stats"
+        timeout --foreground -k 3 "$(it_secs "$2")")
+    ((it_kernel)) || it_cmd+=("$it_tools/sdirect-run")
+}
+
+# it_run ROLE SECONDS CMD...: runs a client in the foreground from $it_tmp;
+# the caller redirects its input and output. Returns its exit status
+# (124: timed out).
+it_run() {
+    local role="$1" secs="$2"
+    shift 2
+    it_prefix "$role" "$secs"
+    (cd "$it_tmp" && exec "${it_cmd[@]}" "$@")
+}
+
+# it_start ROLE SECONDS CMD...: starts a server in the background from
+# $it_tmp, output in $it_tmp/ROLE.log; its pid (the timeout wrapper, which
+# passes signals on to the server) in it_pid.
+it_start() {
+    local role="$1" secs="$2"
+    shift 2
+    it_prefix "$role" "$secs"
+    (cd "$it_tmp" && exec "${it_cmd[@]}" "$@") </dev/null >"$it_tmp/$role.log" 2>&1 &
+    it_pid=$!
+    it_servers+=("$it_pid")
+}
+
+# it_listening PORT: something listens on 127.0.0.1:PORT (or any address).
+# Reads /proc instead of connecting, which would add a connection to the
+# server's stats.
+it_listening() {
+    local hex
+    hex="$(printf ':%04X' "$1")"
+    awk -v p="$hex" '$4 == "0A" && substr($2, length($2) - 4) == p { found = 1 }
+        END { exit !found }' /proc/net/tcp /proc/net/tcp6 2>/dev/null
+}
+
+# it_wait_listen PORT PID [SECONDS]: waits (default at most 10 s) until
+# PORT listens while PID lives.
+it_wait_listen() {
+    local port="$1" pid="$2" limit i
+    limit=$(($(it_secs "${3:-10}") * 20))
+    for ((i = 0; i < limit; i++)); do
+        it_listening "$port" && return 0
+        kill -0 "$pid" 2>/dev/null || return 1
+        sleep 0.05
+    done
+    return 1
+}
+
+# it_stop PID [SIGNAL [SECONDS]]: sends SIGNAL (default TERM) to PID, waits
+# at most SECONDS (default 10) for it to end, then SIGKILLs it. Sets
+# it_stop_rc to its exit status and it_stop_text to that in words.
+it_stop() {
+    local pid="$1" sig="${2:-TERM}" limit i
+    limit=$((${3:-10} * 20))
+    kill "-$sig" "$pid" 2>/dev/null
+    for ((i = 0; i < limit; i++)); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.05
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+        kill -KILL "$pid" 2>/dev/null
+        it_collect "$pid"
+        it_stop_rc=137
+        it_stop_text="still running ${3:-10} s after SIG$sig, SIGKILLed"
+        return 0
+    fi
+    it_collect "$pid"
+    return 0
+}
+
+# it_collect PID: reaps PID, which has ended, into it_stop_rc and
+# it_stop_text.
+it_collect() {
+    local i rest=()
+    wait "$1" 2>/dev/null
+    it_stop_rc=$?
+    it_stop_text="$(it_status "$it_stop_rc")"
+    for i in "${it_servers[@]}"; do
+        [[ "$i" == "$1" ]] || rest+=("$i")
+    done
+    it_servers=("${rest[@]}")
+}
+
+# it_reap PID SECONDS: waits at most SECONDS for PID to end by itself,
+# then stops it (it_stop). Sets it_stop_rc; status 1 if it had to be stopped.
+it_reap() {
+    local pid="$1" limit i
+    limit=$(($(it_secs "$2") * 20))
+    for ((i = 0; i < limit; i++)); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.05
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+        it_stop "$pid" TERM
+        return 1
+    fi
+    it_collect "$pid"
+    return 0
+}
+
+# it_status RC: an exit status in words.
+it_status() {
+    case "$1" in
+        0) echo "exit 0" ;;
+        124) echo "timed out" ;;
+        137) echo "killed by SIGKILL (timed out)" ;;
+        *) if (($1 > 128)); then echo "killed by signal $(($1 - 128))"; else echo "exit $1"; fi ;;
+    esac
+}
+
+it_ok() {
+    it_checks=$((it_checks + 1))
+    printf '  ok   %s\n' "$*"
+}
+
+it_bad() {
+    it_checks=$((it_checks + 1))
+    it_failures=$((it_failures + 1))
+    printf '  FAIL %s\n' "$*"
+}
+
+# it_check CONDITION-STATUS TEXT: it_ok if the status is 0, else it_bad.
+it_check() {
+    local st="$1"
+    shift
+    if ((st == 0)); then it_ok "$@"; else it_bad "$@"; fi
+}
+
+# it_stats_summary FILE PORT: one line about the connections to or from
+# PORT in a stats file: "total direct kernel shared idle tx_fabric
+# tx_kernel reasons". Listeners (peer port 0) are not connections. An idle
+# connection moved no byte either way and is not direct (e.g. connect,
+# shutdown, close): it never needed a transport, so it is counted apart
+# and not in total.
+it_stats_summary() {
+    [[ -f "$1" ]] || { echo "0 0 0 0 0 0 0 -"; return; }
+    awk -v port="$2" '
+        {
+            lp = ""; pp = ""; mode = ""; reason = ""; moved = 0; txf = 0; txk = 0
+            for (i = 1; i <= NF; i++) {
+                if ($i ~ /^local=/) { lp = $i; sub(/.*:/, "", lp) }
+                else if ($i ~ /^peer=/) { pp = $i; sub(/.*:/, "", pp) }
+                else if ($i ~ /^mode=/) mode = substr($i, 6)
+                else if ($i ~ /^reason=/) reason = substr($i, 8)
+                else if ($i ~ /^(tx|rx)_(kernel|fabric)=/) {
+                    v = $i; sub(/.*=/, "", v); moved += v
+                    if ($i ~ /^tx_fabric=/) txf = v + 0
+                    if ($i ~ /^tx_kernel=/) txk = v + 0
+                }
+            }
+            if (mode == "" || pp == "0" || (lp != port && pp != port)) next
+            if (mode != "direct" && moved == 0) { idle++; next }
+            total++
+            count[mode]++
+            fabric += txf
+            kernel += txk
+            if (mode != "direct") why[mode "/" reason]++
+        }
+        END {
+            r = ""
+            for (k in why) r = r (r == "" ? "" : ",") k "x" why[k]
+            printf "%d %d %d %d %d %.0f %.0f %s\n", total, count["direct"] + 0,
+                count["kernel"] + 0, count["shared"] + 0, idle + 0, fabric, kernel,
+                (r == "" ? "-" : r)
+        }' "$1"
+}
+
+# it_expect_direct PORT MIN ROLE...: for each ROLE, the connections to or
+# from PORT in $it_tmp/ROLE.stats (idle ones aside) number at least MIN,
+# are all in direct mode, and sent bytes over the fabric (tx_fabric > 0 in
+# sum). Skipped in kernel mode.
+it_expect_direct() {
+    local port="$1" min="$2" role total direct kernel shared idle txf txk why text
+    shift 2
+    if ((it_kernel)); then
+        it_log "mode check skipped ($*; SDIRECT_IT_KERNEL=1)"
+        return 0
+    fi
+    for role in "$@"; do
+        read -r total direct kernel shared idle txf txk why \
+            < <(it_stats_summary "$it_tmp/$role.stats" "$port")
+        text="$role: $total connections (direct $direct, kernel $kernel, shared $shared)"
+        ((idle == 0)) || text+=" + $idle idle"
+        text+=", tx_fabric $txf B, tx_kernel $txk B"
+        [[ "$why" == "-" ]] || text+=", not direct: $why"
+        if [[ ! -s "$it_tmp/$role.stats" ]]; then
+            it_bad "$role: no stats written (process did not exit normally, or library not active)"
+        elif ((total < min)); then
+            it_bad "$text; expected at least $min"
+        elif ((direct != total)); then
+            it_bad "$text; expected all direct"
+        elif ((txf == 0)); then
+            it_bad "$text; expected tx_fabric > 0"
+        else
+            it_ok "$text"
+        fi
+    done
+}
+
+# it_finish: prints the verdict and exits 0 (pass) or 1 (fail); on failure
+# shows the end of every log in the temporary directory.
+it_finish() {
+    local f
+    if ((it_failures == 0 && it_checks > 0)); then
+        echo "PASS $it_name ($it_label): $it_checks checks"
+        exit 0
+    fi
+    for f in "$it_tmp"/*.log "$it_tmp"/*.err; do
+        [[ -s "$f" ]] || continue
+        echo "--- last lines of $(basename "$f")"
+        tail -n 15 "$f" | cut -c 1-300
+    done
+    echo "FAIL $it_name ($it_label): $it_failures of $it_checks checks failed"
+    exit 1
+}

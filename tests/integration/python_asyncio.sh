@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Debian's python3 on both ends, with this directory's echo programs:
+#   echo_selectors.py with selectors.EpollSelector, PollSelector and
+#   SelectSelector in turn (non-blocking sockets, 4 connections at once of
+#   0 B, 1 B, 100 kB and 3 MiB, half-close, echo compared byte for byte);
+#   echo_asyncio.py: asyncio streams (readexactly, drain, write_eof),
+#   4 connections at once, 100 ping-pong frames of 0 B to 1 MiB and 64
+#   pipelined frames each, every echo compared.
+# Each server exits by itself once its clients are done. Then every
+# connection must have run direct.
+source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib.sh"
+it_preflight
+
+# pair NAME PROGRAM MIN SERVER-ARGS -- CLIENT-ARGS: runs PROGRAM server and
+# client on a free port; both must exit 0, and at least MIN connections,
+# all direct.
+pair() {
+    local name="$1" prog="$2" min="$3" port srv rc args_srv=() args_cli=()
+    shift 3
+    while (($# > 0)) && [[ "$1" != -- ]]; do args_srv+=("$1"); shift; done
+    shift
+    args_cli=("$@")
+    port="$(it_free_port)"
+    it_start "$name-server" 50 "$it_py" "$it_dir/$prog" server --port "$port" "${args_srv[@]}"
+    srv=$it_pid
+    if ! it_wait_listen "$port" "$srv"; then
+        it_bad "$name: $prog server did not listen on 127.0.0.1:$port"
+        it_stop "$srv" TERM 3
+        return
+    fi
+    it_run "$name-client" 30 "$it_py" "$it_dir/$prog" client --port "$port" "${args_cli[@]}" \
+        </dev/null >"$it_tmp/$name-client.log" 2>&1
+    rc=$?
+    it_check "$rc" "$name client: $(it_status "$rc"); $(tail -n 1 "$it_tmp/$name-client.log")"
+    if it_reap "$srv" 10; then
+        it_check "$it_stop_rc" "$name server: $it_stop_text; $(tail -n 1 "$it_tmp/$name-server.log")"
+    else
+        it_bad "$name server: still running 10 s after its client ended; $(tail -n 1 "$it_tmp/$name-server.log")"
+    fi
+    it_expect_direct "$port" "$min" "$name-server" "$name-client"
+}
+
+for sel in epoll poll select; do
+    # The 0 B connection (connect, shutdown, EOF) moves nothing and may
+    # close before an upgrade: idle, not counted.
+    pair "selectors-$sel" echo_selectors.py 3 --selector "$sel" --clients 4 \
+        -- --selector "$sel" --sizes 0,1,100000,3145728
+done
+pair asyncio echo_asyncio.py 4 --clients 4 -- --conns 4 --rounds 100
+it_finish

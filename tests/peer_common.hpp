@@ -1,0 +1,163 @@
+// The behaviour-suite peer: a plain sockets program that runs with and
+// without LD_PRELOAD. Everything it sends is a deterministic pattern, so
+// every received byte is checked against the byte the stream must hold at
+// that offset. Any deviation prints one "FAIL" line and exits 1; a scenario
+// that cannot run on this machine exits 77.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <sys/socket.h>
+#include <sys/types.h>
+
+namespace peer {
+
+inline constexpr int kExitSkip = 77;
+
+// ---- diagnostics -----------------------------------------------------------
+
+[[noreturn]] void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+[[noreturn]] void skip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+// One line on stdout, flushed at once (the harness parses stdout).
+void note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+const char *errno_name(int err);
+std::uint64_t now_ns();
+void sleep_us(std::uint64_t us);
+// Re-arms the watchdog: SIGALRM's default action ends a stuck process.
+void arm_watchdog(unsigned seconds);
+
+// ---- stream pattern --------------------------------------------------------
+
+std::uint64_t mix(std::uint64_t a, std::uint64_t b);
+void pattern_fill(std::uint64_t seed, std::uint64_t offset, void *buf, std::size_t len);
+// Index of the first byte that differs from the pattern, or len.
+std::size_t pattern_check(std::uint64_t seed, std::uint64_t offset, const void *buf,
+                          std::size_t len);
+// Checks and fails with a precise message on the first wrong byte.
+void pattern_expect(std::uint64_t seed, std::uint64_t offset, const void *buf,
+                    std::size_t len, const char *what);
+
+// ---- call families ---------------------------------------------------------
+
+// writev-many / readv-many: writev and readv over up to 64 pieces of
+// assorted sizes, some of them empty.
+enum class Tx : std::uint32_t { write, send, writev, sendmsg, sendto, writev_many, count };
+enum class Rx : std::uint32_t { read, recv, readv, recvmsg, recvfrom, readv_many, count };
+const char *tx_name(Tx api);
+const char *rx_name(Rx api);
+Tx parse_tx(const std::string &name);
+Rx parse_rx(const std::string &name);
+
+// One call of the chosen family; the buffer is split into several iovecs
+// for the vector calls. Returns what the call returned (errno untouched).
+ssize_t tx_once(int fd, Tx api, const void *buf, std::size_t len, int flags);
+ssize_t rx_once(int fd, Rx api, void *buf, std::size_t len, int flags);
+
+// Byte counts per fd, as the application sees them (peeks excluded); the
+// harness compares them with the library's counters.
+void count_tx(int fd, std::uint64_t n);
+void count_rx(int fd, std::uint64_t n);
+std::uint64_t counted_tx(int fd);
+std::uint64_t counted_rx(int fd);
+
+// Blocking loops over the chosen family; EINTR is retried, anything else
+// (and EOF inside the expected length) fails.
+void send_pattern(int fd, Tx api, std::uint64_t seed, std::uint64_t size,
+                  std::uint32_t max_chunk, std::uint32_t gap_us);
+void recv_pattern(int fd, Rx api, std::uint64_t seed, std::uint64_t size,
+                  std::uint32_t max_chunk, const char *what);
+void write_all(int fd, const void *buf, std::size_t len);
+void read_all(int fd, void *buf, std::size_t len, const char *what);
+// Like read_all, but a clean EOF before the first byte returns false.
+bool read_all_or_eof(int fd, void *buf, std::size_t len, const char *what);
+void expect_eof(int fd, const char *what);
+
+// ---- commands (driver -> responder, in the stream itself) --------------------
+
+enum class Op : std::uint32_t {
+    exit = 1,     // responder closes and ends the session
+    send,         // send size bytes of seed with tx api, chunk, gaps (kWhole: one call)
+    recv,         // receive size bytes of seed with rx api; ack 'A' unless no_ack
+    echo,         // receive size of seed, answer size of seed2
+    duplex,       // receive size of seed while a thread sends size2 of seed2; ack
+    pingpong,     // size rounds of messages up to chunk bytes
+    recv_eof,     // receive size of seed, expect EOF, send size2 of seed2, close
+    send_shut,    // send size of seed, then shutdown(SHUT_WR)
+    send_close,   // send size of seed, close, stay alive size2 milliseconds
+    hang,         // print "ready" and block until killed
+    sockinfo,     // send own local and peer address
+};
+
+inline constexpr std::uint32_t kCmdMagic = 0x53445443;  // "SDTC"
+inline constexpr std::uint32_t kNoAck = 1;
+inline constexpr std::uint32_t kWhole = 2;  // send: all in one call (one arrival)
+
+// Layout: magic, op, api, chunk (4 x u32), size, seed, size2, seed2
+// (4 x u64), pre_delay_us, gap_us, flags, pad (4 x u32) = 64 bytes.
+struct Cmd {
+    std::uint32_t magic = kCmdMagic;
+    Op op = Op::exit;
+    std::uint32_t api = 0;
+    std::uint32_t chunk = 65536;
+    std::uint64_t size = 0;
+    std::uint64_t seed = 0;
+    std::uint64_t size2 = 0;
+    std::uint64_t seed2 = 0;
+    std::uint32_t pre_delay_us = 0;
+    std::uint32_t gap_us = 0;
+    std::uint32_t flags = 0;
+    std::uint32_t pad = 0;
+};
+static_assert(sizeof(Cmd) == 64);
+
+void send_cmd(int fd, const Cmd &cmd);
+void expect_ack(int fd, const char *what);
+
+// Serves commands until Op::exit or a clean EOF between commands.
+// Returns with the socket still open unless *fd was set to -1 (send_close).
+void respond(int *fd);
+
+// ---- options and connections -------------------------------------------------
+
+struct Options {
+    std::map<std::string, std::string> kv;
+    std::string get(const std::string &key, const std::string &fallback = "") const;
+    std::uint64_t num(const std::string &key, std::uint64_t fallback) const;
+    bool has(const std::string &key) const { return kv.count(key) != 0; }
+};
+
+int family_of(const Options &opt);  // AF_INET or AF_INET6 from --family 4|6
+// Binds the loopback address of the family to port 0 and listens.
+// The loopback address of `family` with `port`; its length.
+socklen_t loopback_addr(int family, std::uint16_t port, sockaddr_storage *ss);
+int listen_loopback(int family, int backlog, std::uint16_t *port);
+void write_port_file(const std::string &path, std::uint16_t port);
+int connect_loopback(int family, std::uint16_t port);
+
+std::string endpoint_text(const sockaddr *sa);
+std::string local_text(int fd);
+std::string peer_text(int fd);
+// "conn pid=.. role=.. local=.. peer=.." on stdout, for the harness to
+// find this connection in the library's statistics.
+void report_conn(int fd, const char *role);
+// "bytes pid=.. local=.. peer=.. tx=.. rx=.." with the counted totals.
+void report_bytes(int fd);
+
+// Hello plus a ping-pong of settle_ms, driven by the connecting side, so
+// that an accelerated connection has switched before the scenario starts.
+void settle_client(int fd, std::uint32_t settle_ms);
+void settle_server(int fd);
+
+// ---- scenarios ---------------------------------------------------------------
+
+// Runs the named driver scenario on a connected, settled socket. Returns
+// normally on success (the socket is closed by the caller if still >= 0).
+void drive(const std::string &scenario, int *fd, const Options &opt);
+bool is_driver_scenario(const std::string &scenario);
+
+// Scenario "many": nonblocking full-duplex exchange on many connections
+// at once, driven by poll().
+void many_exchange(int *fds, std::size_t n, bool client, const Options &opt);
+
+}  // namespace peer

@@ -1,0 +1,70 @@
+// Driver scenarios: the active end of a connection. Each one leads the
+// responder through its commands and checks every result; all of them
+// fail() on the first deviation. *fd may be set to -1 when the scenario
+// closed the socket itself.
+#pragma once
+#include "peer_common.hpp"
+
+namespace peer {
+
+using Driver = void (*)(int *fd, const Options &opt);
+
+// Stream content and receive flags (peer_drive_stream.cpp).
+void drive_bulk(int *fd, const Options &opt);
+void drive_duplex(int *fd, const Options &opt);
+void drive_pingpong(int *fd, const Options &opt);
+void drive_peek(int *fd, const Options &opt);
+void drive_waitall(int *fd, const Options &opt);
+void drive_dontwait(int *fd, const Options &opt);
+void drive_send_dontwait(int *fd, const Options &opt);
+void drive_fionread(int *fd, const Options &opt);
+void drive_nonblock(int *fd, const Options &opt);
+void drive_rcvtimeo(int *fd, const Options &opt);
+void drive_eintr(int *fd, const Options &opt);
+
+// Connection life and descriptors (peer_drive_conn.cpp).
+void drive_shutdown_wr(int *fd, const Options &opt);
+void drive_peer_shutdown_wr(int *fd, const Options &opt);
+void drive_close_epipe(int *fd, const Options &opt);
+void drive_close_sigpipe(int *fd, const Options &opt);
+void drive_peer_death(int *fd, const Options &opt);
+void drive_dup(int *fd, const Options &opt);
+void drive_sockinfo(int *fd, const Options &opt);
+void drive_fork(int *fd, const Options &opt);
+
+// Readiness through every waiting call (peer_ready_poll.cpp).
+void drive_ready_data(int *fd, const Options &opt);
+void drive_ready_window(int *fd, const Options &opt);
+void drive_ready_rdhup(int *fd, const Options &opt);
+void drive_ready_reset(int *fd, const Options &opt);
+void drive_ready_death(int *fd, const Options &opt);
+void drive_ready_eintr(int *fd, const Options &opt);
+void drive_ready_sigmask(int *fd, const Options &opt);
+void drive_ready_mixed(int *fd, const Options &opt);
+
+// epoll's own behaviours (peer_ready_epoll.cpp).
+void drive_epoll_modes(int *fd, const Options &opt);
+void drive_epoll_errors(int *fd, const Options &opt);
+void drive_epoll_nested(int *fd, const Options &opt);
+void drive_epoll_thread_ctl(int *fd, const Options &opt);
+void drive_epoll_close(int *fd, const Options &opt);
+
+// Non-blocking sockets (peer_ready_nonblock.cpp), threads
+// (peer_ready_threads.cpp), sendfile and splice (peer_sendfile.cpp).
+void drive_nonblock_io(int *fd, const Options &opt);
+void drive_thread_recv(int *fd, const Options &opt);
+void drive_thread_wake(int *fd, const Options &opt);
+void drive_wakeup_loop(int *fd, const Options &opt);
+void drive_thread_wake_loop(int *fd, const Options &opt);
+void drive_sendfile(int *fd, const Options &opt);
+void drive_splice(int *fd, const Options &opt);
+
+// Invalid arguments, printed for differential comparison (peer_probe.cpp).
+void drive_bad_input(int *fd, const Options &opt);
+
+// Helpers shared by the driver files.
+std::uint64_t seed_of(const Options &opt, std::uint64_t n);
+void send_exit(int fd);
+void echo_round(int tx_fd, int rx_fd, std::uint64_t size, std::uint64_t seed);
+
+}  // namespace peer

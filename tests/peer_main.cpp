@@ -1,0 +1,379 @@
+// Behaviour-suite peer. Usage:
+//   peer server PORTFILE --scenario NAME [--conns N] [--driver client|server] [opts]
+//   peer client PORT     --scenario NAME [--conns N] [--driver client|server] [opts]
+//   peer local           --scenario NAME [opts]       both ends in one process
+//   peer prefork PORTFILE --workers W --conns N [opts] listener shared by workers
+//   peer idle --ready FILE [--expect-ignored 1]      no TCP at all
+// Common options: --family 4|6, --settle-ms N, --seed N, --watchdog S, and
+// the scenario's own (--size, --tx, --rx, --chunk, --rounds, --max-msg,
+// --apis, --part ...). Connection i of a run sees --conn-index i.
+// Connections: --parallel 1 serves every connection at once, one thread
+// each; --accept nonblock (server) and --connect nonblock (client) make
+// them through non-blocking accept and connect (peer_ready_nonblock.cpp).
+// Exit: 0 all checks exact, 1 a check failed, 77 cannot run here.
+#include "peer_common.hpp"
+#include "peer_drivers.hpp"
+#include "peer_ready.hpp"
+
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <netinet/in.h>
+#include <string>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+namespace peer {
+
+namespace {
+
+struct Entry {
+    const char *name;
+    Driver fn;
+};
+
+constexpr Entry drivers[] = {
+    {"bulk", drive_bulk},
+    {"duplex", drive_duplex},
+    {"pingpong", drive_pingpong},
+    {"peek", drive_peek},
+    {"waitall", drive_waitall},
+    {"dontwait", drive_dontwait},
+    {"send-dontwait", drive_send_dontwait},
+    {"fionread", drive_fionread},
+    {"nonblock", drive_nonblock},
+    {"rcvtimeo", drive_rcvtimeo},
+    {"eintr", drive_eintr},
+    {"shutdown-wr", drive_shutdown_wr},
+    {"peer-shutdown-wr", drive_peer_shutdown_wr},
+    {"close-epipe", drive_close_epipe},
+    {"close-sigpipe", drive_close_sigpipe},
+    {"peer-death", drive_peer_death},
+    {"dup", drive_dup},
+    {"sockinfo", drive_sockinfo},
+    {"fork", drive_fork},
+    {"bad-input", drive_bad_input},
+    {"ready-data", drive_ready_data},
+    {"ready-window", drive_ready_window},
+    {"ready-rdhup", drive_ready_rdhup},
+    {"ready-reset", drive_ready_reset},
+    {"ready-death", drive_ready_death},
+    {"ready-eintr", drive_ready_eintr},
+    {"ready-sigmask", drive_ready_sigmask},
+    {"ready-mixed", drive_ready_mixed},
+    {"epoll-modes", drive_epoll_modes},
+    {"epoll-errors", drive_epoll_errors},
+    {"epoll-nested", drive_epoll_nested},
+    {"epoll-thread-ctl", drive_epoll_thread_ctl},
+    {"epoll-close", drive_epoll_close},
+    {"nonblock-io", drive_nonblock_io},
+    {"thread-recv", drive_thread_recv},
+    {"thread-wake", drive_thread_wake},
+    {"wakeup-loop", drive_wakeup_loop},
+    {"thread-wake-loop", drive_thread_wake_loop},
+    {"sendfile", drive_sendfile},
+    {"splice", drive_splice},
+};
+
+Options parse(int argc, char **argv, int first) {
+    Options opt;
+    for (int i = first; i < argc; i += 2) {
+        if (std::strncmp(argv[i], "--", 2) != 0 || i + 1 >= argc)
+            fail("bad argument '%s' (options are --key value)", argv[i]);
+        opt.kv[argv[i] + 2] = argv[i + 1];
+    }
+    return opt;
+}
+
+// The end that drives runs the scenario, the other one responds.
+void serve_connection(int *fd, bool is_client, const Options &opt) {
+    const std::string scenario = opt.get("scenario", "bulk");
+    const bool client_drives = opt.get("driver", "client") == "client";
+    if (is_client) settle_client(*fd, std::uint32_t(opt.num("settle-ms", 0)));
+    else settle_server(*fd);
+    if (is_client == client_drives) drive(scenario, fd, opt);
+    else respond(fd);
+    if (*fd >= 0) {
+        report_bytes(*fd);
+        close(*fd);
+        *fd = -1;
+    }
+}
+
+void raise_nofile(std::uint64_t needed) {
+    rlimit rl{};
+    getrlimit(RLIMIT_NOFILE, &rl);
+    if (rl.rlim_cur >= needed) return;
+    if (rl.rlim_max < needed)
+        skip("RLIMIT_NOFILE hard limit %llu < %llu", (unsigned long long)rl.rlim_max,
+             (unsigned long long)needed);
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) skip("cannot raise RLIMIT_NOFILE");
+}
+
+int accept_one(int listener) {
+    for (int i = 0; i < 1000; ++i) {
+        int fd = accept(listener, nullptr, nullptr);
+        if (fd >= 0) return fd;
+        if (errno != EINTR && errno != ECONNABORTED) fail("accept: %s", errno_name(errno));
+    }
+    fail("accept: interrupted too often");
+}
+
+// Connection i of a run sees --conn-index i (scenarios that end their
+// connection use it to pick what to test).
+Options for_conn(const Options &opt, std::size_t i) {
+    Options o = opt;
+    o.kv["conn-index"] = std::to_string(i);
+    return o;
+}
+
+int run_server(const std::string &port_file, const Options &opt) {
+    const auto conns = std::size_t(opt.num("conns", 1));
+    const bool many = opt.get("scenario") == "many";
+    const bool nonblocking = opt.get("accept") == "nonblock";
+    const bool parallel = opt.num("parallel", 0) != 0;
+    if (many) raise_nofile(conns + 64);
+    std::uint16_t port = 0;
+    int l = listen_loopback(family_of(opt), int(conns + 16 < 128 ? 128 : conns + 16), &port);
+    if (nonblocking) listener_nonblocking_prelude(l);
+    write_port_file(port_file, port);
+    if (many) {
+        std::vector<int> fds;
+        for (std::size_t i = 0; i < conns; ++i) {
+            fds.push_back(accept_one(l));
+            report_conn(fds.back(), "server");
+        }
+        // Every connection is open at once; give upgrades time before traffic.
+        sleep_us(opt.num("settle-ms", 0) * 1000);
+        many_exchange(fds.data(), fds.size(), false, opt);
+    } else if (parallel) {
+        // Every connection served at once, one thread each.
+        std::vector<std::thread> threads;
+        std::vector<int> fds(conns, -1);
+        for (std::size_t i = 0; i < conns; ++i) {
+            fds[i] = accept_one(l);
+            report_conn(fds[i], "server");
+            threads.emplace_back([&fds, &opt, i] {
+                serve_connection(&fds[i], false, for_conn(opt, i));
+            });
+        }
+        for (std::thread &t : threads) t.join();
+    } else {
+        for (std::size_t i = 0; i < conns; ++i) {
+            int fd = nonblocking ? accept_nonblocking(l, i) : accept_one(l);
+            report_conn(fd, "server");
+            serve_connection(&fd, false, for_conn(opt, i));
+        }
+    }
+    close(l);
+    return 0;
+}
+
+int run_client(const std::string &port_text, const Options &opt) {
+    const auto port = std::uint16_t(std::strtoul(port_text.c_str(), nullptr, 10));
+    if (port == 0) fail("bad port '%s'", port_text.c_str());
+    if (opt.get("scenario") == "many") {
+        const auto conns = std::size_t(opt.num("conns", 1));
+        raise_nofile(conns + 64);
+        std::vector<int> fds;
+        for (std::size_t i = 0; i < conns; ++i) {
+            fds.push_back(connect_loopback(family_of(opt), port));
+            report_conn(fds.back(), "client");
+        }
+        many_exchange(fds.data(), fds.size(), true, opt);
+        return 0;
+    }
+    const auto conns = std::size_t(opt.num("conns", 1));
+    if (opt.num("parallel", 0) != 0) {
+        std::vector<std::thread> threads;
+        std::vector<int> fds(conns, -1);
+        for (std::size_t i = 0; i < conns; ++i) {
+            fds[i] = connect_loopback(family_of(opt), port);
+            report_conn(fds[i], "client");
+            threads.emplace_back([&fds, &opt, i] {
+                serve_connection(&fds[i], true, for_conn(opt, i));
+            });
+        }
+        for (std::thread &t : threads) t.join();
+        return 0;
+    }
+    const bool nonblocking = opt.get("connect") == "nonblock";
+    if (nonblocking) refused_connects(family_of(opt));
+    for (std::size_t i = 0; i < conns; ++i) {
+        int fd = nonblocking ? connect_nonblocking(family_of(opt), port, i)
+                             : connect_loopback(family_of(opt), port);
+        report_conn(fd, "client");
+        serve_connection(&fd, true, for_conn(opt, i));
+    }
+    return 0;
+}
+
+int run_local(const Options &opt) {
+    std::uint16_t port = 0;
+    int l = listen_loopback(family_of(opt), 16, &port);
+    std::thread server([&] {
+        int fd = accept_one(l);
+        report_conn(fd, "server");
+        serve_connection(&fd, false, opt);
+    });
+    int fd = connect_loopback(family_of(opt), port);
+    report_conn(fd, "client");
+    serve_connection(&fd, true, opt);
+    server.join();
+    close(l);
+    return 0;
+}
+
+int run_prefork(const std::string &port_file, const Options &opt) {
+    const auto workers = int(opt.num("workers", 3));
+    const auto conns = std::size_t(opt.num("conns", 9));
+    std::uint16_t port = 0;
+    int l = listen_loopback(family_of(opt), 128, &port);
+    // One token per connection: a worker takes one before each accept, so
+    // the workers together accept exactly `conns` connections.
+    int tokens[2];
+    if (pipe(tokens) != 0) fail("pipe: %s", errno_name(errno));
+    std::string all(conns, 't');
+    if (write(tokens[1], all.data(), all.size()) != ssize_t(all.size())) fail("token pipe");
+    std::fflush(stdout);
+    std::vector<pid_t> kids;
+    for (int w = 0; w < workers; ++w) {
+        pid_t pid = fork();
+        if (pid < 0) fail("fork: %s", errno_name(errno));
+        if (pid == 0) {
+            arm_watchdog(unsigned(opt.num("watchdog", 120)));
+            close(tokens[1]);
+            for (std::size_t i = 0; i <= conns; ++i) {
+                char t;
+                ssize_t n = read(tokens[0], &t, 1);
+                if (n < 0 && errno == EINTR) continue;
+                if (n <= 0) break;
+                int fd = accept_one(l);
+                report_conn(fd, "worker");
+                serve_connection(&fd, false, opt);
+            }
+            exit(0);
+        }
+        kids.push_back(pid);
+    }
+    close(tokens[1]);
+    write_port_file(port_file, port);
+    int failed = 0;
+    for (pid_t pid : kids) {
+        int status = 0;
+        pid_t got = 0;
+        for (int i = 0; i < 12000 && (got = waitpid(pid, &status, WNOHANG)) == 0; ++i)
+            sleep_us(10000);
+        if (got != pid) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            note("worker %d did not finish", int(pid));
+            ++failed;
+        } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            note("worker %d ended with status 0x%x", int(pid), unsigned(status));
+            ++failed;
+        }
+    }
+    close(l);
+    if (failed) fail("%d of %d workers failed", failed, workers);
+    return 0;
+}
+
+// Uses the socket API without TCP: a Unix socketpair and UDP on loopback.
+void non_tcp_traffic() {
+    int sp[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) != 0)
+        fail("socketpair: %s", errno_name(errno));
+    send_pattern(sp[0], Tx::send, 7, 32768, 4096, 0);
+    recv_pattern(sp[1], Rx::recv, 7, 32768, 4096, "unix socketpair");
+    close(sp[0]);
+    close(sp[1]);
+    int a = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    int b = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind(b, reinterpret_cast<sockaddr *>(&addr), sizeof addr) != 0)
+        fail("udp bind: %s", errno_name(errno));
+    socklen_t len = sizeof addr;
+    getsockname(b, reinterpret_cast<sockaddr *>(&addr), &len);
+    char out[1000], in[1001];
+    pattern_fill(9, 0, out, sizeof out);
+    if (sendto(a, out, sizeof out, 0, reinterpret_cast<sockaddr *>(&addr), len) != 1000)
+        fail("udp sendto: %s", errno_name(errno));
+    if (recvfrom(b, in, sizeof in, 0, nullptr, nullptr) != 1000)
+        fail("udp recvfrom: %s", errno_name(errno));
+    pattern_expect(9, 0, in, 1000, "udp datagram");
+    close(a);
+    close(b);
+}
+
+int run_idle(const Options &opt) {
+    const std::string ready = opt.get("ready");
+    if (ready.empty()) fail("idle needs --ready FILE");
+    const bool expect_ignored = opt.num("expect-ignored", 0) != 0;
+    struct sigaction sa{};
+    sigaction(SIGTERM, nullptr, &sa);
+    if (expect_ignored && sa.sa_handler != SIG_IGN) fail("SIGTERM is no longer ignored at start");
+    if (!expect_ignored && sa.sa_handler != SIG_DFL) fail("SIGTERM has a handler at start");
+    non_tcp_traffic();
+    write_port_file(ready, 1);
+    if (expect_ignored) {
+        sleep_us(opt.num("linger-ms", 500) * 1000);
+        sigaction(SIGTERM, nullptr, &sa);
+        if (sa.sa_handler != SIG_IGN) fail("SIGTERM is no longer ignored");
+        note("idle survived with SIGTERM ignored");
+        return 0;
+    }
+    for (int i = 0; i < 200; ++i) sleep_us(100000);
+    fail("idle: nobody sent the expected signal within 20 s");
+}
+
+}  // namespace
+
+bool is_driver_scenario(const std::string &scenario) {
+    for (const Entry &e : drivers)
+        if (scenario == e.name) return true;
+    return false;
+}
+
+void drive(const std::string &scenario, int *fd, const Options &opt) {
+    for (const Entry &e : drivers)
+        if (scenario == e.name) return e.fn(fd, opt);
+    fail("unknown scenario '%s'", scenario.c_str());
+}
+
+}  // namespace peer
+
+int main(int argc, char **argv) {
+    using namespace peer;
+    setvbuf(stdout, nullptr, _IOLBF, 0);
+    if (argc < 2) {
+        std::fprintf(stderr, "usage: %s server|client|local|prefork|idle ...\n", argv[0]);
+        return 2;
+    }
+    const std::string mode = argv[1];
+    const bool positional = mode == "server" || mode == "client" || mode == "prefork";
+    if (positional && argc < 3) fail("%s needs an argument", mode.c_str());
+    Options opt = parse(argc, argv, positional ? 3 : 2);
+    arm_watchdog(unsigned(opt.num("watchdog", 120)));
+    const std::string scenario = opt.get("scenario", "bulk");
+    if (scenario != "many" && !is_driver_scenario(scenario))
+        fail("unknown scenario '%s'", scenario.c_str());
+    int rc = 2;
+    if (mode == "server") rc = run_server(argv[2], opt);
+    else if (mode == "client") rc = run_client(argv[2], opt);
+    else if (mode == "local") rc = run_local(opt);
+    else if (mode == "prefork") rc = run_prefork(argv[2], opt);
+    else if (mode == "idle") rc = run_idle(opt);
+    else fail("unknown mode '%s'", mode.c_str());
+    std::fflush(stdout);
+    return rc;
+}

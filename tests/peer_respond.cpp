@@ -1,0 +1,123 @@
+// The responder: the passive end of every two-process scenario. It obeys
+// the commands the driver puts in the stream and checks every byte it
+// receives; a wrong byte ends the process with exit 1.
+#include "peer_common.hpp"
+#include "peer_pingpong.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <sys/socket.h>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+namespace peer {
+
+namespace {
+
+struct AddrPair {
+    std::uint32_t local_len;
+    std::uint32_t peer_len;
+    sockaddr_storage local;
+    sockaddr_storage peer;
+};
+
+void send_sockinfo(int fd) {
+    AddrPair info{};
+    socklen_t len = sizeof info.local;
+    if (getsockname(fd, reinterpret_cast<sockaddr *>(&info.local), &len) != 0)
+        fail("responder getsockname: %s", errno_name(errno));
+    info.local_len = len;
+    len = sizeof info.peer;
+    if (getpeername(fd, reinterpret_cast<sockaddr *>(&info.peer), &len) != 0)
+        fail("responder getpeername: %s", errno_name(errno));
+    info.peer_len = len;
+    write_all(fd, &info, sizeof info);
+}
+
+// One send call: the driver sees the bytes arrive at once.
+void send_whole(int fd, std::uint64_t seed, std::uint64_t size) {
+    std::vector<char> buf(std::size_t(size) + 1);
+    pattern_fill(seed, 0, buf.data(), std::size_t(size));
+    write_all(fd, buf.data(), std::size_t(size));
+}
+
+[[noreturn]] void hang() {
+    note("ready");
+    // The harness kills this process; the bound only matters if it never does.
+    for (int i = 0; i < 600; ++i) sleep_us(100000);
+    fail("hang: nobody killed this process within 60 s");
+}
+
+}  // namespace
+
+void respond(int *fd) {
+    for (int count = 0; count < 1000000; ++count) {
+        Cmd cmd;
+        if (!read_all_or_eof(*fd, &cmd, sizeof cmd, "command")) return;
+        if (cmd.magic != kCmdMagic) fail("stream out of step: bad command magic 0x%08x",
+                                         unsigned(cmd.magic));
+        if (cmd.pre_delay_us) sleep_us(cmd.pre_delay_us);
+        switch (cmd.op) {
+        case Op::exit:
+            return;
+        case Op::send:
+            if (cmd.flags & kWhole) send_whole(*fd, cmd.seed, cmd.size);
+            else send_pattern(*fd, Tx(cmd.api), cmd.seed, cmd.size, cmd.chunk, cmd.gap_us);
+            break;
+        case Op::recv:
+            recv_pattern(*fd, Rx(cmd.api), cmd.seed, cmd.size, cmd.chunk, "responder recv");
+            if (!(cmd.flags & kNoAck)) write_all(*fd, "A", 1);
+            break;
+        case Op::echo:
+            recv_pattern(*fd, Rx::read, cmd.seed, cmd.size, cmd.chunk, "responder echo");
+            send_pattern(*fd, Tx::write, cmd.seed2, cmd.size, cmd.chunk, 0);
+            break;
+        case Op::duplex: {
+            int out = *fd;
+            std::thread sender([&] {
+                send_pattern(out, Tx::send, cmd.seed2, cmd.size2, cmd.chunk, 0);
+            });
+            recv_pattern(*fd, Rx::recv, cmd.seed, cmd.size, cmd.chunk, "responder duplex");
+            sender.join();
+            write_all(*fd, "A", 1);
+            break;
+        }
+        case Op::pingpong:
+            pingpong(*fd, false, cmd.seed, cmd.size, cmd.chunk);
+            break;
+        case Op::recv_eof:
+            recv_pattern(*fd, Rx(cmd.api), cmd.seed, cmd.size, cmd.chunk,
+                         "data before shutdown");
+            expect_eof(*fd, "recv after peer shutdown(SHUT_WR)");
+            expect_eof(*fd, "second recv after peer shutdown(SHUT_WR)");
+            send_pattern(*fd, Tx::send, cmd.seed2, cmd.size2, cmd.chunk, 0);
+            report_bytes(*fd);
+            close(*fd);
+            *fd = -1;
+            return;
+        case Op::send_shut:
+            send_pattern(*fd, Tx(cmd.api), cmd.seed, cmd.size, cmd.chunk, 0);
+            if (shutdown(*fd, SHUT_WR) != 0) fail("shutdown(SHUT_WR): %s", errno_name(errno));
+            break;
+        case Op::send_close:
+            send_pattern(*fd, Tx(cmd.api), cmd.seed, cmd.size, cmd.chunk, 0);
+            report_bytes(*fd);
+            close(*fd);
+            *fd = -1;
+            // Stay alive: the driver must see a closed socket, not a dead process.
+            sleep_us(cmd.size2 * 1000);
+            return;
+        case Op::hang:
+            hang();
+        case Op::sockinfo:
+            send_sockinfo(*fd);
+            break;
+        default:
+            fail("unknown command %u", unsigned(cmd.op));
+        }
+    }
+    fail("responder: command limit reached");
+}
+
+}  // namespace peer

@@ -1,0 +1,141 @@
+// The connection table: attach a Conn to a new TCP connection, detach it at
+// the last close, and write the counters out at exit.
+#include "engine.hpp"
+#include "log.hpp"
+#include "settings.hpp"
+#include "sys.hpp"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <algorithm>
+#include <new>
+#include <sys/mman.h>
+#include <unistd.h>
+
+namespace sd::transport {
+namespace {
+std::uint32_t generations[kSlots];
+}
+
+Conn *Engine::attach(int fd, bool acceptor, std::uint32_t rcvbuf, std::uint64_t sent,
+                     std::uint64_t received) noexcept {
+    Tuple t;
+    if (tuple_of(fd, t) != 0) return nullptr;
+    Conn *c = nullptr;
+    {
+        std::lock_guard lock(conn_lock_);
+        for (std::uint32_t n = 0; n < kSlots; ++n) {
+            std::uint32_t i = (next_slot_ + n) % kSlots;
+            if (conns_[i].load(std::memory_order_relaxed)) continue;
+            void *mem = std::malloc(sizeof(Conn));
+            if (!mem) return nullptr;
+            c = new (mem) Conn();
+            c->id = i;
+            c->gen = ++generations[i];
+            next_slot_ = i + 1;
+            break;
+        }
+        if (!c) {
+            SD_LOG(info, "connection table full; fd %d stays on TCP untracked", fd);
+            return nullptr;
+        }
+        c->acceptor = acceptor;
+        // SO_RCVBUF semantics: the memory a connection may hold unread.
+        std::uint32_t w = rcvbuf ? rcvbuf : window_;
+        c->window = std::clamp<std::uint32_t>(w, 16384, 64u << 20);
+        c->tuple = t;
+        ConnStat *s = &page_->slots[c->id];
+        s->state.store(std::uint32_t(SlotState::free), std::memory_order_relaxed);
+        s->fd = fd;
+        s->mode.store(std::uint32_t(Mode::kernel), std::memory_order_relaxed);
+        s->reason.store(std::uint32_t(fabric_ok_ ? Reason::no_peer : Reason::no_fabric),
+                        std::memory_order_relaxed);
+        s->family = t.family;
+        s->local_port = t.local_port;
+        s->peer_port = t.peer_port;
+        s->peer_pid = 0;
+        std::memcpy(s->local_addr, t.local_addr, 16);
+        std::memcpy(s->peer_addr, t.peer_addr, 16);
+        for (auto *ctr : {&s->tx_fabric, &s->rx_fabric, &s->tx_msgs, &s->rx_msgs})
+            ctr->store(0, std::memory_order_relaxed);
+        s->tx_kernel.store(sent, std::memory_order_relaxed);
+        s->rx_kernel.store(received, std::memory_order_relaxed);
+        c->tx_off = sent;
+        c->rx_off = received;
+        s->state.store(std::uint32_t(SlotState::live), std::memory_order_release);
+        c->stat = s;
+        conns_[c->id].store(c, std::memory_order_release);
+    }
+    if (!fabric_ok_) {
+        c->state.store(ConnState::final, std::memory_order_relaxed);
+        return c;
+    }
+    publish(c);
+    try_initiate(c);
+    return c;
+}
+
+void Engine::detach(Conn *c) noexcept {
+    if (c->is_direct()) {
+        std::lock_guard tx(c->tx_lock);
+        if (!c->tx_fin && !c->broken && post(c, MsgType::close, nullptr, 0, 0, c->tx_off, 0) == 0)
+            ring(c->peer);
+        c->tx_fin = true;
+    }
+    {
+        std::lock_guard lock(conn_lock_);
+        if (c->state.load() != ConnState::direct) unpublish(c);
+        conns_[c->id].store(nullptr, std::memory_order_release);
+        release_peer(c->peer);
+        c->stat->state.store(std::uint32_t(SlotState::closed), std::memory_order_release);
+    }
+    // No delivery may still be using it: deliveries run under the progress
+    // lock and look the connection up afresh each time.
+    { std::lock_guard barrier(progress_lock_); }
+    { std::lock_guard barrier(flush_lock_); }
+    if (c->flush_due.exchange(false)) flush_due_count_.fetch_sub(1, std::memory_order_relaxed);
+    if (c->ring_mr) {
+        Guard guard;
+        fi_close(&c->ring_mr->fid);
+    }
+    std::free(c->ring);
+    std::free(c->stage);
+    c->~Conn();
+    std::free(c);
+}
+
+void Engine::shutdown_at_exit() noexcept {
+    Engine *e = the_engine_for_exit();
+    if (!e || e->pid_ != getpid()) return;
+    const char *file = settings().stats_file;
+    if (file && *file) {
+        int fd = open(file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+        if (fd >= 0) {
+            for (std::uint32_t i = 0; i < kSlots; ++i) {
+                const ConnStat &s = e->page_->slots[i];
+                if (s.state.load(std::memory_order_acquire) == std::uint32_t(SlotState::free))
+                    continue;
+                std::string line = format_conn(e->pid_, e->page_->header.comm, s);
+                line += '\n';
+                (void)sys.write(fd, line.data(), line.size());
+            }
+            sys.close(fd);
+        }
+    }
+    for (std::uint32_t i = 0; i < kSlots; ++i)
+        if (Conn *c = e->conns_[i].load(std::memory_order_acquire))
+            if (c->state.load() != ConnState::direct) e->unpublish(c);
+    // The provider leaves its region file behind; peers have it mapped
+    // already, so the name can go now.
+    if (e->fabric_ok_ && !std::strncmp(e->ep_.name, "fi_shm://", 9)) shm_unlink(e->ep_.name + 9);
+    char path[300];
+    std::snprintf(path, sizeof path, "%s/ctl-%d", settings().registry, int(e->pid_));
+    unlink(path);
+    std::snprintf(path, sizeof path, "%s/p%d", settings().registry, int(e->pid_));
+    unlink(path);
+}
+
+}  // namespace sd::transport

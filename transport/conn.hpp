@@ -1,0 +1,156 @@
+// One TCP connection as the transport sees it: its place in the host
+// registry, its counters, and (once upgraded) its direct-mode state:
+// peer, credits, the receive ring and the threads waiting on it.
+#pragma once
+#include "procpage.hpp"
+#include "wire.hpp"
+
+#include <boost/intrusive/slist.hpp>
+#include <rdma/fi_domain.h>
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <netinet/in.h>
+
+namespace sd::transport {
+
+struct Peer;
+
+// The 4-tuple as one side sees it; also the registry key.
+struct Tuple {
+    std::uint16_t family;
+    std::uint16_t local_port;
+    std::uint16_t peer_port;
+    std::uint16_t pad;
+    std::uint8_t local_addr[16];
+    std::uint8_t peer_addr[16];
+    bool operator==(const Tuple &) const = default;
+};
+static_assert(sizeof(Tuple) == 40);
+
+// Reads getsockname/getpeername of `fd` (IPv4-mapped IPv6 kept as is).
+int tuple_of(int fd, Tuple &t) noexcept;
+Tuple reversed(const Tuple &t) noexcept;
+
+enum class ConnState : std::uint32_t {
+    kernel,      // upgrade may still happen (entry published)
+    initiating,  // our upgrade request is in flight
+    direct,      // peer known; our next send switches to the fabric
+    final,       // stays on TCP for good (reason in the stat slot)
+};
+
+// A thread blocked on a connection; woken through its own eventfd. Lives
+// on the waiting thread's stack, linked into the connection's list.
+struct Waiter : boost::intrusive::slist_base_hook<boost::intrusive::link_mode<
+                    boost::intrusive::normal_link>> {
+    explicit Waiter(int fd) noexcept : efd(fd) {}
+    int efd;
+};
+using WaiterList = boost::intrusive::slist<Waiter, boost::intrusive::constant_time_size<false>>;
+
+inline constexpr std::uint64_t kNoOffset = ~std::uint64_t(0);
+
+// The peer's read zero-copy advertisement being read here (receive side,
+// under rx_lock). At most one per connection: its sender waits in send()
+// until it is over, so nothing follows it on the wire before then.
+struct SrcAvail {
+    bool active = false;
+    bool busy = false;     // a reader is reading it (without rx_lock)
+    bool cancel = false;   // the sender asked to end it: answer when not busy
+    std::uint64_t off = 0; // stream offset of its first byte
+    std::uint64_t addr = 0, key = 0;
+    std::uint32_t len = 0, done = 0;
+};
+
+struct Conn {
+    std::uint32_t id = 0;
+    std::uint32_t gen = 0;
+    bool acceptor = false;
+    std::uint32_t window = 0;       // our receive window = ring size, bytes
+    Tuple tuple{};
+    ConnStat *stat = nullptr;
+    std::atomic<ConnState> state{ConnState::kernel};
+
+    // Peer; written before `state` becomes direct (release), then constant.
+    Peer *peer = nullptr;
+    std::uint32_t peer_id = 0;
+    std::uint32_t peer_gen = 0;
+
+    // Send side, under tx_lock.
+    std::mutex tx_lock;
+    std::uint64_t tx_off = 0;       // stream bytes sent so far, any transport
+    bool tx_fabric = false;         // the switch point has been passed
+    bool tx_fin = false;            // fin or close sent on the fabric
+    std::atomic<std::int64_t> credits{0};
+    std::uint32_t staged = 0;       // combined bytes not yet sent (MSG_MORE, TCP_CORK)
+    char *stage = nullptr;          // chunk-sized combining buffer
+    // The staged bytes were accepted (the application was told they are
+    // sent) but credits were short: progress() sends them when credits come.
+    std::atomic<bool> flush_due{false};
+    std::uint64_t tx_ring = 0;      // fabric bytes sent = the peer's ring tail
+    // Read zero-copy, send side: the peer's answer to our advertisement
+    // (src_done): its offset, then how many bytes were read.
+    std::atomic<std::uint64_t> zc_answer_off{kNoOffset};
+    std::atomic<std::uint32_t> zc_answer_len{0};
+    std::uint64_t peer_ring_addr = 0;  // the peer's ring, for RMA writes
+    std::uint64_t peer_ring_key = 0;
+    std::uint32_t peer_ring_cap = 0;
+
+    // Receive side, under rx_lock.
+    std::mutex rx_lock;
+    std::uint64_t rx_off = 0;       // stream bytes delivered to the application
+    std::uint64_t switch_off = kNoOffset;  // first fabric byte of the peer's stream
+    std::uint64_t fin_off = kNoOffset;     // peer's EOF offset
+    // Set under rx_lock, read by senders without it.
+    std::atomic<bool> peer_closed{false};  // peer no longer reads (close, death)
+    std::atomic<bool> broken{false};       // protocol or fabric error
+    // The peer closed or died with bytes of ours unread (TCP: RST):
+    // POLLERR|POLLHUP, and the next recv or send reports ECONNRESET once.
+    std::atomic<bool> peer_reset{false};
+    std::atomic<bool> reset_unreported{false};
+    char *ring = nullptr;           // fabric bytes not yet consumed
+    std::uint32_t ring_cap = 0;     // = our window
+    fid_mr *ring_mr = nullptr;      // the ring registered for the peer's writes
+    std::uint64_t ring_head = 0;    // consumed fabric bytes
+    std::uint64_t ring_tail = 0;    // delivered fabric bytes
+    SrcAvail zc;                    // the peer's advertisement being read
+    std::uint64_t zc_total = 0;     // stream bytes of finished advertisements
+    WaiterList waiters;
+    std::atomic<std::uint32_t> unreturned{0};  // consumed, credits not yet returned
+
+    // Readiness (poll/select/epoll): bumped on every arrival, so an
+    // edge-triggered watcher knows something new came.
+    std::atomic<std::uint32_t> rx_seq{0};  // data, fin, close, state change
+    std::atomic<std::uint32_t> tx_seq{0};  // credits returned
+    // The companion socket reported EOF or an error while the fabric said
+    // nothing: the peer may be gone; readers must look (recv sorts it out).
+    std::atomic<bool> kernel_eof{false};
+
+    // Something arrived or changed: wakes every waiter and poller; caller
+    // holds rx_lock.
+    void wake_locked() noexcept;
+    // Flow state into the counters (sdirect-stat shows it); the receive
+    // side's only when the caller holds rx_lock.
+    void show_flow(bool rx_locked) noexcept;
+    void note_reset() noexcept {
+        if (!peer_reset.exchange(true)) reset_unreported.store(true, std::memory_order_release);
+    }
+    void add_waiter(Waiter *w) noexcept;
+    void remove_waiter(Waiter *w) noexcept;
+    bool is_direct() const noexcept { return state.load(std::memory_order_acquire) == ConnState::direct; }
+    std::uint64_t ring_bytes() const noexcept { return ring_tail - ring_head; }
+    // Bytes the application can read now on the fabric (rx_lock held).
+    std::uint64_t rx_ready() const noexcept {
+        return ring_bytes() + (zc.active ? zc.len - zc.done : 0);
+    }
+    // Stream offset the next fabric message must start at (rx_lock held).
+    std::uint64_t rx_expect() const noexcept {
+        return switch_off + ring_tail + zc_total + (zc.active ? zc.len : 0);
+    }
+    bool gone() const noexcept {
+        return peer_closed.load(std::memory_order_relaxed) || broken.load(std::memory_order_relaxed);
+    }
+};
+
+}  // namespace sd::transport

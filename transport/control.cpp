@@ -1,0 +1,590 @@
+// Rendezvous and upgrade (brief §4). Each end of a new connection writes
+// its half into the host registry, then looks for the other half; whoever
+// finds it asks the owner's control thread to upgrade, proving ownership
+// of the connection by passing its own socket with SCM_RIGHTS. Nothing is
+// ever written into the TCP stream.
+#include "engine.hpp"
+#include "log.hpp"
+#include "settings.hpp"
+#include "sys.hpp"
+
+#include <arpa/inet.h>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+namespace sd::transport {
+namespace {
+
+constexpr std::uint32_t kEntryMagic = 0x45524453;  // "SDRE"
+constexpr std::uint32_t kCtlMagic = 0x54434453;    // "SDCT"
+constexpr std::uint16_t kCtlVersion = 1;
+
+// Registry entry <registry>/c-<netns>-<local>-<peer>, written atomically
+// (temporary file + rename). Layout version 1, 128 bytes.
+struct Entry {
+    std::uint32_t magic;
+    std::uint32_t version;
+    std::int32_t pid;
+    std::uint32_t conn_id;
+    std::uint32_t gen;
+    std::uint32_t acceptor;
+    char addr[96];  // fabric address (fi_getname string), NUL-terminated
+    std::uint64_t pad[1];
+};
+static_assert(sizeof(Entry) == 128);
+
+enum class CtlType : std::uint16_t { request = 1, reply = 2 };
+
+// Control message, one SEQPACKET datagram. A request carries two fds (the
+// initiator's TCP socket as proof, its doorbell); an accepting reply one
+// (the receiver's doorbell).
+struct CtlMsg {
+    std::uint32_t magic;
+    std::uint16_t version;
+    std::uint16_t type;
+    std::int32_t pid;
+    std::uint32_t conn_id;
+    std::uint32_t gen;
+    std::uint32_t window;
+    std::uint32_t status;    // Reason; none = accepted; kConflict = retry elsewhere
+    std::uint32_t dumpable;
+    Tuple tuple;             // the sender's view of the connection
+    char addr[96];
+    std::uint64_t ring_addr; // the sender's receive ring, for RMA writes
+    std::uint64_t ring_key;
+};
+static_assert(sizeof(CtlMsg) == 184);
+
+constexpr std::uint32_t kConflict = 0xffff;
+
+unsigned long netns_id() noexcept {
+    static unsigned long id = [] {
+        struct stat st;
+        return stat("/proc/self/ns/net", &st) == 0 ? (unsigned long)st.st_ino : 0ul;
+    }();
+    return id;
+}
+
+void entry_path(char *out, std::size_t n, const Tuple &t) noexcept {
+    char l[40], p[40];
+    for (int i = 0; i < 16; ++i) {
+        std::snprintf(l + 2 * i, 3, "%02x", t.local_addr[i]);
+        std::snprintf(p + 2 * i, 3, "%02x", t.peer_addr[i]);
+    }
+    std::snprintf(out, n, "%s/c-%lx-%u-%s.%u-%s.%u", settings().registry, netns_id(),
+                  unsigned(t.family), l, unsigned(t.local_port), p, unsigned(t.peer_port));
+}
+
+void ctl_path(char *out, std::size_t n, pid_t pid) noexcept {
+    std::snprintf(out, n, "%s/ctl-%d", settings().registry, int(pid));
+}
+
+int dumpable() noexcept { return prctl(PR_GET_DUMPABLE) == 1; }
+
+ssize_t send_ctl(int fd, const CtlMsg &m, const int *fds, int nfds) noexcept {
+    iovec iov{const_cast<CtlMsg *>(&m), sizeof m};
+    msghdr mh{};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    alignas(cmsghdr) char cbuf[CMSG_SPACE(2 * sizeof(int))];
+    if (nfds) {
+        mh.msg_control = cbuf;
+        mh.msg_controllen = CMSG_SPACE(std::size_t(nfds) * sizeof(int));
+        cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(std::size_t(nfds) * sizeof(int));
+        std::memcpy(CMSG_DATA(cm), fds, std::size_t(nfds) * sizeof(int));
+    }
+    return sys.sendmsg(fd, &mh, MSG_NOSIGNAL);
+}
+
+// Receives one control message; passed fds land in fds[] (-1 if absent).
+// A message that is short, of another version or carries extra fds is
+// rejected and its fds are closed.
+int recv_ctl(int fd, CtlMsg &m, int *fds, int want) noexcept {
+    for (int i = 0; i < want; ++i) fds[i] = -1;
+    iovec iov{&m, sizeof m};
+    msghdr mh{};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    alignas(cmsghdr) char cbuf[CMSG_SPACE(4 * sizeof(int))];
+    mh.msg_control = cbuf;
+    mh.msg_controllen = sizeof cbuf;
+    ssize_t n = sys.recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+    if (n < 0) return -errno;
+    int got = 0;
+    for (cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+        int cnt = int((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        for (int i = 0; i < cnt; ++i) {
+            int f;
+            std::memcpy(&f, CMSG_DATA(cm) + std::size_t(i) * sizeof(int), sizeof f);
+            if (got < want) fds[got++] = f;
+            else sys.close(f);
+        }
+    }
+    bool ok = n == sizeof m && !(mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) &&
+              m.magic == kCtlMagic && m.version == kCtlVersion;
+    if (!ok) {
+        for (int i = 0; i < want; ++i)
+            if (fds[i] >= 0) sys.close(fds[i]), fds[i] = -1;
+        return -EPROTO;
+    }
+    return 0;
+}
+
+bool peer_cred_ok(int fd, pid_t expect_pid) noexcept {
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    if (sys.getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return false;
+    return cred.uid == getuid() && (expect_pid == 0 || cred.pid == expect_pid);
+}
+
+void *control_thread(void *arg) noexcept {
+    ++guard_depth;  // everything this thread does goes straight to libc
+    static_cast<Engine *>(arg)->control_loop();
+    return nullptr;
+}
+
+}  // namespace
+
+int tuple_of(int fd, Tuple &t) noexcept {
+    sockaddr_storage l{}, p{};
+    socklen_t ll = sizeof l, pl = sizeof p;
+    if (sys.getsockname(fd, reinterpret_cast<sockaddr *>(&l), &ll) != 0) return -errno;
+    if (sys.getpeername(fd, reinterpret_cast<sockaddr *>(&p), &pl) != 0) return -errno;
+    t = Tuple{};
+    t.family = l.ss_family;
+    if (l.ss_family == AF_INET && p.ss_family == AF_INET) {
+        auto *a = reinterpret_cast<sockaddr_in *>(&l);
+        auto *b = reinterpret_cast<sockaddr_in *>(&p);
+        std::memcpy(t.local_addr, &a->sin_addr, 4);
+        std::memcpy(t.peer_addr, &b->sin_addr, 4);
+        t.local_port = ntohs(a->sin_port);
+        t.peer_port = ntohs(b->sin_port);
+    } else if (l.ss_family == AF_INET6 && p.ss_family == AF_INET6) {
+        auto *a = reinterpret_cast<sockaddr_in6 *>(&l);
+        auto *b = reinterpret_cast<sockaddr_in6 *>(&p);
+        std::memcpy(t.local_addr, &a->sin6_addr, 16);
+        std::memcpy(t.peer_addr, &b->sin6_addr, 16);
+        t.local_port = ntohs(a->sin6_port);
+        t.peer_port = ntohs(b->sin6_port);
+    } else {
+        return -EAFNOSUPPORT;
+    }
+    return 0;
+}
+
+Tuple reversed(const Tuple &t) noexcept {
+    Tuple r = t;
+    std::memcpy(r.local_addr, t.peer_addr, 16);
+    std::memcpy(r.peer_addr, t.local_addr, 16);
+    r.local_port = t.peer_port;
+    r.peer_port = t.local_port;
+    return r;
+}
+
+int Engine::start_control() noexcept {
+    char path[300];
+    ctl_path(path, sizeof path, pid_);
+    (void)unlink(path);
+    int fd = sys.socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -errno;
+    sockaddr_un sa{};
+    sa.sun_family = AF_UNIX;
+    if (std::strlen(path) >= sizeof sa.sun_path) {
+        sys.close(fd);
+        return -ENAMETOOLONG;
+    }
+    std::strcpy(sa.sun_path, path);
+    if (sys.bind(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) != 0 ||
+        sys.listen(fd, 128) != 0) {
+        int err = errno;
+        sys.close(fd);
+        return -err;
+    }
+    ctl_fd_ = fd;
+    // The control thread must not take the application's signals.
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, 256 * 1024);
+    pthread_t tid;
+    int rc = pthread_create(&tid, &attr, control_thread, this);
+    pthread_attr_destroy(&attr);
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    return -rc;
+}
+
+void Engine::control_loop() noexcept {
+    for (;;) {
+        int fd = sys.accept4(ctl_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            if (errno == EMFILE || errno == ENFILE) {
+                usleep(10000);
+                continue;
+            }
+            SD_LOG(error, "control channel accept failed: %s", std::strerror(errno));
+            return;
+        }
+        timeval tv{1, 0};
+        sys.setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        sys.setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        handle_request(fd);
+        sys.close(fd);
+    }
+}
+
+Conn *Engine::find_tuple(const Tuple &t) noexcept {
+    for (std::uint32_t i = 0; i < kSlots; ++i) {
+        Conn *c = conns_[i].load(std::memory_order_relaxed);
+        if (c && c->tuple == t) return c;
+    }
+    return nullptr;
+}
+
+void Engine::publish(Conn *c) noexcept {
+    Entry e{};
+    e.magic = kEntryMagic;
+    e.version = 1;
+    e.pid = pid_;
+    e.conn_id = c->id;
+    e.gen = c->gen;
+    e.acceptor = c->acceptor;
+    std::snprintf(e.addr, sizeof e.addr, "%s", ep_.name);
+    char path[400], tmp[420];
+    entry_path(path, sizeof path, c->tuple);
+    std::snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, int(pid_));
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return;
+    bool ok = sys.write(fd, &e, sizeof e) == sizeof e;
+    sys.close(fd);
+    if (!ok || rename(tmp, path) != 0) unlink(tmp);
+}
+
+void Engine::unpublish(Conn *c) noexcept {
+    char path[400];
+    entry_path(path, sizeof path, c->tuple);
+    // Only our own entry: the name might already belong to a new connection
+    // of another process that reuses the same 4-tuple.
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    Entry e{};
+    bool mine = sys.read(fd, &e, sizeof e) == sizeof e && e.pid == pid_ && e.conn_id == c->id &&
+                e.gen == c->gen;
+    sys.close(fd);
+    if (mine) unlink(path);
+}
+
+void Engine::set_final(Conn *c, Reason r) noexcept {
+    c->state.store(ConnState::final, std::memory_order_release);
+    c->stat->reason.store(std::uint32_t(r), std::memory_order_relaxed);
+    unpublish(c);
+    std::lock_guard lock(c->rx_lock);
+    c->wake_locked();
+}
+
+int Engine::make_ring(Conn *c) noexcept {
+    if (c->ring) return 0;
+    c->ring = static_cast<char *>(std::malloc(c->window));
+    c->stage = static_cast<char *>(std::malloc(chunk_));
+    if (!c->ring || !c->stage) return -ENOMEM;
+    c->ring_cap = c->window;
+    Guard guard;
+    int rc = fi_mr_reg(ep_.domain, c->ring, c->window, FI_REMOTE_WRITE, 0, next_key_++, 0,
+                       &c->ring_mr, nullptr);
+    if (rc) {
+        SD_LOG(info, "ring registration failed: %s", fabric_strerror(rc));
+        c->ring_mr = nullptr;  // the peer then sends everything inline
+    }
+    return 0;
+}
+
+Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why) noexcept {
+    for (std::uint32_t i = 0; i < npeers_; ++i)
+        if (peers_[i].pid == pid && peers_[i].page) {
+            ++peers_[i].conns;
+            // Our own initiation may have attached it first, without a
+            // doorbell (that comes with the answer, and may never come):
+            // the first doorbell offered is the one kept.
+            if (doorbell >= 0 && peers_[i].doorbell < 0) peers_[i].doorbell = doorbell;
+            else if (doorbell >= 0) sys.close(doorbell);
+            return &peers_[i];
+        }
+    Peer *p = nullptr;
+    for (std::uint32_t i = 0; i < npeers_; ++i)
+        if (!peers_[i].page) p = &peers_[i];
+    std::uint32_t live = 0;
+    for (std::uint32_t i = 0; i < npeers_; ++i) live += peers_[i].page != nullptr;
+    if (live >= settings().max_peers || (!p && npeers_ >= std::size(peers_))) {
+        *why = Reason::av_full;
+        return nullptr;
+    }
+    if (!p) p = &peers_[npeers_++];
+    *p = Peer{};
+    p->pid = pid;
+    {
+        Guard guard;
+        int rc = fi_av_insert(ep_.av, addr, 1, &p->addr, 0, nullptr);
+        if (rc != 1) {
+            SD_LOG(info, "address vector insert for pid %d failed (%d)", int(pid), rc);
+            *why = Reason::av_full;
+            return nullptr;
+        }
+    }
+    if (pid == pid_) {
+        p->page = page_;
+        p->doorbell = doorbell_;
+        if (doorbell >= 0) sys.close(doorbell);
+    } else {
+        char path[300];
+        std::snprintf(path, sizeof path, "%s/p%d", settings().registry, int(pid));
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        void *map = fd < 0 ? MAP_FAILED
+                           : mmap(nullptr, sizeof(ProcPage), PROT_READ, MAP_SHARED, fd, 0);
+        if (fd >= 0) sys.close(fd);
+        if (map == MAP_FAILED || static_cast<ProcPage *>(map)->header.pid != pid) {
+            if (map != MAP_FAILED) munmap(map, sizeof(ProcPage));
+            Guard guard;
+            fi_av_remove(ep_.av, &p->addr, 1, 0);
+            *why = Reason::peer_refused;
+            if (doorbell >= 0) sys.close(doorbell);
+            return nullptr;
+        }
+        p->page = static_cast<const ProcPage *>(map);
+        p->doorbell = doorbell;
+        p->pidfd = int(syscall(SYS_pidfd_open, pid, 0));
+    }
+    p->conns = 1;
+    return p;
+}
+
+void Engine::release_peer(Peer *p) noexcept {
+    if (!p || --p->conns) return;
+    {
+        Guard guard;
+        fi_av_remove(ep_.av, &p->addr, 1, 0);
+    }
+    if (p->pid != pid_) {
+        munmap(const_cast<ProcPage *>(p->page), sizeof(ProcPage));
+        if (p->doorbell >= 0) sys.close(p->doorbell);
+        if (p->pidfd >= 0) sys.close(p->pidfd);
+    }
+    *p = Peer{};
+}
+
+void Engine::try_initiate(Conn *c) noexcept {
+    char path[400];
+    entry_path(path, sizeof path, reversed(c->tuple));
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;  // the peer has not published (yet): it may find us
+    Entry e{};
+    bool ok = sys.read(fd, &e, sizeof e) == sizeof e && e.magic == kEntryMagic &&
+              e.version == 1 && e.pid > 0;
+    sys.close(fd);
+    if (!ok) return;
+    e.addr[sizeof e.addr - 1] = '\0';
+    if (e.pid != pid_ && kill(e.pid, 0) != 0 && errno == ESRCH) {
+        unlink(path);  // stale: its process is gone
+        return;
+    }
+    if (e.pid == pid_ && !settings().same_process) {
+        std::lock_guard lock(conn_lock_);
+        set_final(c, Reason::same_process);
+        if (Conn *other = find_tuple(reversed(c->tuple))) set_final(other, Reason::same_process);
+        return;
+    }
+    ConnState expect = ConnState::kernel;
+    if (!c->state.compare_exchange_strong(expect, ConnState::initiating)) return;
+
+    Reason why = Reason::none;
+    Peer *peer = nullptr;
+    {
+        std::lock_guard lock(conn_lock_);
+        if (make_ring(c) != 0) why = Reason::fabric_error;
+        else peer = attach_peer(e.pid, e.addr, -1, &why);
+    }
+    CtlMsg reply{};
+    int their_doorbell = -1;
+    if (peer) {
+        char cpath[108];
+        ctl_path(cpath, sizeof cpath, e.pid);
+        int s = sys.socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        sockaddr_un sa{};
+        sa.sun_family = AF_UNIX;
+        std::memcpy(sa.sun_path, cpath, sizeof cpath);
+        std::uint32_t ms = settings().upgrade_timeout_ms;
+        timeval tv{time_t(ms / 1000), suseconds_t((ms % 1000) * 1000)};
+        why = Reason::timeout;
+        if (s >= 0) {
+            sys.setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+            sys.setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        }
+        if (s >= 0 && sys.connect(s, reinterpret_cast<sockaddr *>(&sa), sizeof sa) == 0) {
+            if (!peer_cred_ok(s, e.pid)) {
+                why = Reason::other_user;
+            } else {
+                CtlMsg req{};
+                req.magic = kCtlMagic;
+                req.version = kCtlVersion;
+                req.type = std::uint16_t(CtlType::request);
+                req.pid = pid_;
+                req.conn_id = c->id;
+                req.gen = c->gen;
+                req.window = c->window;
+                req.dumpable = std::uint32_t(dumpable());
+                req.tuple = c->tuple;
+                std::snprintf(req.addr, sizeof req.addr, "%s", ep_.name);
+                req.ring_addr = c->ring_mr ? std::uint64_t(std::uintptr_t(c->ring)) : 0;
+                req.ring_key = c->ring_mr ? fi_mr_key(c->ring_mr) : 0;
+                int app_fd = c->stat->fd;
+                int fds[2] = {app_fd, doorbell_};
+                if (send_ctl(s, req, fds, 2) == sizeof req &&
+                    recv_ctl(s, reply, &their_doorbell, 1) == 0 &&
+                    reply.type == std::uint16_t(CtlType::reply))
+                    why = reply.status == kConflict ? Reason::count_ : Reason(reply.status);
+            }
+        }
+        if (s >= 0) sys.close(s);
+    }
+
+    std::lock_guard lock(conn_lock_);
+    // The answer's doorbell is kept even when we yield (conflict): the
+    // crossing request that wins may have found the peer already attached.
+    const bool got_bell = their_doorbell >= 0;
+    if (peer && reply.pid == e.pid && got_bell && peer->doorbell < 0) {
+        peer->doorbell = their_doorbell;
+        their_doorbell = -1;
+    }
+    if (why == Reason::none && reply.pid == e.pid && got_bell) {
+        if (their_doorbell >= 0) sys.close(their_doorbell);
+        their_doorbell = -1;
+        c->peer = peer;
+        c->peer_id = reply.conn_id;
+        c->peer_gen = reply.gen;
+        c->credits.store(reply.window, std::memory_order_relaxed);
+        c->peer_ring_addr = reply.ring_addr;
+        c->peer_ring_key = reply.ring_key;
+        c->peer_ring_cap = reply.window;
+        c->stat->peer_pid = e.pid;
+        c->stat->reason.store(std::uint32_t(Reason::none), std::memory_order_relaxed);
+        c->stat->mode.store(std::uint32_t(Mode::direct), std::memory_order_relaxed);
+        c->state.store(ConnState::direct, std::memory_order_release);
+        unpublish(c);
+        SD_LOG(info, "fd %d upgraded to direct (initiator, peer pid %d)", c->stat->fd, e.pid);
+        {
+            std::lock_guard rx(c->rx_lock);
+            c->wake_locked();
+        }
+        announce_switch(c);
+        return;
+    }
+    if (their_doorbell >= 0) sys.close(their_doorbell);
+    release_peer(peer);
+    if (why == Reason::count_) {
+        // Crossed requests: the accepting side's request wins; ours yields.
+        expect = ConnState::initiating;
+        c->state.compare_exchange_strong(expect, ConnState::kernel);
+        return;
+    }
+    if (c->state.load() == ConnState::direct) return;
+    SD_LOG(info, "fd %d stays on TCP: %s", c->stat->fd, reason_name(why));
+    set_final(c, why == Reason::none ? Reason::peer_refused : why);
+}
+
+void Engine::handle_request(int fd) noexcept {
+    CtlMsg req{};
+    int fds[2];
+    if (recv_ctl(fd, req, fds, 2) != 0) return;
+    int proof = fds[0], bell = fds[1];
+    CtlMsg rep{};
+    rep.magic = kCtlMagic;
+    rep.version = kCtlVersion;
+    rep.type = std::uint16_t(CtlType::reply);
+    rep.pid = pid_;
+    rep.dumpable = std::uint32_t(dumpable());
+    auto answer = [&](std::uint32_t status) {
+        rep.status = status;
+        if (proof >= 0) sys.close(proof);
+        if (status == std::uint32_t(Reason::none)) {
+            send_ctl(fd, rep, &doorbell_, 1);
+        } else {
+            if (bell >= 0) sys.close(bell);
+            send_ctl(fd, rep, nullptr, 0);
+        }
+    };
+    if (req.type != std::uint16_t(CtlType::request) || proof < 0 || bell < 0 || !fabric_ok_)
+        return answer(std::uint32_t(Reason::peer_refused));
+    if (!peer_cred_ok(fd, req.pid)) return answer(std::uint32_t(Reason::other_user));
+    req.addr[sizeof req.addr - 1] = '\0';
+
+    std::lock_guard lock(conn_lock_);
+    Conn *c = find_tuple(reversed(req.tuple));
+    if (!c) return answer(std::uint32_t(Reason::no_peer));
+    Tuple proven;
+    if (tuple_of(proof, proven) != 0 || !(proven == req.tuple)) {
+        SD_LOG(info, "upgrade request from pid %d without valid proof", int(req.pid));
+        return answer(std::uint32_t(Reason::proof_failed));
+    }
+    if (!dumpable() || !req.dumpable) {
+        set_final(c, Reason::not_dumpable);
+        return answer(std::uint32_t(Reason::not_dumpable));
+    }
+    if (req.pid == pid_ && !settings().same_process) {
+        set_final(c, Reason::same_process);
+        return answer(std::uint32_t(Reason::same_process));
+    }
+    ConnState st = c->state.load();
+    if (st == ConnState::direct || st == ConnState::final ||
+        (st == ConnState::initiating && c->acceptor))
+        return answer(kConflict);
+    Reason why = Reason::none;
+    Peer *peer = make_ring(c) == 0 ? attach_peer(req.pid, req.addr, bell, &why) : nullptr;
+    bell = -1;  // attach_peer owns it now
+    if (!peer) {
+        set_final(c, why == Reason::none ? Reason::fabric_error : why);
+        return answer(std::uint32_t(why == Reason::none ? Reason::fabric_error : why));
+    }
+    c->peer = peer;
+    c->peer_id = req.conn_id;
+    c->peer_gen = req.gen;
+    c->credits.store(req.window, std::memory_order_relaxed);
+    c->peer_ring_addr = req.ring_addr;
+    c->peer_ring_key = req.ring_key;
+    c->peer_ring_cap = req.window;
+    c->stat->peer_pid = req.pid;
+    rep.ring_addr = c->ring_mr ? std::uint64_t(std::uintptr_t(c->ring)) : 0;
+    rep.ring_key = c->ring_mr ? fi_mr_key(c->ring_mr) : 0;
+    c->stat->reason.store(std::uint32_t(Reason::none), std::memory_order_relaxed);
+    c->stat->mode.store(std::uint32_t(Mode::direct), std::memory_order_relaxed);
+    c->state.store(ConnState::direct, std::memory_order_release);
+    unpublish(c);
+    rep.conn_id = c->id;
+    rep.gen = c->gen;
+    rep.window = c->window;
+    SD_LOG(info, "fd %d upgraded to direct (peer pid %d)", c->stat->fd, int(req.pid));
+    {
+        std::lock_guard rx(c->rx_lock);
+        c->wake_locked();
+    }
+    answer(std::uint32_t(Reason::none));
+    announce_switch(c);
+}
+
+}  // namespace sd::transport

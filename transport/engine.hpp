@@ -1,0 +1,214 @@
+// The per-process engine: one fabric endpoint, CQ and address vector, the
+// process page, the doorbell, the peer table, the connection table and the
+// control thread that answers upgrade requests. Created lazily by the first
+// TCP connection of a process; a forked child builds its own and never
+// touches the parent's (see fork_protocol/).
+#pragma once
+#include "conn.hpp"
+#include "fabric.hpp"
+#include "procpage.hpp"
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <sys/types.h>
+#include <sys/uio.h>
+
+namespace sd::transport {
+
+// A peer process we have direct connections with.
+struct Peer {
+    pid_t pid = 0;
+    fi_addr_t addr = FI_ADDR_UNSPEC;
+    int doorbell = -1;                 // its eventfd, passed with SCM_RIGHTS
+    int pidfd = -1;                    // readable once it has exited
+    const ProcPage *page = nullptr;    // its process page, read-only
+    std::uint32_t conns = 0;           // connections using it (under conn lock)
+};
+
+// An RMA write in flight; completed by progress(). `ctx` must come first.
+struct WriteOp {
+    fi_context ctx{};
+    std::atomic<int> state{0};  // 0 pending, 1 done, -1 failed
+};
+
+// Receive buffer posted with FI_MULTI_RECV; `ctx` must come first.
+struct RxBuffer {
+    fi_context ctx;
+    char *mem;
+    std::size_t size;
+};
+
+// Most local pieces of one zero-copy read.
+inline constexpr int kMaxRmaIov = 64;
+
+// Largest payload carried inline in one message.
+inline constexpr std::uint32_t kMaxInline = 16384 - 32;
+
+class Engine;
+Engine *the_engine_for_exit() noexcept;
+
+class Engine {
+  public:
+    // This process's engine if it is built (else nullptr).
+    static Engine *current() noexcept;
+    // The engine, or nullptr while it is being built on a thread of its
+    // own (started by this call) or when it cannot be built here.
+    static Engine *ready() noexcept;
+    // ready(), waiting up to `ms` for a build under way.
+    static Engine *wait_ready(std::uint32_t ms) noexcept;
+    // Runs fn(ctx) on the builder thread once the build has finished (or
+    // failed). False when no build is under way: call ready() again.
+    static bool when_ready(void (*fn)(void *), void *ctx) noexcept;
+    int init_for_thread() noexcept;
+    // Before fork: waits (bounded) for a build under way, whose thread
+    // would not exist in the child while its locks stayed taken there.
+    // False when the build was still going on when the wait ended.
+    static bool settle_before_fork() noexcept;
+    // Forget the engine of the parent (in a fork child, before any use).
+    // `settled` is what settle_before_fork() answered: if false, the child
+    // may hold locks of the parent's builder and never builds its own.
+    static void forget_after_fork(bool settled) noexcept;
+    // At exit: counters to SDIRECT_STATS_FILE, registry files removed.
+    static void shutdown_at_exit() noexcept;
+
+    // Connected TCP socket `fd`: allocate its Conn (stat slot), publish it
+    // and start the upgrade if the peer already published. `rcvbuf` is the
+    // application's SO_RCVBUF (0 = not set): it sizes the receive window.
+    // `sent`/`received`: stream bytes that already went through the kernel.
+    // nullptr if the connection table is full.
+    Conn *attach(int fd, bool acceptor, std::uint32_t rcvbuf, std::uint64_t sent = 0,
+                 std::uint64_t received = 0) noexcept;
+    // Last close: tell the peer, unpublish, free the slot.
+    void detach(Conn *c) noexcept;
+
+    // Progress the CQ if no other thread does (try-lock), or wait for it.
+    void progress() noexcept;
+    void progress_blocking() noexcept;
+
+    // Sends one message (header + iov payload, total within inject size),
+    // retrying -FI_EAGAIN until `deadline_ns` (0 = forever while the peer
+    // lives). 0, -EAGAIN on deadline, -EPIPE if the peer is gone, -EIO.
+    int post(Conn *c, MsgType type, const iovec *iov, int iovcnt, std::uint32_t len,
+             std::uint64_t offset, std::uint64_t deadline_ns, std::uint32_t flags = 0) noexcept;
+    // Writes `len` bytes of iov straight into the peer's ring (RMA), then
+    // announces them; both only once credits cover `len`. 0 or -errno.
+    int post_ring(Conn *c, const iovec *iov, int iovcnt, std::uint32_t len,
+                  std::uint64_t deadline_ns) noexcept;
+    // Read zero-copy, send side (tx_lock held): registers `len` bytes at
+    // `buf` for the peer to read and advertises them at offset tx_off.
+    // 0 or -errno; `*mr` is what release_advert() takes back.
+    int advertise(Conn *c, const char *buf, std::uint32_t len, fid_mr **mr) noexcept;
+    // Asks the peer to end our advertisement at `off` early.
+    int cancel_advert(Conn *c, std::uint64_t off) noexcept;
+    void release_advert(fid_mr *mr) noexcept;
+    // Read zero-copy, receive side: reads `len` bytes of the peer's
+    // registered memory at `addr` into iov (rx_lock not held). 0 or -errno
+    // (-EIO: the peer's memory is gone).
+    int read_remote(Conn *c, const iovec *iov, int iovcnt, std::uint64_t addr,
+                    std::uint64_t key, std::size_t len) noexcept;
+    // Ends the advertisement being read (rx_lock held); the caller then
+    // answers with answer_advert() after releasing rx_lock.
+    static void finish_advert_locked(Conn *c, std::uint64_t *off, std::uint32_t *done) noexcept;
+    void answer_advert(Conn *c, std::uint64_t off, std::uint32_t done) noexcept;
+    // One host: copies between our iov and the peer's memory with
+    // process_vm_readv/writev. 0, -EPIPE (gone), -EIO, or -ENOSYS when the
+    // kernel refuses (the caller then uses the provider's RMA).
+    int cma_copy(pid_t pid, const iovec *local, int nlocal, const iovec *remote, int nremote,
+                 bool write) noexcept;
+    // The provider can read remote memory (read zero-copy is possible).
+    bool can_read() const noexcept { return can_read_; }
+    // Largest local iovec count of one RMA operation.
+    int rma_iov_limit() const noexcept { return rma_iov_limit_; }
+    // `len` bytes went into the peer's ring (inline or by RMA): stream
+    // offset, ring position, credits and counters move (tx_lock held).
+    void sent_into_ring(Conn *c, std::uint32_t len) noexcept;
+    // Sends the staged bytes (caller holds tx_lock) once credits cover
+    // them, waiting until `deadline_ns`. 0 or -errno.
+    int post_stage_locked(Conn *c, std::uint64_t deadline_ns) noexcept;
+    // The stage of `c` holds accepted bytes that wait for credits (tx_lock
+    // held): the next progress() that finds the credits sends them.
+    void want_flush(Conn *c) noexcept;
+    // A flush found its credits but could not send yet (look again soon).
+    bool flush_pending() const noexcept { return flush_retry_.load(std::memory_order_relaxed); }
+    // Tells the peer our send switch point now (upgrade just finished).
+    void announce_switch(Conn *c) noexcept;
+    // Rings the peer's doorbell if one of its threads sleeps.
+    void ring(const Peer *p) noexcept;
+    // Returns accumulated credits now if they reach the threshold.
+    void maybe_return_credits(Conn *c) noexcept;
+    bool peer_alive(const Peer *p) const noexcept;
+    // The peer process of `c` is gone: no more reading on its side; a
+    // reset if it left bytes of ours unread.
+    void peer_died(Conn *c) noexcept;
+    // Waits up to `ms` for the peer process to end; true if it has.
+    bool peer_exit_wait(const Peer *p, int ms) const noexcept;
+
+    int doorbell() const noexcept { return doorbell_; }
+    ProcPage *page() const noexcept { return page_; }
+    bool fabric_ok() const noexcept { return fabric_ok_; }
+    std::uint32_t chunk() const noexcept { return chunk_; }
+    pid_t pid() const noexcept { return pid_; }
+
+    // --- control channel (control.cpp) ---
+    void control_loop() noexcept;
+
+  private:
+    int init() noexcept;
+    int open_page() noexcept;
+    int open_fabric() noexcept;
+    void post_rx(RxBuffer *b) noexcept;
+    void deliver(const char *buf, std::size_t len) noexcept;
+    // The provider's RMA write or read of our iov, waited for. 0, -EIO,
+    // -EPIPE (the peer vanished before the operation was taken).
+    int rma(Conn *c, const iovec *iov, int iovcnt, const fi_rma_iov *remote, int nremote,
+            bool write) noexcept;
+    void flush_due_stages() noexcept;
+    Conn *lookup(std::uint32_t id, std::uint32_t gen) noexcept;
+    void release_peer(Peer *p) noexcept;
+
+    // control.cpp
+    int start_control() noexcept;
+    void publish(Conn *c) noexcept;
+    void unpublish(Conn *c) noexcept;
+    void try_initiate(Conn *c) noexcept;
+    void handle_request(int fd) noexcept;
+    Peer *attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why) noexcept;
+    int make_ring(Conn *c) noexcept;
+    std::uint64_t next_key_ = 1;
+    void set_final(Conn *c, Reason r) noexcept;
+    Conn *find_tuple(const Tuple &t) noexcept;
+
+    pid_t pid_ = 0;
+    std::uint64_t nonce_ = 0;
+    bool fabric_ok_ = false;
+    std::uint32_t chunk_ = 0;
+    std::uint32_t window_ = 0;
+    Endpoint ep_;
+    int doorbell_ = -1;
+    int ctl_fd_ = -1;
+    ProcPage *page_ = nullptr;
+    RxBuffer *rx_ = nullptr;
+
+    bool can_read_ = false;
+    std::atomic<bool> cma_ok_{false};  // reads by process_vm_readv (shm only)
+    int rma_iov_limit_ = 1;
+    std::atomic<std::uint64_t> zc_keys_{1ull << 40};  // apart from the rings' keys
+    std::mutex progress_lock_;
+    // Held while flush_due_stages() uses connections (detach waits for it).
+    std::mutex flush_lock_;
+    std::atomic<int> flush_due_count_{0};
+    std::atomic<bool> flush_retry_{false};
+    // Guards the connection and peer tables and upgrade state changes.
+    // Lock order: conn_lock_ before Conn::tx_lock before Conn::rx_lock;
+    // progress_lock_ is never held while taking conn_lock_.
+    std::mutex conn_lock_;
+    std::atomic<Conn *> conns_[kSlots] = {};
+    std::uint32_t next_slot_ = 0;
+    Peer peers_[1024];
+    std::uint32_t npeers_ = 0;
+
+    friend struct EngineAccess;
+};
+
+}  // namespace sd::transport

@@ -1,0 +1,142 @@
+#include "fabric.hpp"
+
+#include "log.hpp"
+#include "sys.hpp"
+
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <dlfcn.h>
+#include <mutex>
+
+namespace sd::transport {
+namespace {
+
+struct Api {
+    int (*getinfo)(std::uint32_t, const char *, const char *, std::uint64_t,
+                   const fi_info *, fi_info **);
+    void (*freeinfo)(fi_info *);
+    fi_info *(*dupinfo)(const fi_info *);
+    int (*fabric)(fi_fabric_attr *, fid_fabric **, void *);
+    const char *(*strerror)(int);
+};
+
+Api api;
+std::once_flag loaded;
+bool usable = false;
+
+void load() noexcept {
+    // Before the first dlopen: keep libinfinipath/libpsm2 from installing
+    // backtrace handlers, and keep libfabric's MR cache from hooking memory.
+    setenv("IPATH_NO_BACKTRACE", "1", 0);
+    setenv("HFI_NO_BACKTRACE", "1", 0);
+    setenv("FI_MR_CACHE_MONITOR", "disabled", 0);
+    Guard guard;
+    void *h = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        SD_LOG(info, "libfabric not loadable (%s); staying on TCP", dlerror());
+        return;
+    }
+    api.getinfo = reinterpret_cast<decltype(api.getinfo)>(dlsym(h, "fi_getinfo"));
+    api.freeinfo = reinterpret_cast<decltype(api.freeinfo)>(dlsym(h, "fi_freeinfo"));
+    api.dupinfo = reinterpret_cast<decltype(api.dupinfo)>(dlsym(h, "fi_dupinfo"));
+    api.fabric = reinterpret_cast<decltype(api.fabric)>(dlsym(h, "fi_fabric"));
+    api.strerror = reinterpret_cast<decltype(api.strerror)>(dlsym(h, "fi_strerror"));
+    usable = api.getinfo && api.freeinfo && api.dupinfo && api.fabric && api.strerror;
+}
+
+// shm installs handlers for these on its first endpoint; they unlink region
+// names and chain. The application's own dispositions must win.
+constexpr int kTouchedSignals[] = {SIGBUS, SIGSEGV, SIGTERM, SIGINT, SIGILL, SIGABRT};
+
+}  // namespace
+
+bool fabric_available() noexcept {
+    std::call_once(loaded, load);
+    return usable;
+}
+
+const char *fabric_strerror(int err) noexcept {
+    return usable ? api.strerror(err < 0 ? -err : err) : "libfabric not loaded";
+}
+
+int endpoint_open(Endpoint &e, const char *provider, const char *unique) noexcept {
+    if (!fabric_available()) return -ENOSYS;
+    Guard guard;
+    struct sigaction saved[sizeof kTouchedSignals / sizeof kTouchedSignals[0]];
+    for (std::size_t i = 0; i < std::size(kTouchedSignals); ++i)
+        sigaction(kTouchedSignals[i], nullptr, &saved[i]);
+
+    fi_info *hints = api.dupinfo(nullptr);
+    hints->ep_attr->type = FI_EP_RDM;
+    // RMA writes carry bulk data straight into the peer's receive ring;
+    // RMA reads fetch advertised send buffers (read zero-copy).
+    hints->caps = FI_MSG | FI_MULTI_RECV | FI_RMA | FI_WRITE | FI_REMOTE_WRITE | FI_READ |
+                  FI_REMOTE_READ;
+    hints->mode = FI_CONTEXT;
+    hints->domain_attr->threading = FI_THREAD_SAFE;
+    hints->domain_attr->data_progress = FI_PROGRESS_MANUAL;
+    hints->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+    hints->tx_attr->op_flags = 0;
+    hints->fabric_attr->prov_name = strdup(provider);
+    if (unique && !std::strcmp(provider, "shm")) {
+        hints->addr_format = FI_ADDR_STR;
+        hints->src_addr = strdup(unique);
+        hints->src_addrlen = std::strlen(unique) + 1;
+    }
+    int rc = api.getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints, &e.info);
+    e.can_read = rc == 0;
+    if (rc) {
+        // A provider without RMA reads still does everything else.
+        hints->caps &= ~std::uint64_t(FI_READ | FI_REMOTE_READ);
+        rc = api.getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints, &e.info);
+    }
+    api.freeinfo(hints);
+    auto fail = [&](const char *what, int err) {
+        SD_LOG(error, "fabric %s failed: %s", what, fabric_strerror(err));
+        endpoint_close(e);
+        for (std::size_t i = 0; i < std::size(kTouchedSignals); ++i)
+            sigaction(kTouchedSignals[i], &saved[i], nullptr);
+        return err < 0 ? err : -EIO;
+    };
+    if (rc) return fail("getinfo", rc);
+    if ((rc = api.fabric(e.info->fabric_attr, &e.fabric, nullptr))) return fail("fabric", rc);
+    if ((rc = fi_domain(e.fabric, e.info, &e.domain, nullptr))) return fail("domain", rc);
+    fi_av_attr av_attr{};
+    av_attr.type = FI_AV_TABLE;
+    if ((rc = fi_av_open(e.domain, &av_attr, &e.av, nullptr))) return fail("av_open", rc);
+    fi_cq_attr cq_attr{};
+    cq_attr.format = FI_CQ_FORMAT_DATA;
+    cq_attr.wait_obj = FI_WAIT_NONE;  // shm cannot sleep: the doorbell does
+    cq_attr.size = 4096;
+    if ((rc = fi_cq_open(e.domain, &cq_attr, &e.cq, nullptr))) return fail("cq_open", rc);
+    if ((rc = fi_endpoint(e.domain, e.info, &e.ep, nullptr))) return fail("endpoint", rc);
+    if ((rc = fi_ep_bind(e.ep, &e.av->fid, 0))) return fail("bind av", rc);
+    // Selective completion: sends made with FI_INJECT and no FI_COMPLETION
+    // never produce a CQ entry, so the send path never reads the CQ.
+    if ((rc = fi_ep_bind(e.ep, &e.cq->fid, FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION)))
+        return fail("bind cq", rc);
+    if ((rc = fi_enable(e.ep))) return fail("enable", rc);
+    e.name_len = sizeof e.name - 1;
+    if ((rc = fi_getname(&e.ep->fid, e.name, &e.name_len))) return fail("getname", rc);
+    e.inject_size = e.info->tx_attr->inject_size;
+    e.rma_iov_limit = e.info->tx_attr->iov_limit ? int(e.info->tx_attr->iov_limit) : 1;
+
+    for (std::size_t i = 0; i < std::size(kTouchedSignals); ++i)
+        sigaction(kTouchedSignals[i], &saved[i], nullptr);
+    return 0;
+}
+
+void endpoint_close(Endpoint &e) noexcept {
+    Guard guard;
+    if (e.ep) fi_close(&e.ep->fid);
+    if (e.cq) fi_close(&e.cq->fid);
+    if (e.av) fi_close(&e.av->fid);
+    if (e.domain) fi_close(&e.domain->fid);
+    if (e.fabric) fi_close(&e.fabric->fid);
+    if (e.info) api.freeinfo(e.info);
+    e = Endpoint{};
+}
+
+}  // namespace sd::transport

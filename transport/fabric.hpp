@@ -1,0 +1,45 @@
+// libfabric, loaded lazily with dlopen so that a program which never opens
+// a TCP connection is untouched by it (Debian's libfabric pulls in
+// libraries whose constructors install signal handlers). Only a handful of
+// entry points are real symbols; the rest are inline wrappers over the ops
+// tables of the objects those return.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_rma.h>
+
+namespace sd::transport {
+
+// One RDM endpoint with its CQ and AV: the process's single fabric port.
+struct Endpoint {
+    fi_info *info = nullptr;
+    fid_fabric *fabric = nullptr;
+    fid_domain *domain = nullptr;
+    fid_av *av = nullptr;
+    fid_cq *cq = nullptr;
+    fid_ep *ep = nullptr;
+    char name[96] = {};       // fi_getname(), an "fi_shm://..." string on shm
+    std::size_t name_len = 0;
+    std::size_t inject_size = 0;
+    bool can_read = false;   // FI_READ | FI_REMOTE_READ granted
+    int rma_iov_limit = 1;   // local iovecs per RMA operation
+};
+
+// dlopen + dlsym once; false if libfabric is not installed.
+bool fabric_available() noexcept;
+
+// Opens an endpoint of `provider`; `unique` makes the shm region name
+// distinct from any earlier process with the same pid. 0 or -errno.
+int endpoint_open(Endpoint &e, const char *provider, const char *unique) noexcept;
+
+// Closes what endpoint_open created (only in the process that opened it).
+void endpoint_close(Endpoint &e) noexcept;
+
+const char *fabric_strerror(int err) noexcept;
+
+}  // namespace sd::transport

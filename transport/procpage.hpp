@@ -1,0 +1,119 @@
+// The process page: one small shared-memory file per process that runs
+// direct connections, <registry>/p<pid>. Peers map it to read the sleep
+// count (doorbell protocol); sdirect-stat maps it to list connections.
+//
+// Layout (version 1), all little-endian host order:
+//   0   ProcHeader   (128 bytes)
+//   128 ConnStat[kSlots] (128 bytes each)
+// A slot is written only by the owning process; readers tolerate torn
+// counters (they are monotonic 64-bit atomics).
+#pragma once
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace sd::transport {
+
+inline constexpr std::uint32_t kPageMagic = 0x53445047;  // "SDPG"
+inline constexpr std::uint32_t kPageVersion = 2;
+inline constexpr std::uint32_t kSlots = 4096;
+
+enum class Mode : std::uint32_t { kernel = 0, direct = 1, shared = 2 };
+
+// Why a connection is not (or no longer) in direct mode.
+enum class Reason : std::uint32_t {
+    none = 0,          // direct, or upgrade still possible
+    no_peer,           // peer never published (not running the library)
+    peer_refused,      // peer answered no (e.g. resource limit on its side)
+    other_user,        // SO_PEERCRED: different uid
+    not_dumpable,      // one side is not dumpable (CMA would fail)
+    proof_failed,      // passed socket does not match the connection
+    av_full,           // address vector limit reached
+    no_fabric,         // libfabric or the provider unavailable
+    timeout,           // peer did not answer in time
+    same_process,      // both ends in one process and SDIRECT_SAME_PROCESS=0
+    inherited,         // socket inherited across fork, left to the kernel
+    fabric_error,      // fabric failure; continued on TCP
+    count_
+};
+
+const char *mode_name(Mode m) noexcept;
+const char *reason_name(Reason r) noexcept;
+
+struct ProcHeader {
+    std::uint32_t magic;
+    std::uint32_t version;
+    std::int32_t pid;
+    std::uint32_t nslots;
+    std::atomic<std::uint32_t> sleepers;  // threads blocked on the doorbell
+    std::uint32_t pad0;
+    std::uint64_t start_ns;               // CLOCK_REALTIME at creation
+    char comm[32];                        // program name, NUL-terminated
+    std::uint8_t pad1[64];
+};
+static_assert(sizeof(ProcHeader) == 128);
+static_assert(offsetof(ProcHeader, sleepers) == 16);
+
+enum class SlotState : std::uint32_t { free = 0, live = 1, closed = 2 };
+
+struct ConnStat {
+    std::atomic<std::uint32_t> state;   // SlotState
+    std::int32_t fd;
+    std::atomic<std::uint32_t> mode;    // Mode
+    std::atomic<std::uint32_t> reason;  // Reason
+    std::uint16_t family;               // AF_INET / AF_INET6
+    std::uint16_t local_port;           // host order
+    std::uint16_t peer_port;
+    std::uint16_t pad0;
+    std::int32_t peer_pid;              // 0 until known
+    std::uint8_t local_addr[16];        // v4 in the first 4 bytes
+    std::uint8_t peer_addr[16];
+    std::atomic<std::uint64_t> tx_kernel;  // bytes sent through the companion socket
+    std::atomic<std::uint64_t> rx_kernel;
+    std::atomic<std::uint64_t> tx_fabric;  // bytes sent over the fabric
+    std::atomic<std::uint64_t> rx_fabric;
+    std::atomic<std::uint64_t> tx_msgs;    // fabric messages sent (data + control)
+    std::atomic<std::uint64_t> rx_msgs;
+    // Flow state when last looked at (direct mode): bytes the peer may
+    // still take, bytes received but not yet read, credits owed the peer.
+    std::atomic<std::int64_t> tx_window;
+    std::atomic<std::uint32_t> rx_queued;
+    std::atomic<std::uint32_t> rx_owed;
+};
+static_assert(sizeof(ConnStat) == 128);
+static_assert(offsetof(ConnStat, tx_kernel) == 64);
+
+// Counters have one writer at a time (the lock that serialises their path
+// is held): a plain load + store is enough and avoids a locked instruction
+// on the fast path. Readers in other processes may see a slightly old value.
+inline void bump(std::atomic<std::uint64_t> &ctr, std::uint64_t n) noexcept {
+    ctr.store(ctr.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+}
+
+struct ProcPage {
+    ProcHeader header;
+    ConnStat slots[kSlots];
+};
+
+// One connection as sdirect-stat prints it.
+struct ConnRecord {
+    int pid;
+    std::string comm;
+    const ConnStat *stat;  // valid while the snapshot's mappings live
+};
+
+// "pid=12 comm=iperf3 fd=5 state=live mode=direct reason=none
+//  local=127.0.0.1:5201 peer=127.0.0.1:40112 peer_pid=13
+//  tx_kernel=0 rx_kernel=0 tx_fabric=1024 rx_fabric=0 tx_msgs=1 rx_msgs=0"
+std::string format_conn(int pid, const char *comm, const ConnStat &s);
+
+// Maps every live process page in `dir` (read-only) and calls `fn` for
+// each slot in use (closed ones too if `with_closed`). Pages of dead
+// processes are skipped. Returns the number of pages read, or -errno.
+int scan_pages(const char *dir, bool with_closed,
+               void (*fn)(void *ctx, int pid, const char *comm, const ConnStat &s),
+               void *ctx) noexcept;
+
+}  // namespace sd::transport

@@ -1,0 +1,154 @@
+#include "settings.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <unistd.h>
+
+namespace sd::transport {
+namespace {
+
+constexpr Setting table[] = {
+    {"SDIRECT_ENABLE", SettingKind::boolean, "1",
+     "0 makes the library a pure pass-through (every call goes to libc)."},
+    {"SDIRECT_LOG", SettingKind::text, "silent",
+     "Log level on stderr: silent, error, info (one line per upgrade, "
+     "switch and fallback) or debug."},
+    {"SDIRECT_PROVIDER", SettingKind::text, "shm",
+     "libfabric provider used for direct mode between processes of this host."},
+    {"SDIRECT_REGISTRY", SettingKind::text, "/dev/shm/sdirect-UID",
+     "Directory of the per-user host registry (mode 0700); UID is replaced "
+     "by the real user id."},
+    {"SDIRECT_WINDOW", SettingKind::integer, "262144",
+     "Receive window of one direct connection in bytes (credits the peer may "
+     "use); 0 means take SO_RCVBUF."},
+    {"SDIRECT_CHUNK", SettingKind::integer, "4032",
+     "Largest payload of one buffered-protocol message in bytes (header "
+     "included it fits the provider's inject size)."},
+    {"SDIRECT_RMA_MIN", SettingKind::integer, "16384",
+     "Smallest piece of a send that is written straight into the peer's "
+     "receive ring with an RMA write (one copy) instead of inline messages."},
+    {"SDIRECT_ZCOPY_MIN", SettingKind::integer, "131072",
+     "Smallest piece of a blocking send that goes by read zero-copy: the "
+     "sender advertises its buffer and the receiver reads it straight into "
+     "its own (one copy); the send returns once all was read. 0: never."},
+    {"SDIRECT_SPIN_US", SettingKind::integer, "50",
+     "Microseconds a blocked call polls the fabric before it sleeps on the "
+     "doorbell."},
+    {"SDIRECT_RX_BUFFERS", SettingKind::integer, "4",
+     "Number of multi-receive buffers posted on the process endpoint."},
+    {"SDIRECT_RX_BUFFER_SIZE", SettingKind::integer, "1048576",
+     "Size of one multi-receive buffer in bytes."},
+    {"SDIRECT_MAX_PEERS", SettingKind::integer, "256",
+     "Peer processes in the address vector; connections to further peers "
+     "stay on TCP."},
+    {"SDIRECT_SAME_PROCESS", SettingKind::boolean, "1",
+     "Accelerate connections whose two ends live in the same process."},
+    {"SDIRECT_UPGRADE_TIMEOUT_MS", SettingKind::integer, "1000",
+     "Longest wait for a peer's answer to an upgrade request; on expiry the "
+     "connection stays on TCP."},
+    {"SDIRECT_ENGINE_WAIT_MS", SettingKind::integer, "1000",
+     "How long connect() and accept() may wait for the process's fabric "
+     "engine while it is first built (libfabric takes a few hundred ms to "
+     "load). 0: never wait; connections made meanwhile start on TCP and "
+     "are upgraded once the engine is ready."},
+    {"SDIRECT_STATS_FILE", SettingKind::text, "",
+     "If set, every connection's counters are appended to this file when the "
+     "process exits (one line per connection, sdirect-stat format)."},
+};
+static_assert(sizeof(table) / sizeof(table[0]) == std::size_t(Key::count_));
+
+Settings values{};
+char registry_path[256];
+
+const char *raw(Key key) noexcept {
+    const Setting &s = table[std::size_t(key)];
+    const char *env = std::getenv(s.name);
+    return env && *env ? env : s.fallback;
+}
+
+void complain(Key key, const char *text) noexcept {
+    std::fprintf(stderr, "sdirect: ignoring %s=%s (bad value), using %s\n",
+                 table[std::size_t(key)].name, text,
+                 table[std::size_t(key)].fallback);
+}
+
+std::uint32_t integer(Key key) noexcept {
+    const char *text = raw(key);
+    char *end = nullptr;
+    unsigned long long v = std::strtoull(text, &end, 0);
+    if (end == text || *end != '\0' || v > 0xffffffffull) {
+        complain(key, text);
+        v = std::strtoull(table[std::size_t(key)].fallback, nullptr, 0);
+    }
+    return std::uint32_t(v);
+}
+
+bool boolean(Key key) noexcept {
+    const char *text = raw(key);
+    if (!std::strcmp(text, "1") || !std::strcmp(text, "yes") || !std::strcmp(text, "on"))
+        return true;
+    if (!std::strcmp(text, "0") || !std::strcmp(text, "no") || !std::strcmp(text, "off"))
+        return false;
+    complain(key, text);
+    return table[std::size_t(key)].fallback[0] == '1';
+}
+
+// A copy that lives as long as the process (never freed: settings are
+// loaded once); the original when no memory is left.
+const char *copy(const char *text) noexcept {
+    char *dup = strdup(text);
+    return dup ? dup : text;
+}
+
+int log_level(const char *text) noexcept {
+    static constexpr const char *names[] = {"silent", "error", "info", "debug"};
+    for (int i = 0; i < 4; ++i)
+        if (!std::strcmp(text, names[i])) return i;
+    if (text[0] >= '0' && text[0] <= '3' && text[1] == '\0') return text[0] - '0';
+    complain(Key::log, text);
+    return 0;
+}
+
+}  // namespace
+
+const Setting *setting_table(std::size_t *count) noexcept {
+    *count = sizeof(table) / sizeof(table[0]);
+    return table;
+}
+
+const Settings &settings() noexcept { return values; }
+
+void load_settings() noexcept {
+    values.enable = boolean(Key::enable);
+    values.log = log_level(raw(Key::log));
+    // Copies: programs such as servers that set their process title write
+    // over the environment strings later.
+    values.provider = copy(raw(Key::provider));
+    const char *reg = raw(Key::registry);
+    if (!std::strcmp(reg, table[std::size_t(Key::registry)].fallback))
+        std::snprintf(registry_path, sizeof registry_path, "/dev/shm/sdirect-%u",
+                      unsigned(getuid()));
+    else
+        std::snprintf(registry_path, sizeof registry_path, "%s", reg);
+    values.registry = registry_path;
+    values.window = integer(Key::window);
+    values.chunk = integer(Key::chunk);
+    if (values.chunk < 64) values.chunk = 64;
+    values.rma_min = integer(Key::rma_min);
+    values.zcopy_min = integer(Key::zcopy_min);
+    if (values.zcopy_min && values.zcopy_min < values.chunk + 1) values.zcopy_min = values.chunk + 1;
+    if (values.rma_min < values.chunk + 1) values.rma_min = values.chunk + 1;
+    values.spin_us = integer(Key::spin_us);
+    values.rx_buffers = integer(Key::rx_buffers);
+    if (values.rx_buffers < 2) values.rx_buffers = 2;
+    values.rx_buffer_size = integer(Key::rx_buffer_size);
+    if (values.rx_buffer_size < (1u << 16)) values.rx_buffer_size = 1u << 16;
+    values.max_peers = integer(Key::max_peers);
+    values.same_process = boolean(Key::same_process);
+    values.upgrade_timeout_ms = integer(Key::upgrade_timeout_ms);
+    values.engine_wait_ms = integer(Key::engine_wait_ms);
+    values.stats_file = copy(raw(Key::stats_file));
+}
+
+}  // namespace sd::transport

@@ -1,0 +1,69 @@
+// Every SDIRECT_* setting, declared once: name, kind, default, help.
+// Values are read from the environment once, in the library constructor,
+// before any thread exists; afterwards the table is read-only.
+#pragma once
+#include <cstdint>
+#include <string_view>
+
+namespace sd::transport {
+
+enum class SettingKind : std::uint8_t { integer, text, boolean };
+
+struct Setting {
+    const char *name;      // environment variable
+    SettingKind kind;
+    const char *fallback;  // default, as text
+    const char *help;
+};
+
+// Index of each setting in the table; keep in step with settings.cpp.
+enum class Key : std::uint8_t {
+    enable,
+    log,
+    provider,
+    registry,
+    window,
+    chunk,
+    rma_min,
+    zcopy_min,
+    spin_us,
+    rx_buffers,
+    rx_buffer_size,
+    max_peers,
+    same_process,
+    upgrade_timeout_ms,
+    engine_wait_ms,
+    stats_file,
+    count_
+};
+
+struct Settings {
+    bool enable;
+    int log;                  // 0 silent, 1 error, 2 info, 3 debug
+    const char *provider;
+    const char *registry;     // directory of the per-uid host registry
+    std::uint32_t window;     // receive window per connection, bytes
+    std::uint32_t chunk;      // largest buffered message payload
+    std::uint32_t rma_min;    // smallest piece written straight into the peer's ring
+    std::uint32_t zcopy_min;  // smallest piece sent by read zero-copy (0: never)
+    std::uint32_t spin_us;
+    std::uint32_t rx_buffers;
+    std::uint32_t rx_buffer_size;
+    std::uint32_t max_peers;
+    bool same_process;        // accelerate connections within one process
+    std::uint32_t upgrade_timeout_ms;
+    std::uint32_t engine_wait_ms;  // connect/accept wait this long for the engine
+    const char *stats_file;   // counters appended here at exit ("" = off)
+};
+
+// The table, for sdirect-info and the parser.
+const Setting *setting_table(std::size_t *count) noexcept;
+
+// Parsed values; valid after load_settings().
+const Settings &settings() noexcept;
+
+// Reads the environment. Unparsable values keep the default and are
+// reported once on stderr (one line each).
+void load_settings() noexcept;
+
+}  // namespace sd::transport

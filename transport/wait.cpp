@@ -1,0 +1,169 @@
+#include "wait.hpp"
+
+#include "sys.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <mutex>
+#include <csignal>
+#include <ctime>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+namespace sd::transport {
+namespace {
+
+// Each thread's wake-up fd, made on its first sleep and closed at its exit.
+struct ThreadBell {
+    int fd = -1;
+    ~ThreadBell() {
+        if (fd >= 0) sys.close(fd);
+    }
+    int get() noexcept {
+        if (fd < 0) fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        return fd;
+    }
+};
+thread_local ThreadBell bell;
+
+// Safety net: even a lost doorbell costs at most this much.
+constexpr int kSafetyMs = 200;
+
+void drain(int fd) noexcept {
+    std::uint64_t v;
+    (void)sys.read(fd, &v, sizeof v);
+}
+
+}  // namespace
+
+std::uint64_t monotonic_ns() noexcept {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return std::uint64_t(ts.tv_sec) * 1000000000ull + std::uint64_t(ts.tv_nsec);
+}
+
+int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
+               bool (*ready)(void *), void *ctx, int timeout_ms) noexcept {
+    Waiter w(bell.get());
+    if (w.efd < 0) return 0;  // no fd to sleep on: the caller spins
+    if (c) {
+        std::lock_guard lock(c->rx_lock);
+        c->add_waiter(&w);
+    }
+    auto &sleepers = e->page()->header.sleepers;
+    // Announce, then look once more: a peer that posts after our recheck
+    // sees the count and rings the doorbell (Engine::ring).
+    sleepers.fetch_add(1, std::memory_order_seq_cst);
+    e->progress();
+    int rc = 0;
+    if (!ready(ctx)) {
+        pollfd p[4];
+        nfds_t n = 0;
+        p[n++] = {w.efd, POLLIN, 0};
+        p[n++] = {e->doorbell(), POLLIN, 0};
+        if (kernel_fd >= 0) p[n++] = {kernel_fd, kernel_events, 0};
+        // `peer` is published by the release store of state == direct.
+        if (c && c->is_direct() && c->peer->pidfd >= 0) p[n++] = {c->peer->pidfd, POLLIN, 0};
+        int t = timeout_ms < 0 || timeout_ms > kSafetyMs ? kSafetyMs : timeout_ms;
+        int r = sys.poll(p, n, t);
+        if (r < 0 && errno == EINTR) rc = -EINTR;
+        if (r > 0) {
+            if (p[0].revents & POLLIN) drain(w.efd);
+            if (p[1].revents & POLLIN) drain(e->doorbell());
+        }
+    }
+    sleepers.fetch_sub(1, std::memory_order_relaxed);
+    if (c) {
+        std::lock_guard lock(c->rx_lock);
+        c->remove_waiter(&w);
+    }
+    return rc;
+}
+
+namespace {
+
+// Threads sleeping in sleep_on_fds; their bells ring on any delivery.
+std::atomic<int> n_pollers{0};
+std::mutex pollers_lock;
+WaiterList pollers;
+
+}  // namespace
+
+void wake_pollers() noexcept {
+    if (n_pollers.load(std::memory_order_seq_cst) == 0) return;
+    std::uint64_t one = 1;
+    std::lock_guard lock(pollers_lock);
+    for (Waiter &w : pollers) (void)sys.write(w.efd, &one, sizeof one);
+}
+
+int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int timeout_ms,
+                 bool (*ready)(void *), void *ctx) noexcept {
+    Waiter w(bell.get());
+    if (w.efd < 0) return sys.poll(fds, n, 0);
+    {
+        std::lock_guard lock(pollers_lock);
+        pollers.push_front(w);
+    }
+    n_pollers.fetch_add(1, std::memory_order_seq_cst);
+    auto &sleepers = e->page()->header.sleepers;
+    sleepers.fetch_add(1, std::memory_order_seq_cst);
+    e->progress();
+    int rc = 0;
+    if (!ready(ctx)) {
+        // The caller's fds first, so their revents land in place.
+        constexpr nfds_t kInline = 64;
+        pollfd inline_fds[kInline + 2];
+        pollfd *all = n + 2 <= kInline + 2 ? inline_fds
+                                           : static_cast<pollfd *>(std::malloc((n + 2) * sizeof(pollfd)));
+        if (!all) {
+            rc = -ENOMEM;
+        } else {
+            std::copy(fds, fds + n, all);
+            all[n] = {w.efd, POLLIN, 0};
+            all[n + 1] = {e->doorbell(), POLLIN, 0};
+            int t = timeout_ms < 0 || timeout_ms > kSafetyMs ? kSafetyMs : timeout_ms;
+            // Accepted bytes wait for credits: look again soon.
+            if (e->flush_pending() && t > 1) t = 1;
+            timespec ts{t / 1000, long(t % 1000) * 1000000};
+            int r = sys.ppoll(all, n + 2, &ts, mask);
+            if (r < 0) {
+                rc = -errno;
+            } else {
+                if (all[n].revents & POLLIN) drain(w.efd), --r;
+                if (all[n + 1].revents & POLLIN) drain(e->doorbell()), --r;
+                for (nfds_t i = 0; i < n; ++i) fds[i].revents = all[i].revents;
+                rc = r;
+            }
+            if (all != inline_fds) std::free(all);
+        }
+    } else {
+        for (nfds_t i = 0; i < n; ++i) fds[i].revents = 0;
+    }
+    sleepers.fetch_sub(1, std::memory_order_relaxed);
+    n_pollers.fetch_sub(1, std::memory_order_relaxed);
+    {
+        std::lock_guard lock(pollers_lock);
+        pollers.remove_if([&w](const Waiter &x) { return &x == &w; });
+    }
+    return rc;
+}
+
+bool restart_after_signal() noexcept {
+    for (int sig = 1; sig < NSIG; ++sig) {
+        // Fault signals come from the faulting instruction, never in the
+        // middle of a sleep: their handlers (a sanitizer's, a runtime's)
+        // say nothing about the signal that woke us.
+        if (sig == SIGSEGV || sig == SIGBUS || sig == SIGFPE || sig == SIGILL || sig == SIGTRAP ||
+            sig == SIGSYS)
+            continue;
+        struct sigaction sa;
+        if (sigaction(sig, nullptr, &sa) != 0) continue;
+        if (sa.sa_handler == SIG_DFL || sa.sa_handler == SIG_IGN) continue;
+        if (!(sa.sa_flags & SA_RESTART)) return false;
+    }
+    return true;
+}
+
+}  // namespace sd::transport

@@ -1,0 +1,38 @@
+// Blocking without burning the machine (brief §6): a waiter polls the
+// fabric for SDIRECT_SPIN_US, then sleeps in the kernel on the companion
+// socket, its own eventfd (rung by deliveries to its connection) and the
+// process doorbell (rung by peers that post to a process with sleepers).
+#pragma once
+#include "engine.hpp"
+
+#include <csignal>
+#include <cstdint>
+#include <poll.h>
+
+namespace sd::transport {
+
+std::uint64_t monotonic_ns() noexcept;
+
+// One sleep: registers the calling thread on `c`, announces it in the
+// process page, rechecks `ready` (after a last progress), then sleeps until
+// an event, `timeout_ms` (-1 = the safety net only) or a signal. The caller
+// re-evaluates its condition afterwards. 0, or -EINTR.
+int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
+               bool (*ready)(void *), void *ctx, int timeout_ms) noexcept;
+
+// poll/select/epoll_wait over direct sockets: sleeps in the kernel on
+// `fds` (the application's kernel fds and companions, revents filled in)
+// plus the doorbell and this thread's bell, which every delivery to any
+// connection rings while such a sleeper exists. `ready` is rechecked after
+// announcing the sleep (no lost wake-up). `mask`: as for ppoll (nullptr:
+// none). The kernel poll's result (>= 0), or -errno (-EINTR).
+int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int timeout_ms,
+                 bool (*ready)(void *), void *ctx) noexcept;
+// Wakes every thread in sleep_on_fds (called on each delivery).
+void wake_pollers() noexcept;
+
+// After EINTR from our own sleep: would the kernel have restarted the
+// call? True when every installed handler has SA_RESTART.
+bool restart_after_signal() noexcept;
+
+}  // namespace sd::transport

@@ -1,0 +1,57 @@
+// Messages on the fabric. Every message starts with a MsgHeader; the
+// receiver demultiplexes by dst_conn (FI_SOURCE is unreliable on shm).
+//
+//   0  u16 magic    'S''D'            2  u8 version   3  u8 type
+//   4  u32 dst_conn (receiver's id)   8  u32 dst_gen (receiver's generation)
+//   12 u32 len      (payload bytes that follow the header)
+//   16 u64 offset   (stream offset of the first payload byte, or of EOF)
+//   24 u32 credits  (bytes the sender consumed from the other direction)
+//   28 u32 flags    (type ring: bytes already written into the receiver's ring)
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace sd::transport {
+
+inline constexpr std::uint16_t kWireMagic = 0x4453;  // "SD"
+inline constexpr std::uint8_t kWireVersion = 1;
+
+enum class MsgType : std::uint8_t {
+    data = 1,    // payload bytes at `offset`
+    credit = 2,  // credits only
+    fin = 3,     // no more bytes after `offset` (shutdown SHUT_WR)
+    close = 4,   // fin, and the sender no longer reads (close)
+    ring = 5,    // `flags` bytes at `offset` were RMA-written into the ring
+    // Read zero-copy (SDP SrcAvail): the `flags` bytes at `offset` wait in
+    // the sender's registered buffer (payload: SrcAvailBody); the receiver
+    // reads them straight into its application's buffers.
+    src_avail = 6,
+    src_done = 7,    // receiver: `flags` bytes of the advert at `offset` were read; it is over
+    src_cancel = 8,  // sender: end the advert at `offset` early (answered by src_done)
+};
+
+// Flags of a close message: the closer had bytes of ours unread, which
+// TCP answers with a reset (RST) instead of a FIN.
+inline constexpr std::uint32_t kCloseReset = 1;
+
+struct SrcAvailBody {
+    std::uint64_t addr;
+    std::uint64_t key;
+};
+
+struct MsgHeader {
+    std::uint16_t magic;
+    std::uint8_t version;
+    std::uint8_t type;
+    std::uint32_t dst_conn;
+    std::uint32_t dst_gen;
+    std::uint32_t len;
+    std::uint64_t offset;
+    std::uint32_t credits;
+    std::uint32_t flags;
+};
+static_assert(sizeof(MsgHeader) == 32);
+static_assert(offsetof(MsgHeader, offset) == 16);
+static_assert(offsetof(MsgHeader, credits) == 24);
+
+}  // namespace sd::transport
