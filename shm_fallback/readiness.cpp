@@ -270,8 +270,33 @@ bool inner_ready(EpollSet *set, int depth) noexcept {
     return false;
 }
 
-// Our sockets' events into out[0..max); stale entries (socket closed) go.
-int scan(EpollSet *set, epoll_event *out, int max) noexcept {
+// Trims the kernel's registration of every socket our state answers now,
+// before the kernel is asked: its own socket (idle, always writable)
+// would report for it otherwise.
+void settle(EpollSet *set) noexcept {
+    std::lock_guard lock(set->lock);
+    for (Entry &e : set->entries) {
+        short bits = 0, ask = 0;
+        if (e.s && e.armed && !e.trimmed && user_view(e.s, bits, ask)) trim(set, e);
+    }
+}
+
+// Drops from out[0..*n) the events whose data is `data`; returns how many.
+int drop_data(epoll_event *out, int *n, std::uint64_t data) noexcept {
+    epoll_event *end = std::remove_if(out, out + *n, [&](const epoll_event &k) {
+        return k.data.u64 == data;
+    });
+    int dropped = *n - int(end - out);
+    *n = int(end - out);
+    return dropped;
+}
+
+// Our sockets' events appended to out[*n..max); stale entries (socket
+// closed) go. out[0..*kernel) are the kernel's events of this round: a
+// socket that turned ours since settle() (its upgrade finished) may be
+// among them, from the registration trimmed only now; its kernel event
+// goes, so no socket is reported twice in one call.
+void scan(EpollSet *set, epoll_event *out, int *n, int max, int *kernel) noexcept {
     std::lock_guard lock(set->lock);
     auto &v = set->entries;
     std::erase_if(v, [](Entry &e) {
@@ -279,14 +304,21 @@ int scan(EpollSet *set, epoll_event *out, int max) noexcept {
         entry_drop(e);
         return true;
     });
-    int n = 0;
     const std::size_t size = v.size();
-    for (std::size_t k = 0; k < size && n < max; ++k) {
+    for (std::size_t k = 0; k < size && *n < max; ++k) {
         Entry &e = v[(set->cursor + k) % size];
-        if (std::uint32_t ev = entry_events(set, e, true, 0)) out[n++] = {ev, e.ev.data};
+        const bool was_trimmed = e.trimmed;
+        std::uint32_t ev = entry_events(set, e, true, 0);
+        if (e.trimmed && !was_trimmed && *kernel > 0) {
+            int dropped = drop_data(out, kernel, e.ev.data.u64);
+            if (dropped) {
+                std::copy(out + *kernel + dropped, out + *n, out + *kernel);
+                *n -= dropped;
+            }
+        }
+        if (ev) out[(*n)++] = {ev, e.ev.data};
     }
     if (size) set->cursor = (set->cursor + 1) % size;
-    return n;
 }
 
 // ---- the wait loop shared by poll and epoll --------------------------------------
@@ -679,12 +711,14 @@ int epoll_wait_fds(int epfd, epoll_event *out, int max, int timeout_ms,
             // a small maxevents serves every ready entry in turn.
             const bool kernel_first = set->turn.fetch_add(1, std::memory_order_relaxed) & 1;
             for (;;) {
-                int n = 0, hints = 0;
+                int n = 0, hints = 0, kernel = 0;
+                settle(set);
                 if (kernel_first) {
                     n = kernel_events(set, out, max, &hints);
                     if (n < 0) return n;
+                    kernel = n;
                 }
-                n += scan(set, out + n, max - n);
+                scan(set, out, &n, max, &kernel);
                 if (!kernel_first && n < max) {
                     int k = kernel_events(set, out + n, max - n, &hints);
                     if (k < 0) return n ? n : k;

@@ -251,6 +251,13 @@ void data_part(int s, const std::function<std::uint64_t()> &seed) {
     epoll_event got[2];
     if (epoll_wait(dv, got, 2, 0) != 1 || got[0].data.fd != s)
         fail("data.fd: epoll_wait did not return fd %d", s);
+    // Each MOD registers afresh with the kernel too: still one event per
+    // registration and call, whoever answers for the socket.
+    for (std::uint64_t i = 0; i < 8; ++i) {
+        ep_ctl(dv, EPOLL_CTL_MOD, s, IN | EPOLLOUT, 0x100 + i, "data mod IN|OUT");
+        expect_events(dv, 0, {{0x100 + i, IN | EPOLLOUT}}, "one event after MOD to IN|OUT");
+        expect_events(dv, 0, {{0x100 + i, IN | EPOLLOUT}}, "one event, second call");
+    }
     int p[2];
     if (pipe2(p, O_CLOEXEC) != 0) fail("pipe2: %s", errno_name(errno));
     if (write(p[1], "x", 1) != 1) fail("pipe write");
