@@ -391,6 +391,16 @@ bool poll_prepare(PollCtx &p) noexcept {
     return any;
 }
 
+// POLLRDHUP if the kernel socket `fd` is at its peer's FIN. The kernel's
+// poll reads the socket without its lock: a FIN being queued counts as a
+// readable byte a moment before the read side is shut, and a poll that
+// falls in that moment (ours spins) says POLLIN alone. A peek takes the
+// lock and sees the FIN whole.
+short kernel_rdhup(int fd) noexcept {
+    char c;
+    return sys.recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0 ? POLLRDHUP : 0;
+}
+
 int poll_finish(PollCtx &p) noexcept {
     int count = 0;
     for (nfds_t i = 0; i < p.n; ++i) {
@@ -406,6 +416,8 @@ int poll_finish(PollCtx &p) noexcept {
             rev = short(p.bits[i] & (p.fds[i].events | POLLERR | POLLHUP));
         } else {
             rev = short(p.k[i].revents | (p.bits[i] & p.fds[i].events));
+            if (p.ours[i] && (rev & POLLIN) && !(rev & POLLRDHUP) && (p.fds[i].events & POLLRDHUP))
+                rev |= kernel_rdhup(p.k[i].fd);
         }
         p.fds[i].revents = rev;
         if (rev) ++count;
