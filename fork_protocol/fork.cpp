@@ -14,7 +14,7 @@ bool settled = true;
 
 void prepare() noexcept {
     settled = transport::Engine::settle_before_fork();
-    fallback::table_lock_for_fork();
+    fallback::table_fork_prepare();
 }
 void in_parent() noexcept { fallback::table_unlock_after_fork(); }
 

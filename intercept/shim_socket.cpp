@@ -38,7 +38,7 @@ int close_mapped(int fd) noexcept {
 void after_accept(Held &listener, int fd, int flags) noexcept {
     if (fd < 0 || !listener) return;
     Stream *s = sd::fallback::create(fd, listener->domain, flags & SOCK_NONBLOCK);
-    if (s) s->connected(true);
+    if (s) s->accepted();
 }
 
 std::int64_t timeval_ns(const void *v, socklen_t len) noexcept {

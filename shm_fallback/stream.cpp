@@ -149,7 +149,45 @@ void Stream::reset(int f, int dom, bool nb) noexcept {
     conn.store(nullptr, std::memory_order_relaxed);
     engine = nullptr;
     next_free = nullptr;
+    forked = orphan = false;
+    fork_mark = 0;
     refs.store(1, std::memory_order_release);
+}
+
+void Stream::accepted() noexcept {
+    acceptor = true;
+    Phase p = Phase::fresh;
+    phase.compare_exchange_strong(p, Phase::deferred);
+}
+
+void Stream::fork_prepare(unsigned mark) noexcept {
+    if (fork_mark == mark) return;  // another fd of the same socket
+    fork_mark = mark;
+    Phase p = phase.load(std::memory_order_acquire);
+    if (p == Phase::fresh || p == Phase::listener || orphan) return;
+    forked = true;
+    // Not direct yet: it stays with the kernel, shared from now on.
+    if (Conn *c = conn.load(std::memory_order_acquire); c && engine) engine->hold(c);
+}
+
+void Stream::fork_child(unsigned mark) noexcept {
+    if (fork_mark == mark) return;
+    fork_mark = mark;
+    new (&pend_lock) std::mutex();
+    new (&alias_lock) std::mutex();
+    refs.store(fds.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    next_free = nullptr;
+    Phase p = phase.load(std::memory_order_relaxed);
+    if (p == Phase::fresh || p == Phase::listener) return;
+    // The parent's connection state stays the parent's: the kernel socket
+    // is all the child has.
+    Conn *c = conn.exchange(nullptr, std::memory_order_relaxed);
+    engine = nullptr;
+    pending.store(false, std::memory_order_relaxed);
+    forked = true;
+    if (c && (c->is_direct() || c->state.load() == ConnState::initiating))
+        orphan = true;  // its bytes travel through the parent's endpoint
+    phase.store(Phase::deferred, std::memory_order_relaxed);
 }
 
 void Stream::fd_added(int nfd) noexcept {
@@ -173,12 +211,21 @@ void Stream::fd_removed(int gone) noexcept {
 
 void Stream::connected(bool accepted) noexcept {
     Phase p = phase.load(std::memory_order_acquire);
-    if (p != Phase::fresh && p != Phase::connecting) return;
-    if (!phase.compare_exchange_strong(p, Phase::attached)) return;
+    if (p != Phase::fresh && p != Phase::connecting && p != Phase::deferred) {
+        // Another thread's first call attaches it: ours goes the same way,
+        // not past a connection that is not there yet.
+        while (phase.load(std::memory_order_acquire) == Phase::attaching) {
+            timespec nap{0, 100000};
+            nanosleep(&nap, nullptr);
+        }
+        return;
+    }
+    if (!phase.compare_exchange_strong(p, Phase::attaching)) return connected(accepted);
     acceptor = accepted;
     if ((engine = transport::Engine::wait_ready(transport::settings().engine_wait_ms))) {
         conn.store(engine->attach(kfd(), acceptor, rcvbuf.load(std::memory_order_relaxed)),
                    std::memory_order_release);
+        phase.store(Phase::attached, std::memory_order_release);
         return;
     }
     std::lock_guard lock(pend_lock);
@@ -189,6 +236,7 @@ void Stream::connected(bool accepted) noexcept {
         pending.store(false, std::memory_order_release);
         refs.fetch_sub(1, std::memory_order_relaxed);
     }
+    phase.store(Phase::attached, std::memory_order_release);
 }
 
 void Stream::finish_pending() noexcept {
@@ -245,13 +293,27 @@ ssize_t Stream::pending_io(const iovec *iov, int iovcnt, int flags, bool out,
 
 Conn *Stream::attached_conn() noexcept {
     Phase p = phase.load(std::memory_order_acquire);
-    if (p == Phase::connecting) {
+    if (p == Phase::connecting && !forked) {
         // Non-blocking connect: attach once the handshake is done.
         transport::Tuple t;
         if (transport::tuple_of(kfd(), t) == 0) connected(false);
+    } else if ((p == Phase::deferred && !forked) || p == Phase::attaching) {
+        connected(acceptor);
     }
     return conn.load(std::memory_order_acquire);
 }
+
+namespace {
+// A socket that was direct when its process forked: the parent's
+// connection, which the child cannot use (shared mode is not built yet).
+int orphan_error(int fd) noexcept {
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true))
+        SD_LOG(error, "fd %d: inherited across fork while on the fabric; sharing it is not "
+                      "supported yet: its I/O fails with EIO in this process", fd);
+    return -EIO;
+}
+}  // namespace
 
 ssize_t Stream::kernel_recv(const iovec *iov, int iovcnt, int flags, Conn *c) noexcept {
     msghdr mh{};
@@ -276,6 +338,7 @@ ssize_t Stream::recv(const iovec *iov, int iovcnt, int flags) noexcept {
         ssize_t n = sys.recvmsg(kfd(), &mh, flags);
         return n < 0 ? -errno : n;
     }
+    if (orphan) return orphan_error(kfd());
     Conn *c = attached_conn();
     if (!c && pending.load(std::memory_order_acquire)) {
         std::size_t done = 0;
@@ -499,6 +562,7 @@ ssize_t Stream::kernel_send(const iovec *iov, int iovcnt, int flags, Conn *c) no
 }
 
 ssize_t Stream::send(const iovec *iov, int iovcnt, int flags) noexcept {
+    if (orphan) return orphan_error(kfd());
     Conn *c = attached_conn();
     if (!c && pending.load(std::memory_order_acquire)) {
         std::size_t done = 0;

@@ -20,6 +20,9 @@ namespace sd::fallback {
 enum class Phase : std::uint8_t {
     fresh,       // not connected yet (or connect still in progress)
     connecting,  // non-blocking connect under way: attach at first use
+    deferred,    // accepted: attached at its first I/O (so that a server
+                 // that accepts, forks and closes never upgrades it)
+    attaching,   // one thread attaches; the others wait for it
     attached,    // connected; `conn` set (or null when untracked)
     listener,
 };
@@ -50,11 +53,26 @@ class Stream {
     std::uint64_t pre_rx = 0;
     transport::Engine *engine = nullptr;
     Stream *next_free = nullptr;
+    // Went through a fork (brief §7): the socket may be shared, so it is
+    // never upgraded from then on (the return to direct mode is not built
+    // yet). `orphan`: it was direct at the fork, in the parent; the child
+    // cannot use the parent's connection.
+    bool forked = false;
+    bool orphan = false;
+    unsigned fork_mark = 0;  // the fork pass that saw it last (dups)
 
     void reset(int fd, int domain, bool nonblock) noexcept;
 
-    // The TCP handshake finished (connect returned 0, or accept).
+    // The TCP handshake finished (connect returned 0, or an attach
+    // deferred until now).
     void connected(bool acceptor) noexcept;
+    // accept() returned it: attached at its first I/O, so that a server
+    // that hands it to a child (accept, fork, close) upgrades in the child.
+    void accepted() noexcept;
+    // fork: in the parent before it (no upgrade of a shared socket), and
+    // in the child after it (the parent's connection state is not ours).
+    void fork_prepare(unsigned mark) noexcept;
+    void fork_child(unsigned mark) noexcept;
     // recv family; `flags` as for recvmsg. Bytes, 0 at EOF, or -errno.
     ssize_t recv(const iovec *iov, int iovcnt, int flags) noexcept;
     // send family; raises SIGPIPE on EPIPE unless MSG_NOSIGNAL.

@@ -95,21 +95,31 @@ Stream *close_prepare(int fd) noexcept {
     return s;
 }
 
-void table_lock_for_fork() noexcept { pool_lock.lock(); }
+namespace {
+unsigned fork_pass = 0;
+
+// Every stream once (dups map several fds to one), under no lock: the
+// callers run where no other thread can change the table's layout.
+template <typename Fn>
+void each_stream(Fn fn) noexcept {
+    for (int fd = 0; fd < nslots; ++fd)
+        if (Stream *s = slots[fd].load(std::memory_order_acquire)) fn(s);
+}
+}  // namespace
+
+void table_fork_prepare() noexcept {
+    fork_pass += 2;
+    each_stream([](Stream *s) { s->fork_prepare(fork_pass); });
+    pool_lock.lock();
+}
+
 void table_unlock_after_fork() noexcept { pool_lock.unlock(); }
+
 
 void table_after_fork_child() noexcept {
     new (&pool_lock) std::mutex();
-    for (int fd = 0; fd < nslots; ++fd) {
-        Stream *s = slots[fd].load(std::memory_order_relaxed);
-        if (!s) continue;
-        Phase p = s->phase.load(std::memory_order_relaxed);
-        if (p == Phase::listener || p == Phase::fresh) continue;
-        // Inherited connection: it belongs to the parent's engine. The
-        // child leaves it to the kernel and never touches the parent's
-        // state (the object is simply abandoned here).
-        slots[fd].store(nullptr, std::memory_order_relaxed);
-    }
+    // Inherited connections: the parent's engine state is not ours.
+    each_stream([](Stream *s) { s->fork_child(fork_pass + 1); });
 }
 
 }  // namespace sd::fallback

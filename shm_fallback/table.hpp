@@ -25,10 +25,13 @@ Stream *unmap(int fd) noexcept;
 // caller then closes the kernel fd and releases the stream.
 Stream *close_prepare(int fd) noexcept;
 
-// After fork, in the child: forget every connected stream (the child's
-// copies stay pure kernel sockets) and reset the pool lock.
-void table_after_fork_child() noexcept;
-void table_lock_for_fork() noexcept;
+// fork: before it, mark every connected socket shared (Stream::fork_prepare)
+// and take the pool lock; after it, in the parent, drop the lock; in the
+// child, leave every inherited stream to the kernel (Stream::fork_child)
+// and reset the lock.
+void table_fork_prepare() noexcept;
 void table_unlock_after_fork() noexcept;
+void table_after_fork_child() noexcept;
+
 
 }  // namespace sd::fallback

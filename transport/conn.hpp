@@ -71,6 +71,9 @@ struct Conn {
     Tuple tuple{};
     ConnStat *stat = nullptr;
     std::atomic<ConnState> state{ConnState::kernel};
+    // Shared with a forked process: no upgrade either way from now on
+    // (brief §7; the return to direct mode is not built yet).
+    std::atomic<bool> held{false};
 
     // Peer; written before `state` becomes direct (release), then constant.
     Peer *peer = nullptr;

@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""TCP echo with socketserver.ForkingTCPServer, for
+tests/integration/python_forking.sh.
+
+server: a ForkingTCPServer on 127.0.0.1:--port: the parent accepts, forks,
+  closes its copy of the connection and goes back to accept; the child
+  echoes every byte until the client's EOF and ends (os._exit, as
+  socketserver does). The parent serves --clients connections, then waits
+  for its children, fails unless every one exited 0, and exits 0.
+client: --conns connections one after another; on each
+  1. ping-pong: --rounds messages of 1 to 64 B, one at a time, every echo
+     compared;
+  2. bulk: the next --sizes entry (cycling) of pseudo-random bytes, written
+     in random-sized pieces while a thread reads the echo, then a
+     half-close, the echo read to EOF and compared byte for byte.
+Any wait longer than --idle seconds is a failure (exit 1).
+"""
+import argparse
+import os
+import random
+import signal
+import socket
+import socketserver
+import sys
+import threading
+import time
+
+
+class EchoHandler(socketserver.BaseRequestHandler):
+    def handle(self):
+        sock = self.request
+        sock.settimeout(self.server.idle)
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                return
+            sock.sendall(data)
+
+
+class Server(socketserver.ForkingTCPServer):
+    allow_reuse_address = True
+    block_on_close = True
+
+    def __init__(self, args):
+        self.idle = args.idle
+        self.timeout = args.idle  # bounds each handle_request()
+        self.started = 0
+        super().__init__(("127.0.0.1", args.port), EchoHandler)
+
+    def process_request(self, request, client_address):
+        # Counted here, not per handle_request(), which also returns after
+        # a failed accept.
+        self.started += 1
+        super().process_request(request, client_address)
+
+    def handle_timeout(self):
+        sys.exit(f"server: no connection for {self.idle} s ({self.started} served)")
+
+
+def serve(args):
+    # Stopped early (the client failed): end through exit(), so a preloaded
+    # library still writes its counters. Children inherit the handler and
+    # still end through socketserver's os._exit.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("server: SIGTERM before all clients were served"))
+    server = Server(args)
+    while server.started < args.clients:
+        server.handle_request()
+    # Reaped here rather than by server_close()'s collect_children, which
+    # waits without a bound and drops the exit statuses. A child's waits
+    # are bounded by --idle each, so twice that is plenty for the last one.
+    children = set(server.active_children or ())
+    failed = []
+    limit = 2 * args.idle
+    deadline = time.monotonic() + limit
+    while children:
+        for pid in list(children):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                children.discard(pid)
+                code = os.waitstatus_to_exitcode(status)
+                if code:
+                    failed.append(f"child {pid}: " + (f"exit {code}" if code > 0 else f"signal {-code}"))
+        if children and time.monotonic() > deadline:
+            sys.exit(f"server: {len(children)} children still running {limit} s after the last accept")
+        time.sleep(0.02)
+    server.active_children = None
+    server.server_close()
+    if failed:
+        sys.exit(f"server: {len(failed)} of {server.started} children failed: " + ", ".join(failed))
+    print(f"server: {server.started} connections, each served by a forked child that exited 0")
+
+
+def recv_exactly(sock, n, what):
+    got = bytearray()
+    while len(got) < n:
+        data = sock.recv(n - len(got))
+        if not data:
+            sys.exit(f"client: {what}: EOF after {len(got)} of {n} B echoed")
+        got += data
+    return got
+
+
+def first_difference(a, b):
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def one_connection(index, size, rng, args):
+    name = f"connection {index + 1} of {args.conns}"
+    try:
+        sock = socket.create_connection(("127.0.0.1", args.port), timeout=args.idle)
+    except OSError as e:
+        sys.exit(f"client: {name}: connect: {e!r}")
+    try:
+        # Small round trips first, so the upgrade has happened (or not)
+        # before the bulk part.
+        for k in range(args.rounds):
+            msg = rng.randbytes(rng.randint(1, 64))
+            sock.sendall(msg)
+            echo = recv_exactly(sock, len(msg), f"{name}, round trip {k + 1}")
+            if echo != msg:
+                sys.exit(f"client: {name}, round trip {k + 1}: {len(msg)} B sent, echo differs "
+                         f"at byte {first_difference(echo, msg)}")
+        payload = rng.randbytes(size)
+        received = bytearray()
+        errors = []
+        reader_rng = random.Random(rng.random())  # the reader's own, not shared across threads
+
+        def reader():
+            try:
+                while True:
+                    data = sock.recv(reader_rng.randint(1, 256 << 10))
+                    if not data:
+                        return
+                    received.extend(data)
+            except OSError as e:
+                errors.append(e)
+
+        thread = threading.Thread(target=reader, daemon=True)
+        thread.start()
+        sent = 0
+        view = memoryview(payload)
+        try:
+            while sent < size:
+                end = min(size, sent + rng.randint(1, 256 << 10))
+                sock.sendall(view[sent:end])
+                sent = end
+            sock.shutdown(socket.SHUT_WR)
+        except OSError as e:
+            thread.join(1)
+            sys.exit(f"client: {name}: sending {size} B: {e!r} after {sent} B sent, "
+                     f"{len(received)} B echoed")
+        thread.join(args.idle + 5)
+        if thread.is_alive():
+            sys.exit(f"client: {name}: no EOF {args.idle + 5} s after the half-close; "
+                     f"{size} B sent, {len(received)} B echoed")
+        if errors:
+            sys.exit(f"client: {name}: reading the echo of {size} B: {errors[0]!r} "
+                     f"after {len(received)} B")
+        if received != payload:
+            sys.exit(f"client: {name}: {size} B sent, {len(received)} B echoed, "
+                     f"first difference at byte {first_difference(received, payload)}")
+    except OSError as e:
+        sys.exit(f"client: {name}: {e!r}")
+    finally:
+        sock.close()
+    return size
+
+
+def client(args):
+    rng = random.Random(args.seed)
+    total = 0
+    for i in range(args.conns):
+        total += one_connection(i, args.sizes[i % len(args.sizes)], rng, args)
+    print(f"client: {args.conns} connections one after another, {args.rounds} round trips each, "
+          f"{total} B bulk echoed intact")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("role", choices=["server", "client"])
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--clients", type=int, default=1, help="server: connections to serve")
+    p.add_argument("--conns", type=int, default=6, help="client: connections, one after another")
+    p.add_argument("--rounds", type=int, default=200, help="client: ping-pong round trips per connection")
+    p.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")],
+                   default=[1, 1000, 100000, 3 << 20], help="client: bulk bytes per connection, cycled")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--idle", type=float, default=15.0)
+    args = p.parse_args()
+    serve(args) if args.role == "server" else client(args)
+
+
+if __name__ == "__main__":
+    main()
