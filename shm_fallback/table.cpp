@@ -115,7 +115,6 @@ void table_fork_prepare() noexcept {
 
 void table_unlock_after_fork() noexcept { pool_lock.unlock(); }
 
-
 void table_after_fork_child() noexcept {
     new (&pool_lock) std::mutex();
     // Inherited connections: the parent's engine state is not ours.

@@ -389,17 +389,16 @@ void Engine::release_peer(Peer *p) noexcept {
     *p = Peer{};
 }
 
-bool Engine::hold(Conn *c) noexcept {
+void Engine::hold(Conn *c) noexcept {
     for (int ms = 0; c->state.load() == ConnState::initiating && ms < 200; ++ms) {
         timespec nap{0, 1000000};
         nanosleep(&nap, nullptr);
     }
     std::lock_guard lock(conn_lock_);
     ConnState st = c->state.load();
-    if (st == ConnState::direct || st == ConnState::initiating) return false;
+    if (st == ConnState::direct || st == ConnState::initiating) return;
     c->held.store(true, std::memory_order_release);
     if (st != ConnState::final) unpublish(c);
-    return true;
 }
 
 void Engine::try_initiate(Conn *c) noexcept {
@@ -565,8 +564,7 @@ void Engine::handle_request(int fd) noexcept {
         return answer(std::uint32_t(Reason::same_process));
     }
     ConnState st = c->state.load();
-    if (c->held.load(std::memory_order_acquire)) return answer(kConflict);
-    if (st == ConnState::direct || st == ConnState::final ||
+    if (c->held.load(std::memory_order_acquire) || st == ConnState::direct || st == ConnState::final ||
         (st == ConnState::initiating && c->acceptor))
         return answer(kConflict);
     Reason why = Reason::none;

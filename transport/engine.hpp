@@ -83,8 +83,8 @@ class Engine {
     void detach(Conn *c) noexcept;
     // fork is about to share the connection (not direct yet): no upgrade,
     // ours or the peer's, from now on. Waits (bounded) for an upgrade
-    // request of ours in flight. False: it went direct meanwhile.
-    bool hold(Conn *c) noexcept;
+    // request of ours in flight; one that went direct meanwhile stays so.
+    void hold(Conn *c) noexcept;
 
     // Progress the CQ if no other thread does (try-lock), or wait for it.
     void progress() noexcept;
