@@ -564,8 +564,8 @@ void Engine::handle_request(int fd) noexcept {
         return answer(std::uint32_t(Reason::same_process));
     }
     ConnState st = c->state.load();
-    if (c->held.load(std::memory_order_acquire) || st == ConnState::direct || st == ConnState::final ||
-        (st == ConnState::initiating && c->acceptor))
+    if (c->held.load(std::memory_order_acquire) || st == ConnState::direct ||
+        st == ConnState::final || (st == ConnState::initiating && c->acceptor))
         return answer(kConflict);
     Reason why = Reason::none;
     Peer *peer = make_ring(c) == 0 ? attach_peer(req.pid, req.addr, bell, &why) : nullptr;
