@@ -92,6 +92,10 @@ enum class Op : std::uint32_t {
 inline constexpr std::uint32_t kCmdMagic = 0x53445443;  // "SDTC"
 inline constexpr std::uint32_t kNoAck = 1;
 inline constexpr std::uint32_t kWhole = 2;  // send: all in one call (one arrival)
+// Before its pause, the responder caps SO_RCVBUF at 64 KiB, so the kernel's
+// receive autotuning (up to tcp_rmem max, 32 MiB on recent kernels) cannot
+// absorb a stream that is meant to fill up.
+inline constexpr std::uint32_t kSmallRcvbuf = 4;
 
 // Layout: magic, op, api, chunk (4 x u32), size, seed, size2, seed2
 // (4 x u64), pre_delay_us, gap_us, flags, pad (4 x u32) = 64 bytes.

@@ -255,8 +255,12 @@ void drive_dontwait(int *fd, const Options &opt) {
 }
 
 void drive_send_dontwait(int *fd, const Options &opt) {
-    // The responder sleeps before reading, so the send path must fill up.
+    // The responder sleeps before reading, so the send path must fill up. Both
+    // ends' buffers are capped: the kernel could otherwise take it all.
     const std::uint64_t total = opt.num("size", 32u << 20);
+    int sndbuf = 65536;
+    if (setsockopt(*fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf) != 0)
+        fail("setsockopt(SO_SNDBUF): %s", errno_name(errno));
     const std::uint64_t seed = seed_of(opt, 1);
     Cmd cmd;
     cmd.op = Op::recv;
@@ -264,6 +268,7 @@ void drive_send_dontwait(int *fd, const Options &opt) {
     cmd.size = total;
     cmd.seed = seed;
     cmd.pre_delay_us = 500000;
+    cmd.flags = kSmallRcvbuf;
     send_cmd(*fd, cmd);
     // --piece: bytes per send call (small ones are combined on the way).
     std::vector<char> buf(std::size_t(opt.num("piece", 65536)));

@@ -57,6 +57,11 @@ void respond(int *fd) {
         if (!read_all_or_eof(*fd, &cmd, sizeof cmd, "command")) return;
         if (cmd.magic != kCmdMagic) fail("stream out of step: bad command magic 0x%08x",
                                          unsigned(cmd.magic));
+        if (cmd.flags & kSmallRcvbuf) {
+            int size = 65536;
+            if (setsockopt(*fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof size) != 0)
+                fail("setsockopt(SO_RCVBUF): %s", errno_name(errno));
+        }
         if (cmd.pre_delay_us) sleep_us(cmd.pre_delay_us);
         switch (cmd.op) {
         case Op::exit:
