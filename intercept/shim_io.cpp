@@ -140,10 +140,7 @@ namespace {
 // The stream's bytes must go through the stream (counted, switched): any
 // connection that is or may become direct.
 bool through_stream(Held &s) noexcept {
-    if (!s) return false;
-    sd::transport::Conn *c = s->conn.load();
-    if (c) return c->state.load() != sd::transport::ConnState::final;
-    return s->pending.load();
+    return s && s->may_go_direct();
 }
 
 ssize_t sendfile_any(int out, int in, off_t *offset, size_t count) noexcept {

@@ -463,9 +463,7 @@ int poll_fds(pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask) noexce
         ours[i] = nullptr;
         eps[i] = nullptr;
         Stream *s = acquire(fds[i].fd);
-        Conn *c = s ? s->conn.load(std::memory_order_acquire) : nullptr;
-        if (s && ((c && c->state.load(std::memory_order_acquire) != transport::ConnState::final) ||
-                  s->pending.load(std::memory_order_acquire))) {
+        if (s && s->may_go_direct()) {
             ours[i] = s;
             any = true;
         } else if (s) {

@@ -151,6 +151,9 @@ void Stream::reset(int f, int dom, bool nb) noexcept {
     next_free = nullptr;
     forked = orphan = false;
     fork_mark = 0;
+    share.store(nullptr, std::memory_order_relaxed);
+    share_check_ns = 0;
+    pre_tx = pre_rx = 0;
     refs.store(1, std::memory_order_release);
 }
 
@@ -166,11 +169,21 @@ void Stream::fork_prepare(unsigned mark) noexcept {
     Phase p = phase.load(std::memory_order_acquire);
     if (p == Phase::fresh || p == Phase::listener || orphan) return;
     forked = true;
-    // Not direct yet: it stays with the kernel, shared from now on.
-    if (Conn *c = conn.load(std::memory_order_acquire); c && engine) engine->hold(c);
+    if (Conn *c = conn.load(std::memory_order_acquire)) {
+        // Not direct yet: it stays with the kernel, shared from now on.
+        if (engine) engine->hold(c);
+        return;
+    }
+    // No connection yet: the holders keep count together, and the last
+    // one left upgrades it.
+    std::lock_guard lock(pend_lock);
+    Sharers *sh = share.load(std::memory_order_relaxed);
+    if (!sh && !(sh = sharers_open(pre_tx, pre_rx))) return;
+    share.store(sh, std::memory_order_release);
+    sharers_expect_child(sh);
 }
 
-void Stream::fork_child(unsigned mark) noexcept {
+void Stream::fork_child(unsigned mark, int parent) noexcept {
     if (fork_mark == mark) return;
     fork_mark = mark;
     new (&pend_lock) std::mutex();
@@ -187,7 +200,29 @@ void Stream::fork_child(unsigned mark) noexcept {
     forked = true;
     if (c && (c->is_direct() || c->state.load() == ConnState::initiating))
         orphan = true;  // its bytes travel through the parent's endpoint
+    if (Sharers *sh = share.load(std::memory_order_relaxed)) sharers_born(sh, parent);
+    share_check_ns = 0;
     phase.store(Phase::deferred, std::memory_order_relaxed);
+}
+
+bool Stream::adopt_share(Sharers *sh) noexcept {
+    // Still waiting for this process's engine (the builder clears pending).
+    if (pending.load(std::memory_order_relaxed) || !sharers_alone(sh, &share_check_ns))
+        return false;
+    pre_tx = sharers_sent(sh);
+    pre_rx = sharers_received(sh);
+    sharers_leave(sh);
+    share.store(nullptr, std::memory_order_release);
+    forked = false;
+    SD_LOG(debug, "fd %d: the only holder left after fork; upgrading at offsets %llu/%llu",
+           kfd(), (unsigned long long)pre_tx, (unsigned long long)pre_rx);
+    phase.store(Phase::deferred, std::memory_order_release);
+    return true;
+}
+
+void Stream::drop_share() noexcept {
+    std::lock_guard lock(pend_lock);
+    if (Sharers *sh = share.exchange(nullptr, std::memory_order_acq_rel)) sharers_leave(sh);
 }
 
 void Stream::fd_added(int nfd) noexcept {
@@ -223,13 +258,15 @@ void Stream::connected(bool accepted) noexcept {
     if (!phase.compare_exchange_strong(p, Phase::attaching)) return connected(accepted);
     acceptor = accepted;
     if ((engine = transport::Engine::wait_ready(transport::settings().engine_wait_ms))) {
-        conn.store(engine->attach(kfd(), acceptor, rcvbuf.load(std::memory_order_relaxed)),
+        // pre_tx/pre_rx: bytes through the kernel before now (0 unless the
+        // socket was shared through fork).
+        conn.store(engine->attach(kfd(), acceptor, rcvbuf.load(std::memory_order_relaxed), pre_tx,
+                                  pre_rx),
                    std::memory_order_release);
         phase.store(Phase::attached, std::memory_order_release);
         return;
     }
     std::lock_guard lock(pend_lock);
-    pre_tx = pre_rx = 0;
     refs.fetch_add(1, std::memory_order_relaxed);  // the builder's, until it is done
     pending.store(true, std::memory_order_release);
     if (!transport::Engine::when_ready(finish_pending_cb, this)) {
@@ -243,7 +280,8 @@ void Stream::finish_pending() noexcept {
     std::lock_guard lock(pend_lock);
     if (!pending.load(std::memory_order_relaxed)) return;
     engine = transport::Engine::current();
-    if (engine && fds.load(std::memory_order_acquire) > 0)
+    // Shared through fork meanwhile: the last holder left attaches it.
+    if (engine && fds.load(std::memory_order_acquire) > 0 && !share.load(std::memory_order_relaxed))
         conn.store(engine->attach(kfd(), acceptor, rcvbuf.load(std::memory_order_relaxed), pre_tx,
                                   pre_rx),
                    std::memory_order_release);
@@ -264,7 +302,9 @@ ssize_t Stream::pending_io(const iovec *iov, int iovcnt, int flags, bool out,
         ssize_t n;
         {
             std::unique_lock lock(pend_lock);
-            if (!pending.load(std::memory_order_relaxed)) return -EALREADY;  // attached: redo
+            Sharers *sh = share.load(std::memory_order_relaxed);
+            if (sh ? adopt_share(sh) : !pending.load(std::memory_order_relaxed))
+                return -EALREADY;  // attached, or ours alone: redo
             iovec v[kMaxSlice];
             int k = slice(iov, iovcnt, done, total - done, v, kMaxSlice);
             msghdr mh{};
@@ -272,7 +312,10 @@ ssize_t Stream::pending_io(const iovec *iov, int iovcnt, int flags, bool out,
             mh.msg_iovlen = std::size_t(k);
             n = out ? sys.sendmsg(kfd(), &mh, flags | MSG_DONTWAIT)
                     : sys.recvmsg(kfd(), &mh, (flags & ~MSG_WAITALL) | MSG_DONTWAIT);
-            if (n > 0 && !(flags & MSG_PEEK)) (out ? pre_tx : pre_rx) += std::uint64_t(n);
+            if (n > 0 && !(flags & MSG_PEEK)) {
+                if (sh) sharers_count(sh, out, std::uint64_t(n));
+                else (out ? pre_tx : pre_rx) += std::uint64_t(n);
+            }
         }
         if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return done ? ssize_t(done) : -errno;
         if (n == 0 && !out) return ssize_t(done);
@@ -301,6 +344,18 @@ Conn *Stream::attached_conn() noexcept {
         connected(acceptor);
     }
     return conn.load(std::memory_order_acquire);
+}
+
+bool Stream::may_go_direct() const noexcept {
+    Phase p = phase.load(std::memory_order_acquire);
+    if (p == Phase::fresh || p == Phase::listener || orphan) return false;
+    if (Conn *c = conn.load(std::memory_order_acquire))
+        return c->state.load(std::memory_order_acquire) != ConnState::final;
+    if (pending.load(std::memory_order_acquire) || share.load(std::memory_order_acquire))
+        return true;
+    // Connected, not attached yet: another thread's first call attaches it
+    // (an application thread polling while another sends).
+    return !forked && (p == Phase::connecting || p == Phase::deferred || p == Phase::attaching);
 }
 
 namespace {
@@ -340,7 +395,7 @@ ssize_t Stream::recv(const iovec *iov, int iovcnt, int flags) noexcept {
     }
     if (orphan) return orphan_error(kfd());
     Conn *c = attached_conn();
-    if (!c && pending.load(std::memory_order_acquire)) {
+    if (!c && (pending.load(std::memory_order_acquire) || share.load(std::memory_order_acquire))) {
         std::size_t done = 0;
         ssize_t n = pending_io(iov, iovcnt, flags, false, done);
         if (n != -EALREADY) return n;
@@ -351,7 +406,7 @@ ssize_t Stream::recv(const iovec *iov, int iovcnt, int flags) noexcept {
             ssize_t r = recv(v, k, flags);
             return r < 0 ? ssize_t(done) : ssize_t(done) + r;
         }
-        c = conn.load(std::memory_order_acquire);
+        c = attached_conn();
     }
     std::size_t total = iov_total(iov, iovcnt);
     if (!c || c->state.load(std::memory_order_acquire) == ConnState::final || total == 0) {
@@ -564,7 +619,7 @@ ssize_t Stream::kernel_send(const iovec *iov, int iovcnt, int flags, Conn *c) no
 ssize_t Stream::send(const iovec *iov, int iovcnt, int flags) noexcept {
     if (orphan) return orphan_error(kfd());
     Conn *c = attached_conn();
-    if (!c && pending.load(std::memory_order_acquire)) {
+    if (!c && (pending.load(std::memory_order_acquire) || share.load(std::memory_order_acquire))) {
         std::size_t done = 0;
         ssize_t n = pending_io(iov, iovcnt, flags, true, done);  // the kernel raised SIGPIPE
         if (n != -EALREADY) return n;
@@ -576,7 +631,7 @@ ssize_t Stream::send(const iovec *iov, int iovcnt, int flags) noexcept {
             ssize_t r = send(v, k, flags);
             return r < 0 ? ssize_t(done) : ssize_t(done) + r;
         }
-        c = conn.load(std::memory_order_acquire);
+        c = attached_conn();
     }
     if (!c) return kernel_send(iov, iovcnt, flags, nullptr);
     std::lock_guard tx(c->tx_lock);
@@ -778,6 +833,9 @@ void Stream::flush() noexcept {
 }
 
 int Stream::shutdown(int how) noexcept {
+    // A half-closed shared socket stays on TCP (the switch would not know
+    // of the kernel's FIN).
+    if (share.load(std::memory_order_acquire)) drop_share();
     Conn *c = conn.load(std::memory_order_acquire);
     if (c && c->is_direct() && (how == SHUT_WR || how == SHUT_RDWR)) {
         std::lock_guard tx(c->tx_lock);
@@ -808,6 +866,7 @@ int Stream::readable_bytes() noexcept {
 }
 
 void Stream::last_close() noexcept {
+    if (share.load(std::memory_order_acquire)) drop_share();  // one holder fewer
     Conn *c = conn.load(std::memory_order_acquire);
     if (!c || !c->is_direct()) return;
     std::lock_guard tx(c->tx_lock);

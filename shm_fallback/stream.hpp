@@ -5,6 +5,7 @@
 // companion socket up to the peer's switch point and then reads the ring.
 // Every method returns a value or -errno; only the shims touch errno.
 #pragma once
+#include "sharers.hpp"
 #include "transport/conn.hpp"
 #include "transport/engine.hpp"
 
@@ -54,12 +55,19 @@ class Stream {
     transport::Engine *engine = nullptr;
     Stream *next_free = nullptr;
     // Went through a fork (brief §7): the socket may be shared, so it is
-    // never upgraded from then on (the return to direct mode is not built
-    // yet). `orphan`: it was direct at the fork, in the parent; the child
-    // cannot use the parent's connection.
+    // not upgraded while it is. `share`: it had no connection yet at the
+    // fork (accepted and not used, or waiting for the engine), so its
+    // holders and kernel byte counts are kept across processes; its I/O
+    // runs non-blocking on the kernel, like a pending one, and the holder
+    // that finds itself alone upgrades it from those counts. Without a
+    // share (it had a connection not yet direct) it stays on TCP.
+    // `orphan`: it was direct at the fork, in the parent; the child cannot
+    // use the parent's connection.
     bool forked = false;
     bool orphan = false;
     unsigned fork_mark = 0;  // the fork pass that saw it last (dups)
+    std::atomic<Sharers *> share{nullptr};
+    std::uint64_t share_check_ns = 0;  // next look at other holders' lives
 
     void reset(int fd, int domain, bool nonblock) noexcept;
 
@@ -72,7 +80,7 @@ class Stream {
     // fork: in the parent before it (no upgrade of a shared socket), and
     // in the child after it (the parent's connection state is not ours).
     void fork_prepare(unsigned mark) noexcept;
-    void fork_child(unsigned mark) noexcept;
+    void fork_child(unsigned mark, int parent) noexcept;
     // recv family; `flags` as for recvmsg. Bytes, 0 at EOF, or -errno.
     ssize_t recv(const iovec *iov, int iovcnt, int flags) noexcept;
     // send family; raises SIGPIPE on EPIPE unless MSG_NOSIGNAL.
@@ -92,6 +100,11 @@ class Stream {
     // `gone` no longer maps to it; if it was `fd`, another alias takes over.
     void fd_removed(int gone) noexcept;
 
+    // Its bytes may travel on the fabric now or later: readiness and
+    // sendfile must go through the stream, not to the kernel alone. False
+    // for listeners, unconnected sockets and sockets on TCP for good.
+    bool may_go_direct() const noexcept;
+
     // The builder thread: attach now (pending connections).
     void finish_pending() noexcept;
 
@@ -100,8 +113,14 @@ class Stream {
     std::vector<int> aliases;  // fd numbers besides `fd` (dup)
     int kfd() const noexcept { return fd.load(std::memory_order_relaxed); }
     transport::Conn *attached_conn() noexcept;
-    // -EALREADY when the connection got attached meanwhile; `done` then
-    // says how many bytes already went through the kernel.
+    // The only holder left (pend_lock held): takes the shared counts as
+    // its own and attaches at the next call. False while others hold it.
+    bool adopt_share(Sharers *sh) noexcept;
+    // Gives the return to direct mode up: the socket stays on TCP.
+    void drop_share() noexcept;
+    // Pending or shared: -EALREADY when the connection got attached (or
+    // this process became the only holder) meanwhile; `done` then says how
+    // many bytes already went through the kernel.
     ssize_t pending_io(const iovec *iov, int iovcnt, int flags, bool out,
                        std::size_t &done) noexcept;
     ssize_t kernel_recv(const iovec *iov, int iovcnt, int flags, transport::Conn *c) noexcept;

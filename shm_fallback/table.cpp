@@ -7,6 +7,7 @@
 #include <new>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 namespace sd::fallback {
 namespace {
@@ -97,6 +98,7 @@ Stream *close_prepare(int fd) noexcept {
 
 namespace {
 unsigned fork_pass = 0;
+int forking_pid = 0;  // the parent's pid, as its child sees it
 
 // Every stream once (dups map several fds to one), under no lock: the
 // callers run where no other thread can change the table's layout.
@@ -109,6 +111,7 @@ void each_stream(Fn fn) noexcept {
 
 void table_fork_prepare() noexcept {
     fork_pass += 2;
+    forking_pid = int(getpid());
     each_stream([](Stream *s) { s->fork_prepare(fork_pass); });
     pool_lock.lock();
 }
@@ -118,7 +121,7 @@ void table_unlock_after_fork() noexcept { pool_lock.unlock(); }
 void table_after_fork_child() noexcept {
     new (&pool_lock) std::mutex();
     // Inherited connections: the parent's engine state is not ours.
-    each_stream([](Stream *s) { s->fork_child(fork_pass + 1); });
+    each_stream([](Stream *s) { s->fork_child(fork_pass + 1, forking_pid); });
 }
 
 }  // namespace sd::fallback

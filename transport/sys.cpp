@@ -1,12 +1,91 @@
 #include "sys.hpp"
 
+#include <atomic>
+#include <cstdarg>
 #include <dlfcn.h>
 #include <cstdio>
 #include <cstdlib>
 
 namespace sd::transport {
 
-Sys sys;
+namespace {
+
+// Until resolve_sys() has run, every slot resolves the table first: a
+// library whose constructor runs before ours (libcap-ng's reads
+// /proc/self/status) may call the shims, which call through here.
+template <auto M>
+struct Lazy;
+template <typename R, typename... A, R (*Sys::*M)(A...)>
+struct Lazy<M> {
+    static R call(A... a) {
+        resolve_sys();
+        return (sys.*M)(a...);
+    }
+};
+
+// The variadic two: the optional third argument is one word (an int or a
+// pointer) in every command the shims pass on.
+int lazy_fcntl(int fd, int cmd, ...) {
+    va_list ap;
+    va_start(ap, cmd);
+    void *arg = va_arg(ap, void *);
+    va_end(ap);
+    resolve_sys();
+    return sys.fcntl(fd, cmd, arg);
+}
+int lazy_ioctl(int fd, unsigned long request, ...) {
+    va_list ap;
+    va_start(ap, request);
+    void *arg = va_arg(ap, void *);
+    va_end(ap);
+    resolve_sys();
+    return sys.ioctl(fd, request, arg);
+}
+
+}  // namespace
+
+Sys sys = {
+    Lazy<&Sys::socket>::call,
+    Lazy<&Sys::bind>::call,
+    Lazy<&Sys::listen>::call,
+    Lazy<&Sys::connect>::call,
+    Lazy<&Sys::accept>::call,
+    Lazy<&Sys::accept4>::call,
+    Lazy<&Sys::read>::call,
+    Lazy<&Sys::write>::call,
+    Lazy<&Sys::readv>::call,
+    Lazy<&Sys::writev>::call,
+    Lazy<&Sys::recv>::call,
+    Lazy<&Sys::send>::call,
+    Lazy<&Sys::recvfrom>::call,
+    Lazy<&Sys::sendto>::call,
+    Lazy<&Sys::recvmsg>::call,
+    Lazy<&Sys::sendmsg>::call,
+    Lazy<&Sys::shutdown>::call,
+    Lazy<&Sys::close>::call,
+    Lazy<&Sys::dup>::call,
+    Lazy<&Sys::dup2>::call,
+    Lazy<&Sys::dup3>::call,
+    lazy_fcntl,
+    lazy_ioctl,
+    Lazy<&Sys::getsockopt>::call,
+    Lazy<&Sys::setsockopt>::call,
+    Lazy<&Sys::getsockname>::call,
+    Lazy<&Sys::getpeername>::call,
+    Lazy<&Sys::poll>::call,
+    Lazy<&Sys::ppoll>::call,
+    Lazy<&Sys::select>::call,
+    Lazy<&Sys::pselect>::call,
+    Lazy<&Sys::epoll_create>::call,
+    Lazy<&Sys::epoll_create1>::call,
+    Lazy<&Sys::epoll_ctl>::call,
+    Lazy<&Sys::epoll_wait>::call,
+    Lazy<&Sys::epoll_pwait>::call,
+    Lazy<&Sys::epoll_pwait2>::call,
+    Lazy<&Sys::sendfile>::call,
+    Lazy<&Sys::splice>::call,
+};
+std::atomic<bool> sys_resolved{false};
 thread_local int guard_depth = 0;
 
 namespace {
@@ -27,7 +106,7 @@ void bind_optional(F &slot, const char *name) noexcept {
 }  // namespace
 
 void resolve_sys() noexcept {
-    if (sys.socket) return;
+    if (sys_resolved.load(std::memory_order_acquire)) return;
     bind_real(sys.socket, "socket");
     bind_real(sys.bind, "bind");
     bind_real(sys.listen, "listen");
@@ -67,6 +146,7 @@ void resolve_sys() noexcept {
     bind_real(sys.epoll_wait, "epoll_wait");
     bind_real(sys.epoll_pwait, "epoll_pwait");
     bind_optional(sys.epoll_pwait2, "epoll_pwait2");
+    sys_resolved.store(true, std::memory_order_release);
 }
 
 }  // namespace sd::transport

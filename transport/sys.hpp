@@ -1,6 +1,6 @@
 // The real libc functions, resolved once (dlsym RTLD_NEXT) in the library
-// constructor, before any thread runs, into a table that is read-only
-// afterwards. Every layer below the shims calls libc through it, so our own
+// constructor, or at the first call if another library's constructor calls
+// first, into a table that is read-only afterwards. Every layer below the shims calls libc through it, so our own
 // sockets, and those libfabric opens, never re-enter the shims.
 #pragma once
 #include <cstddef>
@@ -56,7 +56,8 @@ struct Sys {
     ssize_t (*splice)(int, loff_t *, int, loff_t *, size_t, unsigned);
 };
 
-// Filled by resolve_sys(); valid for the whole life of the process.
+// Filled by resolve_sys() (each slot calls it until then); valid for the
+// whole life of the process.
 extern Sys sys;
 void resolve_sys() noexcept;
 

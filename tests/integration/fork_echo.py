@@ -3,7 +3,8 @@
 tests/integration/python_forking.sh.
 
 server: a ForkingTCPServer on 127.0.0.1:--port: the parent accepts, forks,
-  closes its copy of the connection and goes back to accept; the child
+  closes its copy of the connection (after --close-delay seconds) and goes
+  back to accept; the child
   echoes every byte until the client's EOF and ends (os._exit, as
   socketserver does). The parent serves --clients connections, then waits
   for its children, fails unless every one exited 0, and exits 0.
@@ -11,7 +12,8 @@ client: --conns connections one after another; on each
   1. ping-pong: --rounds messages of 1 to 64 B, one at a time, every echo
      compared;
   2. bulk: the next --sizes entry (cycling) of pseudo-random bytes, written
-     in random-sized pieces while a thread reads the echo, then a
+     in random-sized pieces (--pace seconds apart) while a thread reads the
+     echo, then a
      half-close, the echo read to EOF and compared byte for byte.
 Any wait longer than --idle seconds is a failure (exit 1).
 """
@@ -45,6 +47,8 @@ class Server(socketserver.ForkingTCPServer):
         self.idle = args.idle
         self.timeout = args.idle  # bounds each handle_request()
         self.started = 0
+        self.parent_pid = os.getpid()
+        self.close_delay = args.close_delay
         super().__init__(("127.0.0.1", args.port), EchoHandler)
 
     def process_request(self, request, client_address):
@@ -52,6 +56,13 @@ class Server(socketserver.ForkingTCPServer):
         # a failed accept.
         self.started += 1
         super().process_request(request, client_address)
+
+    def close_request(self, request):
+        # The parent's copy; --close-delay keeps it open while the child
+        # already serves, so that the child is its only holder mid-stream.
+        if os.getpid() == self.parent_pid and self.close_delay:
+            time.sleep(self.close_delay)
+        super().close_request(request)
 
     def handle_timeout(self):
         sys.exit(f"server: no connection for {self.idle} s ({self.started} served)")
@@ -144,6 +155,8 @@ def one_connection(index, size, rng, args):
                 end = min(size, sent + rng.randint(1, 256 << 10))
                 sock.sendall(view[sent:end])
                 sent = end
+                if args.pace:
+                    time.sleep(args.pace)
             sock.shutdown(socket.SHUT_WR)
         except OSError as e:
             thread.join(1)
@@ -184,6 +197,10 @@ def main():
     p.add_argument("--rounds", type=int, default=200, help="client: ping-pong round trips per connection")
     p.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")],
                    default=[1, 1000, 100000, 3 << 20], help="client: bulk bytes per connection, cycled")
+    p.add_argument("--close-delay", type=float, default=0.0,
+                   help="server: seconds the parent keeps its copy of each connection")
+    p.add_argument("--pace", type=float, default=0.0,
+                   help="client: seconds between the bulk part's pieces")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--idle", type=float, default=15.0)
     args = p.parse_args()

@@ -1,0 +1,150 @@
+#include "sharers.hpp"
+
+#include "transport/sys.hpp"
+#include "transport/wait.hpp"
+
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+namespace sd::fallback {
+
+using transport::sys;
+
+// An entry is 0 (empty), a holder (kHolder | pid) or a place reserved by
+// a forking parent for its child (kReserved | parent's pid).
+inline constexpr std::uint64_t kHolder = 1ull << 32;
+inline constexpr std::uint64_t kReserved = 2ull << 32;
+inline constexpr int kEntries = 28;
+
+struct Sharers {
+    std::atomic<std::uint32_t> used;
+    std::atomic<std::uint32_t> stuck;  // more holders than entries: shared for good
+    std::atomic<std::uint64_t> sent;
+    std::atomic<std::uint64_t> received;
+    std::atomic<std::uint64_t> entry[kEntries];
+    std::uint64_t spare;
+};
+static_assert(sizeof(Sharers) == 256);
+
+namespace {
+
+inline constexpr std::size_t kSlots = 4096;  // 1 MiB, touched only where used
+inline constexpr std::uint64_t kRecheckNs = 20'000'000;
+
+Sharers *arena = nullptr;  // inherited by every child: the same pages
+
+std::uint64_t me() noexcept { return kHolder | std::uint32_t(getpid()); }
+
+// A process that can no longer use its copy: gone, or a zombie.
+bool dead(pid_t pid) noexcept {
+    if (kill(pid, 0) != 0) return errno == ESRCH;
+    char path[40], buf[256];
+    std::snprintf(path, sizeof path, "/proc/%d/stat", int(pid));
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return errno == ENOENT;
+    ssize_t n = sys.read(fd, buf, sizeof buf - 1);
+    sys.close(fd);
+    if (n <= 0) return false;
+    buf[n] = '\0';
+    const char *paren = std::strrchr(buf, ')');  // the name may hold anything
+    return paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
+}
+
+bool put(Sharers *sh, std::uint64_t value) noexcept {
+    for (auto &e : sh->entry) {
+        std::uint64_t empty = 0;
+        if (e.compare_exchange_strong(empty, value, std::memory_order_acq_rel)) return true;
+    }
+    return false;
+}
+
+bool take(Sharers *sh, std::uint64_t value, std::uint64_t with) noexcept {
+    for (auto &e : sh->entry) {
+        std::uint64_t v = value;
+        if (e.compare_exchange_strong(v, with, std::memory_order_acq_rel)) return true;
+    }
+    return false;
+}
+
+}  // namespace
+
+Sharers *sharers_open(std::uint64_t sent, std::uint64_t received) noexcept {
+    if (!arena) {
+        void *mem = mmap(nullptr, kSlots * sizeof(Sharers), PROT_READ | PROT_WRITE,
+                         MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (mem == MAP_FAILED) return nullptr;
+        arena = static_cast<Sharers *>(mem);
+    }
+    // Start where this process's pid points, so that processes of one tree
+    // rarely race for the same slot.
+    std::size_t first = std::size_t(getpid()) * 7 % kSlots;
+    for (std::size_t i = 0; i < kSlots; ++i) {
+        Sharers *sh = &arena[(first + i) % kSlots];
+        std::uint32_t free = 0;
+        if (!sh->used.compare_exchange_strong(free, 1, std::memory_order_acq_rel)) continue;
+        sh->stuck.store(0, std::memory_order_relaxed);
+        sh->sent.store(sent, std::memory_order_relaxed);
+        sh->received.store(received, std::memory_order_relaxed);
+        for (auto &e : sh->entry) e.store(0, std::memory_order_relaxed);
+        sh->entry[0].store(me(), std::memory_order_release);
+        return sh;
+    }
+    return nullptr;
+}
+
+void sharers_expect_child(Sharers *sh) noexcept {
+    if (!put(sh, kReserved | std::uint32_t(getpid())))
+        sh->stuck.store(1, std::memory_order_release);  // the child cannot be counted
+}
+
+void sharers_born(Sharers *sh, int parent) noexcept {
+    take(sh, kReserved | std::uint32_t(parent), me());
+}
+
+void sharers_leave(Sharers *sh) noexcept {
+    if (!take(sh, me(), 0)) return;
+    for (auto &e : sh->entry)
+        if (e.load(std::memory_order_acquire) != 0) return;
+    std::uint32_t used = 1;
+    sh->used.compare_exchange_strong(used, 0, std::memory_order_acq_rel);
+}
+
+bool sharers_alone(Sharers *sh, std::uint64_t *next_check) noexcept {
+    if (sh->stuck.load(std::memory_order_acquire)) return false;
+    const std::uint64_t self = me();
+    bool look = false;
+    for (auto &e : sh->entry) {
+        std::uint64_t v = e.load(std::memory_order_acquire);
+        if (v == 0 || v == self) continue;
+        if ((v & ~0xffffffffull) != kHolder) return false;  // a child on its way
+        if (!look) {
+            std::uint64_t now = transport::monotonic_ns();
+            if (now < *next_check) return false;
+            *next_check = now + kRecheckNs;
+            look = true;
+        }
+        if (!dead(pid_t(std::uint32_t(v)))) return false;
+        e.compare_exchange_strong(v, 0, std::memory_order_acq_rel);
+    }
+    return true;
+}
+
+void sharers_count(Sharers *sh, bool out, std::uint64_t n) noexcept {
+    (out ? sh->sent : sh->received).fetch_add(n, std::memory_order_acq_rel);
+}
+
+std::uint64_t sharers_sent(const Sharers *sh) noexcept {
+    return sh->sent.load(std::memory_order_acquire);
+}
+
+std::uint64_t sharers_received(const Sharers *sh) noexcept {
+    return sh->received.load(std::memory_order_acquire);
+}
+
+}  // namespace sd::fallback
