@@ -9,6 +9,15 @@
 #   redis     redis-server and `redis-benchmark -t set,get -c C -n N --csv`,
 #             no pipelining, C = 1 (N = BENCH_REDIS_N1, 20000) and C = 50
 #             (N = BENCH_REDIS_N50, 100000): requests per second.
+#   pg        PostgreSQL 15 (postgres, as Debian ships it) on a loopback
+#             port and pgbench -n on a scale-1 database made once: the
+#             select-only script (-S) and the TPC-B-like one, each with
+#             1 client and with 8 (-j 2), BENCH_PG_SECS (5) seconds a run:
+#             transactions/s and mean latency. Every backend is forked by
+#             the postmaster, which closes its copy of the connection: the
+#             backend's connection is upgraded after that fork. As root,
+#             PostgreSQL runs as nobody (it refuses root), pgbench too (an
+#             upgrade needs both ends to be one user).
 #   idle      benchmarks/idle_conns.py: a server and a client process hold
 #             BENCH_IDLE_CONNS (100) connections that carried one byte each
 #             way and are now idle, the server blocked in epoll_wait on
@@ -35,7 +44,7 @@
 #
 # Output: the table on stdout, benchmarks/results/apps.{tsv,txt}.
 #
-# Usage: benchmarks/apps.sh [sockperf] [redis] [idle]   (default: all three)
+# Usage: benchmarks/apps.sh [sockperf] [redis] [pg] [idle]   (default: all four)
 # Environment: BENCH_REPEATS, BENCH_PIN, SDIRECT_BUILD_DIR as for run.sh;
 # BENCH_APPS_PORT (first port, default BENCH_PORT + 100 = 47200; up to 100
 # ports above it are used, skipping any a socket uses), and the variables
@@ -50,6 +59,7 @@ sp_secs="${BENCH_SOCKPERF_SECS:-5}"
 redis_n1="${BENCH_REDIS_N1:-20000}"
 redis_n50="${BENCH_REDIS_N50:-100000}"
 idle_secs="${BENCH_IDLE_SECS:-10}"
+pg_secs="${BENCH_PG_SECS:-5}"
 idle_conns="${BENCH_IDLE_CONNS:-100}"
 idle_settle=1  # seconds between "ready" and the first CPU reading
 redis_limit=20  # seconds for one redis-benchmark run (kernel: 2-6 s here)
@@ -57,18 +67,18 @@ py=/usr/bin/python3
 [[ -x "$py" ]] || py="$(command -v python3 || echo python3)"
 clk_tck="$(getconf CLK_TCK)"
 
-for v in sp_secs redis_n1 redis_n50 idle_secs idle_conns; do
+for v in sp_secs redis_n1 redis_n50 pg_secs idle_secs idle_conns; do
     if ! [[ "${!v}" =~ ^[1-9][0-9]*$ ]]; then
         echo "$me: ${v} must be a positive integer (got '${!v}')" >&2
         exit 1
     fi
 done
 apps=("$@")
-((${#apps[@]})) || apps=(sockperf redis idle)
+((${#apps[@]})) || apps=(sockperf redis pg idle)
 for app in "${apps[@]}"; do
     case "$app" in
-        sockperf | redis | idle) ;;
-        *) echo "usage: $me [sockperf] [redis] [idle]" >&2; exit 2 ;;
+        sockperf | redis | pg | idle) ;;
+        *) echo "usage: $me [sockperf] [redis] [pg] [idle]" >&2; exit 2 ;;
     esac
 done
 
@@ -345,6 +355,107 @@ measure_redis() {
     echo "  redis $how -c $clients: SET $set/s, GET $get/s" >&2
 }
 
+# PostgreSQL: one database for every run, made at the first pg measurement
+# (initdb and pgbench -i, nothing preloaded); as root everything runs as
+# nobody, with its own copy of the library (the build may sit in a
+# directory nobody cannot read).
+pg_as=()
+pg_run_prefix=()
+pg_ready=0
+pg_setup() {
+    ((pg_ready)) && return 0
+    pg_ready=2
+    pgbin="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)"
+    if [[ -z "$pgbin" || ! -x "$pgbin/postgres" ]] || ! command -v pgbench >/dev/null; then
+        echo "$me: PostgreSQL or pgbench not installed (Debian package postgresql); pg skipped" >&2
+        return 1
+    fi
+    if ((EUID == 0)); then
+        pg_as=(setpriv --reuid=nobody --regid=nogroup --clear-groups --)
+        chmod 755 "$tmp"
+        chown nobody:nogroup "$tmp"
+        mkdir -p "$tmp/tools"
+        if bench_have_sdirect; then
+            cp "$build/intercept/libsdirect.so" "$run" "$tmp/tools/"
+            pg_run_prefix=(env "SDIRECT_LIB=$tmp/tools/libsdirect.so")
+        fi
+    fi
+    local port_init
+    next_port
+    port_init=$port
+    if ! (cd "$tmp" && timeout 60 "${pg_as[@]}" "$pgbin/initdb" -D "$tmp/pgdata" -U postgres \
+        -A trust --no-sync -E UTF8 --locale=C) >"$tmp/pg-initdb.log" 2>&1 ||
+        ! pg_start kernel "$port_init" ||
+        ! (cd "$tmp" && timeout 60 "${pg_as[@]}" pgbench -h 127.0.0.1 -p "$port_init" -U postgres \
+            -i -s 1 -q postgres) >"$tmp/pg-init.log" 2>&1; then
+        echo "$me: PostgreSQL set-up failed: $(output_of "$tmp/pg-initdb.log" "$tmp/pg-srv.err" "$tmp/pg-init.log"); pg skipped" >&2
+        stop_pid "$pg_srv" TERM 20
+        return 1
+    fi
+    stop_pid "$pg_srv" TERM 20
+    pg_ready=1
+}
+
+# pg_start HOW PORT: the server on the database, ready for connections;
+# pg_srv its pid.
+pg_start() {
+    local how="$1" i pre=()
+    [[ "$how" == sdirect ]] && pre=("${pg_run_prefix[@]}")
+    start_bg pg-srv 300 "$how" srv_pin "${pre[@]}" "${pg_as[@]}" "$pgbin/postgres" -D "$tmp/pgdata" \
+        -k "$tmp" -c listen_addresses=127.0.0.1 -p "$2" -c fsync=off -c synchronous_commit=off \
+        -c full_page_writes=off -c max_connections=30 -c autovacuum=off
+    pg_srv=$bg_pid
+    for ((i = 0; i < 600; i++)); do
+        grep -q "ready to accept connections" "$tmp/pg-srv.err" 2>/dev/null && return 0
+        kill -0 "$pg_srv" 2>/dev/null || return 1
+        sleep 0.05
+    done
+    return 1
+}
+
+measure_pg() {
+    local how="$1" run_how script clients rc vals tps lat ok=0 pre=()
+    pg_setup || return 1
+    next_port
+    if ! pg_start "$how" "$port"; then
+        failed "pg $how: server did not start: $(output_of "$tmp/pg-srv.err")"
+        stop_pid "$pg_srv" TERM 20
+        return 2
+    fi
+    [[ "$how" == sdirect ]] && pre=("${pg_run_prefix[@]}")
+    for script in S B; do
+        for clients in 1 8; do
+            local opts=(-n -T "$pg_secs" -c "$clients" -j "$((clients > 1 ? 2 : 1))")
+            [[ "$script" == S ]] && opts+=(-S)
+            run_fg "pg-cli-$script$clients" "$((pg_secs + 30))" "$how" cli_pin "${pre[@]}" "${pg_as[@]}" \
+                pgbench -h 127.0.0.1 -p "$port" -U postgres "${opts[@]}" postgres
+            rc=$?
+            # "latency average = 0.083 ms", "tps = 12003.1 (without initial
+            # connection time)", "number of failed transactions: 0 (0.000%)"
+            vals="$(awk '
+                /^latency average = / { lat = $4 }
+                /^tps = / { tps = $3 }
+                /^number of failed transactions: 0 / { clean = 1 }
+                END { if (tps != "" && lat != "" && clean) print tps, lat }' "$tmp/pg-cli-$script$clients.out")"
+            if ((rc != 0)) || [[ -z "$vals" ]]; then
+                failed "pg $how -$script -c $clients: $(status_text "$rc"), $(output_of "$tmp/pg-cli-$script$clients.out" "$tmp/pg-cli-$script$clients.err")"
+                continue
+            fi
+            read -r tps lat <<<"$vals"
+            put "pg_${script}${clients}_tps" "$how" "$tps"
+            put "pg_${script}${clients}_lat" "$how" "$lat"
+            ok=$((ok + 1))
+            echo "  pg $how -$script -c $clients: $tps tps, $lat ms" >&2
+        done
+    done
+    # Smart shutdown: the postmaster exits (stats written) once idle.
+    stop_pid "$pg_srv" TERM 20
+    ((ok == 4)) || return 1
+    [[ "$how" == sdirect ]] &&
+        direct_verdict "$port" 1 pg-srv pg-cli-S1 pg-cli-S8 pg-cli-B1 pg-cli-B8 >>"$tmp/v/pg.mode"
+    return 0
+}
+
 # cpu_of PID: "ticks switches" of a process: utime + stime (all its
 # threads, /proc/PID/stat) and the context switches of its live threads.
 cpu_of() {
@@ -431,12 +542,13 @@ measure_idle() {
 
 # Measurement groups: name, the programs they need, the call.
 declare -A need=([sp]="sockperf" [rd1]="redis-server redis-benchmark"
-    [rd50]="redis-server redis-benchmark" [idle]="$py")
+    [rd50]="redis-server redis-benchmark" [pg]="pgbench setpriv" [idle]="$py")
 groups=()
 for app in "${apps[@]}"; do
     case "$app" in
         sockperf) groups+=(sp) ;;
         redis) groups+=(rd1 rd50) ;;
+        pg) groups+=(pg) ;;
         idle) groups+=(idle) ;;
     esac
 done
@@ -455,6 +567,7 @@ measure() {  # GROUP HOW
         sp) measure_sockperf "$2" ;;
         rd1) measure_redis "$2" 1 ;;
         rd50) measure_redis "$2" 50 ;;
+        pg) measure_pg "$2" ;;
         idle) measure_idle "$2" ;;
     esac
 }
@@ -500,6 +613,12 @@ rows=(
     "rd_get_1 rd1 redis_GET,_1_client req/s higher 2"
     "rd_set_50 rd50 redis_SET,_50_clients req/s higher 1.3"
     "rd_get_50 rd50 redis_GET,_50_clients req/s higher 1.3"
+    "pg_S1_tps pg pgbench_select-only,_1_client tx/s higher 1.5"
+    "pg_S1_lat pg pgbench_select-only,_1_client,_latency ms lower -"
+    "pg_S8_tps pg pgbench_select-only,_8_clients tx/s higher 1.3"
+    "pg_S8_lat pg pgbench_select-only,_8_clients,_latency ms lower -"
+    "pg_B1_tps pg pgbench_TPC-B-like,_1_client tx/s higher -"
+    "pg_B8_tps pg pgbench_TPC-B-like,_8_clients tx/s higher -"
     "idle_srv_cpu idle idle_${idle_conns}_conns:_server_CPU_(epoll) %_core max 1"
     "idle_cli_cpu idle idle_${idle_conns}_conns:_client_CPU_(poll) %_core max 1"
     "idle_srv_wake idle idle_${idle_conns}_conns:_server_wake-ups /s info -"
@@ -557,6 +676,7 @@ cp "$tsv" "$results/apps.tsv"
 {
     echo "sdirect application benchmarks, $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -r), $(nproc) CPUs, median of $repeats run(s), placement $pin, load $load_at_start at start"
     echo "sockperf: one-way latency (RTT/2) of 64 B TCP ping-pong, ${sp_secs} s a run; redis: requests/s, no pipelining, -n $redis_n1 (1 client) / $redis_n50 (50 clients)"
+    echo "pg: PostgreSQL + pgbench, scale 1, ${pg_secs} s a run; transactions/s and mean latency (select-only and TPC-B-like)"
     echo "idle: $idle_conns idle connections, CPU in % of one core and context switches/s of each process over ${idle_secs} s"
     echo "speedup: kernel/sdirect for latency, sdirect/kernel for rates; runs: good/attempted; sdirect mode: as recorded by the library"
     echo

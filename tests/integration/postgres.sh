@@ -15,7 +15,7 @@
 # server's user too.
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib.sh"
 it_preflight
-it_need pgbench:postgresql-contrib psql:postgresql-client setpriv:util-linux
+it_need pgbench:postgresql psql:postgresql-client setpriv:util-linux
 pgbin="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)"
 [[ -n "$pgbin" && -x "$pgbin/postgres" && -x "$pgbin/initdb" ]] ||
     it_skip "PostgreSQL server is not installed (Debian package postgresql)"
