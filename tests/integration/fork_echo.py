@@ -15,6 +15,8 @@ client: --conns connections one after another; on each
      in random-sized pieces (--pace seconds apart) while a thread reads the
      echo, then a
      half-close, the echo read to EOF and compared byte for byte.
+keeper: the same service in the accepting process itself, while a forked
+  child holds a copy of the connection until it is SIGKILLed.
 Any wait longer than --idle seconds is a failure (exit 1).
 """
 import argparse
@@ -99,6 +101,43 @@ def serve(args):
     if failed:
         sys.exit(f"server: {len(failed)} of {server.started} children failed: " + ", ".join(failed))
     print(f"server: {server.started} connections, each served by a forked child that exited 0")
+
+
+def keeper(args):
+    """Serves --clients connections one after another in this process;
+    for each it first forks a child that keeps its inherited copy of the
+    connection without touching it, and SIGKILLs that child after
+    --kill-after seconds, reaping it only at the end (a zombie holds
+    nothing)."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("keeper: SIGTERM before all clients were served"))
+    lsock = socket.create_server(("127.0.0.1", args.port), reuse_port=False)
+    lsock.settimeout(args.idle)
+    children = []
+    for _ in range(args.clients):
+        try:
+            conn, _ = lsock.accept()
+        except TimeoutError:
+            sys.exit(f"keeper: no connection for {args.idle} s ({len(children)} served)")
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(60)  # holds the socket, never uses it
+            os._exit(0)
+        children.append(pid)
+        timer = threading.Timer(args.kill_after, os.kill, (pid, signal.SIGKILL))
+        timer.start()
+        conn.settimeout(args.idle)
+        with conn:
+            while True:
+                data = conn.recv(65536)
+                if not data:
+                    break
+                conn.sendall(data)
+        timer.join()
+    for pid in children:
+        _, status = os.waitpid(pid, 0)
+        if os.waitstatus_to_exitcode(status) != -signal.SIGKILL:
+            sys.exit(f"keeper: child {pid} ended with status {status}, not by SIGKILL")
+    print(f"keeper: {len(children)} connections served while a killed child held a copy")
 
 
 def recv_exactly(sock, n, what):
@@ -190,7 +229,7 @@ def client(args):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("role", choices=["server", "client"])
+    p.add_argument("role", choices=["server", "keeper", "client"])
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--clients", type=int, default=1, help="server: connections to serve")
     p.add_argument("--conns", type=int, default=6, help="client: connections, one after another")
@@ -199,12 +238,14 @@ def main():
                    default=[1, 1000, 100000, 3 << 20], help="client: bulk bytes per connection, cycled")
     p.add_argument("--close-delay", type=float, default=0.0,
                    help="server: seconds the parent keeps its copy of each connection")
+    p.add_argument("--kill-after", type=float, default=0.1,
+                   help="keeper: seconds before the holding child is SIGKILLed")
     p.add_argument("--pace", type=float, default=0.0,
                    help="client: seconds between the bulk part's pieces")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--idle", type=float, default=15.0)
     args = p.parse_args()
-    serve(args) if args.role == "server" else client(args)
+    {"server": serve, "keeper": keeper, "client": client}[args.role](args)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@
 #   then again with the parent keeping its copy 0.1 s, the client sending
 #   bulk at once in paced pieces, so that the child becomes the only holder
 #   mid-stream.
+#   then the accepting process serves itself while a forked child holds a
+#   copy until it is SIGKILLed (not reaped until the end).
 # The server exits by itself once its 6 children have ended, all with
 # status 0. Once the parent has closed its copy, the child is the only
 # holder and upgrades the connection (the return to direct mode): every
@@ -20,13 +22,14 @@ it_preflight
 
 conns=6
 
-# phase NAME CLOSE_DELAY ROUNDS SIZES PACE: one server, one client, checked.
+# phase NAME SERVER-ROLE SERVER-OPTION ROUNDS SIZES PACE: one server, one
+# client, checked.
 phase() {
-    local name=$1 delay=$2 rounds=$3 sizes=$4 pace=$5
+    local name=$1 role=$2 option=$3 rounds=$4 sizes=$5 pace=$6
     local port srv rc total direct kernel shared idle txf txk why text
     port="$(it_free_port)"
-    it_start "$name-server" 50 "$it_py" "$it_dir/fork_echo.py" server --port "$port" \
-        --clients "$conns" --close-delay "$delay"
+    it_start "$name-server" 50 "$it_py" "$it_dir/fork_echo.py" "$role" --port "$port" \
+        --clients "$conns" $option
     srv=$it_pid
     if ! it_wait_listen "$port" "$srv"; then
         it_bad "$name: fork_echo.py server did not listen on 127.0.0.1:$port"
@@ -59,9 +62,13 @@ phase() {
 }
 
 # The parent closes its copy at once: the child upgrades at its first I/O.
-phase forking 0 200 1,1000,100000,3145728 0
+phase forking server --close-delay=0 200 1,1000,100000,3145728 0
 # The parent keeps its copy 0.1 s while the child echoes bulk sent in
 # pieces 10 ms apart (about 0.25 s in all): the child upgrades mid-stream,
 # with bytes in flight each way.
-phase late 0.1 0 3145728,2000000 0.01
+phase late server --close-delay=0.1 0 3145728,2000000 0.01
+# The accepting process serves, while a child it forked holds a copy
+# until SIGKILLed after 0.1 s: the server returns to direct mode once it
+# sees the child dead (a zombie until the end).
+phase killed keeper --kill-after=0.1 0 3145728,2000000 0.01
 it_finish
