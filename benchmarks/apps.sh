@@ -3,7 +3,9 @@
 # machine: both ends of every connection run unmodified, plainly (kernel)
 # or both under build/tools/sdirect-run (sdirect).
 #
-#   sockperf  `sockperf sr --tcp` / `sockperf pp --tcp -m 64 -t S`: 64-byte
+#   sockperf  `sockperf sr --tcp` / `sockperf pp --tcp -m 64 -t S --mps 2000000`
+#             (without --mps, sockperf's table of send times holds 600k
+#             messages a second and a faster run fails): 64-byte
 #             ping-pong for S seconds (BENCH_SOCKPERF_SECS, 5); sockperf's
 #             one-way latency (RTT/2): its 50th percentile and its mean.
 #   redis     redis-server and `redis-benchmark -t set,get -c C -n N --csv`,
@@ -295,7 +297,7 @@ measure_sockperf() {
         return 2
     fi
     run_fg sp-cli "$((sp_secs + 15))" "$how" cli_pin \
-        sockperf pp --tcp -i 127.0.0.1 -p "$port" -m 64 -t "$sp_secs"
+        sockperf pp --tcp -i 127.0.0.1 -p "$port" -m 64 -t "$sp_secs" --mps 2000000
     rc=$?
     # sockperf ends through exit() (stats written) on SIGINT.
     stop_pid "$srv" INT 5
