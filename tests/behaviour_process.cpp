@@ -177,6 +177,16 @@ TEST_CASE("a forked child's new connection is upgraded while the parent's keeps 
     }
 }
 
+TEST_CASE("100 children forked by a process with a connection, which they never use, leave "
+          "it as it was",
+          "[fork]") {
+    // Some children close their copy, some exit through exit(): the
+    // parent's connection keeps its mode and every byte.
+    PairSpec spec;
+    spec.args = {"--scenario", "fork-loop", "--settle-ms", settle_ms()};
+    run_pair(spec);
+}
+
 TEST_CASE("a process without TCP connections dies of SIGTERM as without the library and "
           "leaves no registry files",
           "[no-tcp]") {

@@ -344,4 +344,28 @@ void drive_fork(int *fd, const Options &opt) {
     send_exit(*fd);
 }
 
+void drive_fork_loop(int *fd, const Options &opt) {
+    // 100 children that never use the connection: a third end at once
+    // (_exit), a third closes its copy first, a third ends through exit()
+    // (atexit handlers run in the child). None may disturb the parent's
+    // connection, which keeps echoing between the forks.
+    for (std::uint64_t i = 0; i < 100; ++i) {
+        echo_round(*fd, *fd, 100 + 37 * i, seed_of(opt, i));
+        std::fflush(stdout);
+        std::fflush(stderr);
+        const pid_t child = fork();
+        if (child < 0) fail("fork %llu: %s", (unsigned long long)i, errno_name(errno));
+        if (child == 0) {
+            if (i % 3 == 1) close(*fd);
+            if (i % 3 == 2) exit(0);
+            _exit(0);
+        }
+        int status = 0;
+        if (waitpid(child, &status, 0) != child || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            fail("fork %llu: child ended with status 0x%x", (unsigned long long)i, unsigned(status));
+    }
+    for (std::uint64_t r = 0; r < 5; ++r) echo_round(*fd, *fd, 65536 + r, seed_of(opt, 200 + r));
+    send_exit(*fd);
+}
+
 }  // namespace peer

@@ -31,6 +31,7 @@ void drive_peer_death(int *fd, const Options &opt);
 void drive_dup(int *fd, const Options &opt);
 void drive_sockinfo(int *fd, const Options &opt);
 void drive_fork(int *fd, const Options &opt);
+void drive_fork_loop(int *fd, const Options &opt);
 
 // Readiness through every waiting call (peer_ready_poll.cpp).
 void drive_ready_data(int *fd, const Options &opt);

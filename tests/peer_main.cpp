@@ -58,6 +58,7 @@ constexpr Entry drivers[] = {
     {"dup", drive_dup},
     {"sockinfo", drive_sockinfo},
     {"fork", drive_fork},
+    {"fork-loop", drive_fork_loop},
     {"bad-input", drive_bad_input},
     {"ready-data", drive_ready_data},
     {"ready-window", drive_ready_window},
