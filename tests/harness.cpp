@@ -131,9 +131,12 @@ std::vector<std::string> child_env(const Scratch &scratch, const Launch &l, cons
     for (char **e = environ; *e; ++e)
         if (!is_library_var(*e)) env.emplace_back(*e);
     if (l.preload) {
-        // Sanitizer builds: their runtime must come before everything.
+        // Sanitizer builds: ASan's runtime must come before everything;
+        // TSan's after the library (see tests/meson.build).
         const char *first = std::getenv("SDIRECT_TEST_PRELOAD_FIRST");
-        env.push_back("LD_PRELOAD=" + (first && *first ? std::string(first) + " " : "") + lib_path());
+        const char *after = std::getenv("SDIRECT_TEST_PRELOAD_AFTER");
+        env.push_back("LD_PRELOAD=" + (first && *first ? std::string(first) + " " : "") + lib_path() +
+                      (after && *after ? " " + std::string(after) : ""));
         env.push_back("SDIRECT_REGISTRY=" + scratch.registry());
         env.push_back("SDIRECT_STATS_FILE=" + p.stats);
         // The tests assert the mode each connection ran in: on a loaded

@@ -301,6 +301,10 @@ void Engine::set_final(Conn *c, Reason r) noexcept {
 }
 
 int Engine::make_ring(Conn *c) noexcept {
+    // Under rx_lock, which every delivery takes: the first one (sent by a
+    // peer that learnt of the ring through the control socket) then sees
+    // the ring in the memory model too, not only in time.
+    std::lock_guard rx(c->rx_lock);
     if (c->ring) return 0;
     c->ring = static_cast<char *>(std::malloc(c->window));
     c->stage = static_cast<char *>(std::malloc(chunk_));
