@@ -84,7 +84,9 @@ struct Conn {
     std::mutex tx_lock;
     std::uint64_t tx_off = 0;       // stream bytes sent so far, any transport
     bool tx_fabric = false;         // the switch point has been passed
-    bool tx_fin = false;            // fin or close sent on the fabric
+    // fin or close sent on the fabric (written under tx_lock; readiness
+    // reads it under rx_lock)
+    std::atomic<bool> tx_fin{false};
     std::atomic<std::int64_t> credits{0};
     std::uint32_t staged = 0;       // combined bytes not yet sent (MSG_MORE, TCP_CORK)
     char *stage = nullptr;          // chunk-sized combining buffer
