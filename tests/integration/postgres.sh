@@ -15,6 +15,10 @@
 # server's user too.
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib.sh"
 it_preflight
+# Each forked server process builds its own engine at its first upgrade;
+# on a loaded machine that may take longer than the default wait, and a
+# short session would then end on TCP before its late upgrade.
+export SDIRECT_ENGINE_WAIT_MS="${SDIRECT_ENGINE_WAIT_MS:-30000}"
 it_need pgbench:postgresql psql:postgresql-client setpriv:util-linux
 pgbin="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)"
 [[ -n "$pgbin" && -x "$pgbin/postgres" && -x "$pgbin/initdb" ]] ||

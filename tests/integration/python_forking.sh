@@ -19,6 +19,10 @@
 # client only, as the children end with os._exit and write no stats.
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib.sh"
 it_preflight
+# Each forked server process builds its own engine at its first upgrade;
+# on a loaded machine that may take longer than the default wait, and a
+# short session would then end on TCP before its late upgrade.
+export SDIRECT_ENGINE_WAIT_MS="${SDIRECT_ENGINE_WAIT_MS:-30000}"
 
 conns=6
 
@@ -64,11 +68,11 @@ phase() {
 # The parent closes its copy at once: the child upgrades at its first I/O.
 phase forking server --close-delay=0 200 1,1000,100000,3145728 0
 # The parent keeps its copy 0.1 s while the child echoes bulk sent in
-# pieces 10 ms apart (about 0.25 s in all): the child upgrades mid-stream,
+# pieces 20 ms apart (0.3 to 0.5 s in all): the child upgrades mid-stream,
 # with bytes in flight each way.
-phase late server --close-delay=0.1 0 3145728,2000000 0.01
+phase late server --close-delay=0.1 0 3145728,2000000 0.02
 # The accepting process serves, while a child it forked holds a copy
 # until SIGKILLed after 0.1 s: the server returns to direct mode once it
 # sees the child dead (a zombie until the end).
-phase killed keeper --kill-after=0.1 0 3145728,2000000 0.01
+phase killed keeper --kill-after=0.1 0 3145728,2000000 0.02
 it_finish
