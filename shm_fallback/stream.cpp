@@ -638,7 +638,12 @@ ssize_t Stream::send(const iovec *iov, int iovcnt, int flags) noexcept {
     std::size_t total = iov_total(iov, iovcnt);
     if (!c->is_direct() || total == 0) {
         if (c->tx_fin && c->is_direct()) return epipe(flags);
-        return kernel_send(iov, iovcnt, flags, c);
+        ssize_t r = kernel_send(iov, iovcnt, flags, c);
+        // The upgrade finished while this send held the lock: the peer must
+        // still learn our switch point, or its readiness (EPOLLOUT after
+        // a full window) keeps asking an idle kernel socket.
+        if (c->is_direct()) engine->announce_switch_locked(c);
+        return r;
     }
     return direct_send(c, iov, iovcnt, total, flags);
 }

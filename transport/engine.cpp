@@ -847,9 +847,13 @@ void Engine::announce_switch(Conn *c) noexcept {
     // A zero-length data message at the current send offset: the peer
     // learns where our fabric stream starts before we have anything to
     // say, so its readiness checks stop asking the kernel. Skipped if a
-    // send holds the lock (that send announces it).
+    // send holds the lock: that send announces it when it ends.
     std::unique_lock tx(c->tx_lock, std::try_to_lock);
-    if (!tx || c->tx_fabric || !c->is_direct()) return;
+    if (tx) announce_switch_locked(c);
+}
+
+void Engine::announce_switch_locked(Conn *c) noexcept {
+    if (c->tx_fabric || !c->is_direct()) return;
     if (post(c, MsgType::data, nullptr, 0, 0, c->tx_off, monotonic_ns() + 100000000ull) == 0) {
         c->tx_fabric = true;
         ring(c->peer);

@@ -137,6 +137,9 @@ class Engine {
     bool flush_pending() const noexcept { return flush_retry_.load(std::memory_order_relaxed); }
     // Tells the peer our send switch point now (upgrade just finished).
     void announce_switch(Conn *c) noexcept;
+    // The same with tx_lock held: a send that went through the kernel
+    // while the upgrade finished makes the announcement it skipped.
+    void announce_switch_locked(Conn *c) noexcept;
     // Rings the peer's doorbell if one of its threads sleeps.
     void ring(const Peer *p) noexcept;
     // Returns accumulated credits now if they reach the threshold.
