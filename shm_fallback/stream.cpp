@@ -351,8 +351,7 @@ bool Stream::may_go_direct() const noexcept {
     if (p == Phase::fresh || p == Phase::listener || orphan) return false;
     if (Conn *c = conn.load(std::memory_order_acquire))
         return c->state.load(std::memory_order_acquire) != ConnState::final;
-    if (pending.load(std::memory_order_acquire) || share.load(std::memory_order_acquire))
-        return true;
+    if (counting()) return true;
     // Connected, not attached yet: another thread's first call attaches it
     // (an application thread polling while another sends).
     return !forked && (p == Phase::connecting || p == Phase::deferred || p == Phase::attaching);
@@ -395,7 +394,7 @@ ssize_t Stream::recv(const iovec *iov, int iovcnt, int flags) noexcept {
     }
     if (orphan) return orphan_error(kfd());
     Conn *c = attached_conn();
-    if (!c && (pending.load(std::memory_order_acquire) || share.load(std::memory_order_acquire))) {
+    if (!c && counting()) {
         std::size_t done = 0;
         ssize_t n = pending_io(iov, iovcnt, flags, false, done);
         if (n != -EALREADY) return n;
@@ -619,7 +618,7 @@ ssize_t Stream::kernel_send(const iovec *iov, int iovcnt, int flags, Conn *c) no
 ssize_t Stream::send(const iovec *iov, int iovcnt, int flags) noexcept {
     if (orphan) return orphan_error(kfd());
     Conn *c = attached_conn();
-    if (!c && (pending.load(std::memory_order_acquire) || share.load(std::memory_order_acquire))) {
+    if (!c && counting()) {
         std::size_t done = 0;
         ssize_t n = pending_io(iov, iovcnt, flags, true, done);  // the kernel raised SIGPIPE
         if (n != -EALREADY) return n;

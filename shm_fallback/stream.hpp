@@ -113,6 +113,11 @@ class Stream {
     std::vector<int> aliases;  // fd numbers besides `fd` (dup)
     int kfd() const noexcept { return fd.load(std::memory_order_relaxed); }
     transport::Conn *attached_conn() noexcept;
+    // No connection, but its kernel I/O is counted for a later attach
+    // (pending the engine, or shared through fork).
+    bool counting() const noexcept {
+        return pending.load(std::memory_order_acquire) || share.load(std::memory_order_acquire);
+    }
     // The only holder left (pend_lock held): takes the shared counts as
     // its own and attaches at the next call. False while others hold it.
     bool adopt_share(Sharers *sh) noexcept;

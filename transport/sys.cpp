@@ -23,23 +23,16 @@ struct Lazy<M> {
     }
 };
 
-// The variadic two: the optional third argument is one word (an int or a
-// pointer) in every command the shims pass on.
-int lazy_fcntl(int fd, int cmd, ...) {
+// The variadic two (fcntl, ioctl): the optional third argument is one
+// word (an int or a pointer) in every command the shims pass on.
+template <auto M, typename Req>
+int lazy_word(int fd, Req req, ...) {
     va_list ap;
-    va_start(ap, cmd);
+    va_start(ap, req);
     void *arg = va_arg(ap, void *);
     va_end(ap);
     resolve_sys();
-    return sys.fcntl(fd, cmd, arg);
-}
-int lazy_ioctl(int fd, unsigned long request, ...) {
-    va_list ap;
-    va_start(ap, request);
-    void *arg = va_arg(ap, void *);
-    va_end(ap);
-    resolve_sys();
-    return sys.ioctl(fd, request, arg);
+    return (sys.*M)(fd, req, arg);
 }
 
 }  // namespace
@@ -66,8 +59,8 @@ Sys sys = {
     Lazy<&Sys::dup>::call,
     Lazy<&Sys::dup2>::call,
     Lazy<&Sys::dup3>::call,
-    lazy_fcntl,
-    lazy_ioctl,
+    lazy_word<&Sys::fcntl, int>,
+    lazy_word<&Sys::ioctl, unsigned long>,
     Lazy<&Sys::getsockopt>::call,
     Lazy<&Sys::setsockopt>::call,
     Lazy<&Sys::getsockname>::call,

@@ -307,6 +307,38 @@ it_stats_summary() {
         }' "$1"
 }
 
+# it_py_pair NAME PROG SERVER-ROLE [SERVER-ARG...] -- [CLIENT-ARG...]:
+# one of this directory's python programs as a server on a free port
+# (`PROG SERVER-ROLE --port P SERVER-ARG...`, role NAME-server, 50 s) and as
+# its client (`PROG client --port P CLIENT-ARG...`, NAME-client, 30 s);
+# checks that the client exits 0 and that the server then ends by itself
+# with 0. Sets it_pair_port to P. Status 1 if the server did not listen.
+it_py_pair() {
+    local name="$1" prog="$2" role="$3" port srv rc args_srv=()
+    shift 3
+    while (($# > 0)) && [[ "$1" != -- ]]; do args_srv+=("$1"); shift; done
+    shift
+    port="$(it_free_port)"
+    it_pair_port=$port
+    it_start "$name-server" 50 "$it_py" "$it_dir/$prog" "$role" --port "$port" "${args_srv[@]}"
+    srv=$it_pid
+    if ! it_wait_listen "$port" "$srv"; then
+        it_bad "$name: $prog server did not listen on 127.0.0.1:$port"
+        it_stop "$srv" TERM 3
+        return 1
+    fi
+    it_run "$name-client" 30 "$it_py" "$it_dir/$prog" client --port "$port" "$@" \
+        </dev/null >"$it_tmp/$name-client.log" 2>&1
+    rc=$?
+    it_check "$rc" "$name client: $(it_status "$rc"); $(tail -n 1 "$it_tmp/$name-client.log")"
+    if it_reap "$srv" 10; then
+        it_check "$it_stop_rc" "$name server: $it_stop_text; $(tail -n 1 "$it_tmp/$name-server.log")"
+    else
+        it_bad "$name server: still running 10 s after its client ended; $(tail -n 1 "$it_tmp/$name-server.log")"
+    fi
+    return 0
+}
+
 # it_expect_direct PORT MIN ROLE...: for each ROLE, the connections to or
 # from PORT in $it_tmp/ROLE.stats (idle ones aside) number at least MIN,
 # are all in direct mode, and sent bytes over the fabric (tx_fabric > 0 in

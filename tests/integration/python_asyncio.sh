@@ -15,29 +15,10 @@ it_preflight
 # client on a free port; both must exit 0, and at least MIN connections,
 # all direct.
 pair() {
-    local name="$1" prog="$2" min="$3" port srv rc args_srv=() args_cli=()
+    local name="$1" prog="$2" min="$3"
     shift 3
-    while (($# > 0)) && [[ "$1" != -- ]]; do args_srv+=("$1"); shift; done
-    shift
-    args_cli=("$@")
-    port="$(it_free_port)"
-    it_start "$name-server" 50 "$it_py" "$it_dir/$prog" server --port "$port" "${args_srv[@]}"
-    srv=$it_pid
-    if ! it_wait_listen "$port" "$srv"; then
-        it_bad "$name: $prog server did not listen on 127.0.0.1:$port"
-        it_stop "$srv" TERM 3
-        return
-    fi
-    it_run "$name-client" 30 "$it_py" "$it_dir/$prog" client --port "$port" "${args_cli[@]}" \
-        </dev/null >"$it_tmp/$name-client.log" 2>&1
-    rc=$?
-    it_check "$rc" "$name client: $(it_status "$rc"); $(tail -n 1 "$it_tmp/$name-client.log")"
-    if it_reap "$srv" 10; then
-        it_check "$it_stop_rc" "$name server: $it_stop_text; $(tail -n 1 "$it_tmp/$name-server.log")"
-    else
-        it_bad "$name server: still running 10 s after its client ended; $(tail -n 1 "$it_tmp/$name-server.log")"
-    fi
-    it_expect_direct "$port" "$min" "$name-server" "$name-client"
+    it_py_pair "$name" "$prog" server "$@" || return
+    it_expect_direct "$it_pair_port" "$min" "$name-server" "$name-client"
 }
 
 for sel in epoll poll select; do

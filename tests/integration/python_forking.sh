@@ -30,26 +30,10 @@ conns=6
 # client, checked.
 phase() {
     local name=$1 role=$2 option=$3 rounds=$4 sizes=$5 pace=$6
-    local port srv rc total direct kernel shared idle txf txk why text
-    port="$(it_free_port)"
-    it_start "$name-server" 50 "$it_py" "$it_dir/fork_echo.py" "$role" --port "$port" \
-        --clients "$conns" $option
-    srv=$it_pid
-    if ! it_wait_listen "$port" "$srv"; then
-        it_bad "$name: fork_echo.py server did not listen on 127.0.0.1:$port"
-        it_stop "$srv" TERM 3
-        return
-    fi
-    it_run "$name-client" 30 "$it_py" "$it_dir/fork_echo.py" client --port "$port" \
-        --conns "$conns" --rounds "$rounds" --sizes "$sizes" --pace "$pace" \
-        </dev/null >"$it_tmp/$name-client.log" 2>&1
-    rc=$?
-    it_check "$rc" "$name client: $(it_status "$rc"); $(tail -n 1 "$it_tmp/$name-client.log")"
-    if it_reap "$srv" 10; then
-        it_check "$it_stop_rc" "$name server: $it_stop_text; $(tail -n 1 "$it_tmp/$name-server.log")"
-    else
-        it_bad "$name server: still running 10 s after its client ended; $(tail -n 1 "$it_tmp/$name-server.log")"
-    fi
+    local port total direct kernel shared idle txf txk why text
+    it_py_pair "$name" fork_echo.py "$role" --clients "$conns" $option \
+        -- --conns "$conns" --rounds "$rounds" --sizes "$sizes" --pace "$pace" || return
+    port=$it_pair_port
     # Every connection moves bytes, so none is idle: all must be counted.
     if ((it_kernel)); then
         it_log "$name: mode check skipped (SDIRECT_IT_KERNEL=1)"
