@@ -33,6 +33,12 @@ class Held {
     fallback::Stream *s_;
 };
 
+// Calls that change the socket table go straight to libc in our own
+// dependencies and in a vfork child (whose memory is its parent's).
+inline bool table_frozen() noexcept {
+    return transport::guarded() || fallback::foreign_process();
+}
+
 template <typename T>
 inline T ret(T r) noexcept {
     if (r < 0) {

@@ -36,7 +36,7 @@ int close_mapped(int fd) noexcept {
 }
 
 void after_accept(Held &listener, int fd, int flags) noexcept {
-    if (fd < 0 || !listener) return;
+    if (fd < 0 || !listener || sd::fallback::foreign_process()) return;
     Stream *s = sd::fallback::create(fd, listener->domain, flags & SOCK_NONBLOCK);
     if (s) s->accepted();
 }
@@ -51,7 +51,7 @@ std::int64_t timeval_ns(const void *v, socklen_t len) noexcept {
 
 SD_EXPORT int socket(int domain, int type, int protocol) {
     int fd = sys.socket(domain, type, protocol);
-    if (fd >= 0 && !sd::transport::guarded() && is_tcp(domain, type, protocol))
+    if (fd >= 0 && is_tcp(domain, type, protocol) && !table_frozen())
         sd::fallback::create(fd, domain, type & SOCK_NONBLOCK);
     return fd;
 }
@@ -111,11 +111,12 @@ SD_EXPORT int shutdown(int fd, int how) {
 }
 
 SD_EXPORT int close(int fd) {
-    if (sd::transport::guarded()) return sys.close(fd);
+    if (table_frozen()) return sys.close(fd);
     return close_mapped(fd);
 }
 
 SD_EXPORT int dup(int fd) {
+    if (table_frozen()) return sys.dup(fd);
     int nfd = sys.dup(fd);
     Held s(fd);
     if (nfd >= 0 && s) sd::fallback::map_dup(nfd, s.get());
@@ -133,7 +134,7 @@ int dup_onto(int fd, int nfd, int r) noexcept {
 }  // namespace
 
 SD_EXPORT int dup2(int fd, int nfd) {
-    if (fd == nfd || sd::transport::guarded()) return sys.dup2(fd, nfd);
+    if (fd == nfd || table_frozen()) return sys.dup2(fd, nfd);
     // dup2 closes nfd first: for a socket of ours that is a close.
     sd::fallback::epoll_fd_closed(nfd);
     Stream *old = sd::fallback::close_prepare(nfd);
@@ -146,7 +147,7 @@ SD_EXPORT int dup2(int fd, int nfd) {
 }
 
 SD_EXPORT int dup3(int fd, int nfd, int flags) {
-    if (fd == nfd || sd::transport::guarded()) return sys.dup3(fd, nfd, flags);
+    if (fd == nfd || table_frozen()) return sys.dup3(fd, nfd, flags);
     sd::fallback::epoll_fd_closed(nfd);
     Stream *old = sd::fallback::close_prepare(nfd);
     int r = sys.dup3(fd, nfd, flags);
@@ -161,6 +162,7 @@ namespace {
 int fcntl_any(int fd, int cmd, void *arg) noexcept {
     int r = sys.fcntl(fd, cmd, arg);
     if (r < 0 || sd::transport::guarded()) return r;
+    if ((cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) && sd::fallback::foreign_process()) return r;
     Held s(fd);
     if (!s) {
         if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) sd::fallback::epoll_fd_dup(fd, r);

@@ -36,8 +36,13 @@ constexpr short kKernelEnd = POLLIN | POLLRDHUP | POLLHUP | POLLERR;
 // still due on the companion socket).
 bool user_view(Stream *s, short &bits, short &ask) noexcept {
     Conn *c = s->conn.load(std::memory_order_acquire);
-    if (!c || !c->is_direct()) return false;
+    if (!c) return false;
+    const transport::ConnState st = c->state.load(std::memory_order_acquire);
+    const bool leaving = st == transport::ConnState::leaving;
+    if (st != transport::ConnState::direct && !leaving) return false;
     std::lock_guard lock(c->rx_lock);
+    // Leaving the fabric with all of it read: the kernel answers from now on.
+    if (leaving && c->settle_left_locked()) return false;
     if (c->switch_off == kNoOffset || c->rx_off < c->switch_off) return false;
     short b = 0;
     const bool fin = c->fin_off != kNoOffset;
@@ -51,9 +56,20 @@ bool user_view(Stream *s, short &bits, short &ask) noexcept {
         b = kReadBits | kWriteBits | POLLRDHUP | POLLERR | POLLHUP;
     } else {
         if (c->rx_ready()) b |= kReadBits;
+        // Leaving, with the fabric part read (but bytes still owed to the
+        // kernel, so not final yet): the kernel has what comes next.
+        if (leaving && !c->rx_ready() && c->peer_end != kNoOffset && c->rx_off >= c->peer_end) {
+            char probe;
+            ssize_t n = sys.recv(s->fd.load(std::memory_order_relaxed), &probe, 1,
+                                 MSG_PEEK | MSG_DONTWAIT);
+            if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) b |= kReadBits;
+        }
         if (fin || closed || eof || s->rd_shut.load(std::memory_order_relaxed))
             b |= kReadBits | POLLRDHUP;
-        if (c->credits.load(std::memory_order_acquire) > 0 || closed || eof) b |= kWriteBits;
+        // Leaving: sends take the kernel socket once what is owed to it is there.
+        if (leaving ? !c->tx_owed.load(std::memory_order_acquire)
+                    : c->credits.load(std::memory_order_acquire) > 0 || closed || eof)
+            b |= kWriteBits;
         // Both directions shut (the peer's FIN or our SHUT_RD, and our
         // SHUT_WR): TCP reports a hang-up.
         if ((fin || closed || eof || s->rd_shut.load(std::memory_order_relaxed)) && c->tx_fin)
@@ -227,6 +243,21 @@ bool trim(EpollSet *set, Entry &e) noexcept {
     return true;
 }
 
+// A socket our state answered goes back to the kernel (it left the
+// fabric): the application's own registration again.
+void untrim(EpollSet *set, Entry &e) noexcept {
+    if (!fd_is(e.fd, e.s)) return;  // nobody can change it any more
+    epoll_event kev = e.ev;
+    if (e.ev.events & EPOLLEXCLUSIVE) {
+        if (sys.epoll_ctl(set->epfd, EPOLL_CTL_DEL, e.fd, nullptr) != 0 ||
+            sys.epoll_ctl(set->epfd, EPOLL_CTL_ADD, e.fd, &kev) != 0)
+            return;
+    } else if (sys.epoll_ctl(set->epfd, EPOLL_CTL_MOD, e.fd, &kev) != 0) {
+        return;
+    }
+    e.trimmed = false;
+}
+
 bool inner_ready(EpollSet *set, int depth) noexcept;
 
 // The events of one entry now, as epoll_wait would report them, or 0.
@@ -239,7 +270,10 @@ std::uint32_t entry_events(EpollSet *set, Entry &e, bool commit, int depth) noex
         return EPOLLIN;
     }
     short bits = 0, ask = 0;
-    if (!user_view(e.s, bits, ask)) return 0;  // the kernel reports it
+    if (!user_view(e.s, bits, ask)) {
+        if (commit && e.trimmed) untrim(set, e);
+        return 0;  // the kernel reports it
+    }
     // A report trims the kernel's registration first (or the kernel would
     // report too); a mere look (nested sets, peeks) needs no trim.
     if (commit && !e.trimmed && !trim(set, e)) return 0;
@@ -277,7 +311,10 @@ void settle(EpollSet *set) noexcept {
     std::lock_guard lock(set->lock);
     for (Entry &e : set->entries) {
         short bits = 0, ask = 0;
-        if (e.s && e.armed && !e.trimmed && user_view(e.s, bits, ask)) trim(set, e);
+        if (!e.s || !e.armed) continue;
+        const bool ours = user_view(e.s, bits, ask);
+        if (ours && !e.trimmed) trim(set, e);
+        else if (!ours && e.trimmed && e.s->conn.load(std::memory_order_acquire)) untrim(set, e);
     }
 }
 
@@ -463,6 +500,7 @@ int poll_fds(pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask) noexce
         ours[i] = nullptr;
         eps[i] = nullptr;
         Stream *s = acquire(fds[i].fd);
+        if (s) s->claim_inherited();
         if (s && s->may_go_direct()) {
             ours[i] = s;
             any = true;
@@ -572,6 +610,7 @@ void epoll_fd_dup(int fd, int nfd) noexcept {
 int epoll_control(int epfd, int op, int fd, epoll_event *ev) noexcept {
     EpollSet *set = set_acquire(epfd);
     Stream *s = set ? acquire(fd) : nullptr;
+    if (s) s->claim_inherited();  // watching it is using it
     if (s && !s->conn.load(std::memory_order_acquire) &&
         s->phase.load(std::memory_order_acquire) == Phase::listener) {
         release(s);  // listeners stay with the kernel

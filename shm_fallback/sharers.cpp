@@ -98,9 +98,26 @@ Sharers *sharers_open(std::uint64_t sent, std::uint64_t received) noexcept {
     return nullptr;
 }
 
+namespace {
+
+// Frees the entries of holders that died (a server forking many children
+// that end with _exit would fill the slot otherwise). Costs a look at each.
+void purge_dead(Sharers *sh) noexcept {
+    const std::uint64_t self = me();
+    for (auto &e : sh->entry) {
+        std::uint64_t v = e.load(std::memory_order_acquire);
+        if ((v & ~0xffffffffull) == kHolder && v != self && dead(pid_t(std::uint32_t(v))))
+            e.compare_exchange_strong(v, 0, std::memory_order_acq_rel);
+    }
+}
+
+}  // namespace
+
 void sharers_expect_child(Sharers *sh) noexcept {
-    if (!put(sh, kReserved | std::uint32_t(getpid())))
-        sh->stuck.store(1, std::memory_order_release);  // the child cannot be counted
+    const std::uint64_t place = kReserved | std::uint32_t(getpid());
+    if (put(sh, place)) return;
+    purge_dead(sh);
+    if (!put(sh, place)) sh->stuck.store(1, std::memory_order_release);  // the child cannot be counted
 }
 
 void sharers_born(Sharers *sh, int parent) noexcept {

@@ -12,9 +12,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
+#include <fcntl.h>
 #include <cstring>
 #include <poll.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 
 namespace sd::fallback {
 
@@ -85,8 +87,16 @@ bool readable(void *ctx) noexcept {
            c->state.load(std::memory_order_relaxed) == ConnState::final;
 }
 
+// The connection is leaving the fabric (ours or the peer's doing): a send
+// lets go of the send lock, and the rest goes through the kernel.
+bool leave_requested(const Conn *c) noexcept {
+    return c->leave_wanted.load(std::memory_order_acquire) ||
+           c->leave_due.load(std::memory_order_acquire) || !c->is_direct();
+}
+
 bool writable(void *ctx) noexcept {
     auto *c = static_cast<Conn *>(ctx);
+    if (leave_requested(c)) return true;
     std::lock_guard lock(c->rx_lock);
     return c->credits.load(std::memory_order_relaxed) > 0 || c->gone();
 }
@@ -95,6 +105,7 @@ bool writable(void *ctx) noexcept {
 // goes buffered) when its own side has unread bytes piling up: the peer
 // may itself be blocked sending to us, and would never read.
 bool zcopy_should_yield(Conn *c) noexcept {
+    if (leave_requested(c)) return true;
     std::lock_guard lock(c->rx_lock);
     return c->zc.active || c->ring_bytes() >= c->ring_cap / 2;
 }
@@ -137,6 +148,8 @@ void Stream::reset(int f, int dom, bool nb) noexcept {
         aliases.clear();
     }
     domain = dom;
+    struct stat st;
+    ino = fstat(f, &st) == 0 ? std::uint64_t(st.st_ino) : 0;
     fds.store(1, std::memory_order_relaxed);
     phase.store(Phase::fresh, std::memory_order_relaxed);
     nonblock.store(nb, std::memory_order_relaxed);
@@ -149,7 +162,10 @@ void Stream::reset(int f, int dom, bool nb) noexcept {
     conn.store(nullptr, std::memory_order_relaxed);
     engine = nullptr;
     next_free = nullptr;
-    forked = orphan = false;
+    forked = false;
+    orphan.store(false, std::memory_order_relaxed);
+    owner = 0;
+    holders.store(nullptr, std::memory_order_relaxed);
     fork_mark = 0;
     share.store(nullptr, std::memory_order_relaxed);
     share_check_ns = 0;
@@ -167,11 +183,23 @@ void Stream::fork_prepare(unsigned mark) noexcept {
     if (fork_mark == mark) return;  // another fd of the same socket
     fork_mark = mark;
     Phase p = phase.load(std::memory_order_acquire);
-    if (p == Phase::fresh || p == Phase::listener || orphan) return;
+    if (p == Phase::fresh || p == Phase::listener) return;
     forked = true;
+    if (orphan.load(std::memory_order_relaxed)) {
+        // Another process's connection: the child holds it too.
+        if (Sharers *h = holders.load(std::memory_order_relaxed)) sharers_expect_child(h);
+        return;
+    }
     if (Conn *c = conn.load(std::memory_order_acquire)) {
         // Not direct yet: it stays with the kernel, shared from now on.
         if (engine) engine->hold(c);
+        // Direct: it stays so until the child uses it; who holds it is
+        // kept, for our last close.
+        if (c->is_direct() || c->is_leaving()) {
+            Sharers *h = holders.load(std::memory_order_relaxed);
+            if (!h && (h = sharers_open(0, 0))) holders.store(h, std::memory_order_relaxed);
+            if (h) sharers_expect_child(h);
+        }
         return;
     }
     // No connection yet: the holders keep count together, and the last
@@ -198,9 +226,14 @@ void Stream::fork_child(unsigned mark, int parent) noexcept {
     engine = nullptr;
     pending.store(false, std::memory_order_relaxed);
     forked = true;
-    if (c && (c->is_direct() || c->state.load() == ConnState::initiating))
-        orphan = true;  // its bytes travel through the parent's endpoint
+    if (c && (c->is_direct() || c->is_leaving() || c->state.load() == ConnState::initiating)) {
+        // Its bytes travel through the parent's endpoint: the parent moves
+        // it to the kernel when we use it (claim_inherited).
+        orphan.store(true, std::memory_order_relaxed);
+        owner = parent;
+    }
     if (Sharers *sh = share.load(std::memory_order_relaxed)) sharers_born(sh, parent);
+    if (Sharers *h = holders.load(std::memory_order_relaxed)) sharers_born(h, parent);
     share_check_ns = 0;
     phase.store(Phase::deferred, std::memory_order_relaxed);
 }
@@ -348,7 +381,8 @@ Conn *Stream::attached_conn() noexcept {
 
 bool Stream::may_go_direct() const noexcept {
     Phase p = phase.load(std::memory_order_acquire);
-    if (p == Phase::fresh || p == Phase::listener || orphan) return false;
+    if (p == Phase::fresh || p == Phase::listener || orphan.load(std::memory_order_acquire))
+        return false;
     if (Conn *c = conn.load(std::memory_order_acquire))
         return c->state.load(std::memory_order_acquire) != ConnState::final;
     if (counting()) return true;
@@ -357,16 +391,45 @@ bool Stream::may_go_direct() const noexcept {
     return !forked && (p == Phase::connecting || p == Phase::deferred || p == Phase::attaching);
 }
 
-namespace {
-// A socket that was direct when its process forked: the parent's
-// connection, which the child cannot use (shared mode is not built yet).
-int orphan_error(int fd) noexcept {
-    static std::atomic<bool> said{false};
-    if (!said.exchange(true))
-        SD_LOG(error, "fd %d: inherited across fork while on the fabric; sharing it is not "
-                      "supported yet: its I/O fails with EIO in this process", fd);
-    return -EIO;
+bool Stream::claim_inherited(int proof) noexcept {
+    if (!orphan.load(std::memory_order_acquire)) return true;
+    std::lock_guard lock(pend_lock);
+    if (!orphan.load(std::memory_order_relaxed)) return true;
+    int rc = transport::ask_owner_to_leave(owner, proof >= 0 ? proof : kfd());
+    if (rc != 0) {
+        static std::atomic<bool> said{false};
+        if (!said.exchange(true))
+            SD_LOG(error, "fd %d: inherited from pid %d while on the fabric, and that process "
+                          "could not move it back to the kernel (%s): its I/O fails with EIO here",
+                   kfd(), owner, std::strerror(-rc));
+        return false;
+    }
+    SD_LOG(info, "fd %d: inherited from pid %d, which moved it back to the kernel", kfd(), owner);
+    orphan.store(false, std::memory_order_release);
+    return true;
 }
+
+void Stream::before_exec(bool vforked, int kept) noexcept {
+    Phase p = phase.load(std::memory_order_acquire);
+    if (p == Phase::fresh || p == Phase::listener) return;
+    if (orphan.load(std::memory_order_acquire)) {
+        (void)claim_inherited(kept);
+        return;
+    }
+    Conn *c = conn.load(std::memory_order_acquire);
+    if (!c || !engine) return;  // the kernel has it, and counts (if shared) stay ours
+    ConnState st = c->state.load(std::memory_order_acquire);
+    if (st == ConnState::direct || st == ConnState::leaving) {
+        // In a vfork child, the process that owns the engine acts.
+        if (vforked) (void)transport::ask_owner_to_leave(engine->pid(), kept);
+        else (void)engine->leave(c, transport::Reason::exec);
+    } else if (st != ConnState::final) {
+        engine->hold(c);  // no upgrade from now on: the new program may not know of it
+    }
+}
+
+namespace {
+int orphan_error(int) noexcept { return -EIO; }
 }  // namespace
 
 ssize_t Stream::kernel_recv(const iovec *iov, int iovcnt, int flags, Conn *c) noexcept {
@@ -392,7 +455,7 @@ ssize_t Stream::recv(const iovec *iov, int iovcnt, int flags) noexcept {
         ssize_t n = sys.recvmsg(kfd(), &mh, flags);
         return n < 0 ? -errno : n;
     }
-    if (orphan) return orphan_error(kfd());
+    if (!claim_inherited()) return orphan_error(kfd());
     Conn *c = attached_conn();
     if (!c && counting()) {
         std::size_t done = 0;
@@ -429,6 +492,20 @@ ssize_t Stream::recv(const iovec *iov, int iovcnt, int flags) noexcept {
     bool check_kernel = true;
     for (;;) {
         ssize_t r = try_recv(c, iov, iovcnt, done, total, flags, check_kernel);
+        if (r == -ESTALE) {
+            // Off the fabric now: the kernel has the rest, and blocks as
+            // the application asked.
+            iovec v[kMaxSlice];
+            int k = slice(iov, iovcnt, done, total - done, v, kMaxSlice);
+            msghdr mh{};
+            mh.msg_iov = v;
+            mh.msg_iovlen = std::size_t(k);
+            ssize_t n = sys.recvmsg(kfd(), &mh, flags);
+            if (n < 0) return done ? ssize_t(done) : -errno;
+            if (!(flags & MSG_PEEK))
+                c->stat->rx_kernel.fetch_add(std::uint64_t(n), std::memory_order_relaxed);
+            return ssize_t(done) + n;
+        }
         if (r > 0) {
             done += std::size_t(r);
             if (!(flags & MSG_WAITALL) || (flags & MSG_PEEK) || done == total) return ssize_t(done);
@@ -446,7 +523,8 @@ ssize_t Stream::recv(const iovec *iov, int iovcnt, int flags) noexcept {
             continue;
         }
         check_kernel = true;
-        bool upgrading = !c->is_direct();
+        const ConnState st = c->state.load(std::memory_order_acquire);
+        const bool upgrading = st == ConnState::kernel || st == ConnState::initiating;
         int w = transport::sleep_once(engine, c, kfd(), POLLIN | POLLRDHUP,
                                       upgrading ? state_changed : readable, c,
                                       ms_until(deadline));
@@ -460,6 +538,7 @@ ssize_t Stream::try_recv(Conn *c, const iovec *iov, int iovcnt, std::size_t skip
     std::unique_lock lock(c->rx_lock);
     for (int round = 0; round < 2; ++round) {
         if (c->broken) return -ECONNRESET;
+        if (c->state.load(std::memory_order_acquire) == ConnState::final) return -ESTALE;
         iovec v[kMaxSlice];
         if (c->rx_off < c->switch_off) {
             // Bytes still due on the companion socket: before the peer's
@@ -476,6 +555,12 @@ ssize_t Stream::try_recv(Conn *c, const iovec *iov, int iovcnt, std::size_t skip
             lock.lock();
             if (c->switch_off == kNoOffset) return 0;
             continue;
+        }
+        if (c->peer_end != kNoOffset && c->rx_off >= c->peer_end && !c->ring_bytes() &&
+            !c->zc.active) {
+            // The peer's fabric stream is over and read: the kernel's turn.
+            c->settle_left_locked();
+            return -ESTALE;
         }
         if (std::uint64_t avail = c->ring_bytes()) {
             int k = slice(iov, iovcnt, skip, std::min<std::uint64_t>(total - skip, avail), v,
@@ -616,7 +701,7 @@ ssize_t Stream::kernel_send(const iovec *iov, int iovcnt, int flags, Conn *c) no
 }
 
 ssize_t Stream::send(const iovec *iov, int iovcnt, int flags) noexcept {
-    if (orphan) return orphan_error(kfd());
+    if (!claim_inherited()) return orphan_error(kfd());
     Conn *c = attached_conn();
     if (!c && counting()) {
         std::size_t done = 0;
@@ -633,18 +718,46 @@ ssize_t Stream::send(const iovec *iov, int iovcnt, int flags) noexcept {
         c = attached_conn();
     }
     if (!c) return kernel_send(iov, iovcnt, flags, nullptr);
-    std::lock_guard tx(c->tx_lock);
-    std::size_t total = iov_total(iov, iovcnt);
-    if (!c->is_direct() || total == 0) {
-        if (c->tx_fin && c->is_direct()) return epipe(flags);
-        ssize_t r = kernel_send(iov, iovcnt, flags, c);
-        // The upgrade finished while this send held the lock: the peer must
-        // still learn our switch point, or its readiness (EPOLLOUT after
-        // a full window) keeps asking an idle kernel socket.
-        if (c->is_direct()) engine->announce_switch_locked(c);
-        return r;
+    const std::size_t total = iov_total(iov, iovcnt);
+    std::size_t done = 0;
+    for (;;) {
+        std::unique_lock tx(c->tx_lock);
+        iovec v[kMaxSlice];
+        int k = slice(iov, iovcnt, done, total - done, v, kMaxSlice);
+        if (!c->is_direct() || total == 0) {
+            if (c->tx_fin && c->is_direct()) return epipe(flags);
+            if (c->leave_sent || c->leave_due.load(std::memory_order_acquire) ||
+                c->tx_owed.load(std::memory_order_acquire)) {
+                // Left the fabric: what is owed to the kernel goes first.
+                const bool nb = nonblock.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
+                const std::int64_t tmo = sndtimeo_ns.load(std::memory_order_relaxed);
+                int rc = engine->leave_flush_locked(c, !nb, tmo ? monotonic_ns() + std::uint64_t(tmo) : 0);
+                if (rc == -EPIPE || rc == -ECONNRESET) return done ? ssize_t(done) : epipe(flags);
+                if (rc) return done ? ssize_t(done) : rc;
+            }
+            ssize_t r = kernel_send(v, k, flags, c);
+            // The upgrade finished while this send held the lock: the peer
+            // must still learn our switch point, or its readiness (EPOLLOUT
+            // after a full window) keeps asking an idle kernel socket.
+            if (c->is_direct()) engine->announce_switch_locked(c);
+            if (r < 0) return done ? ssize_t(done) : r;
+            return ssize_t(done) + r;
+        }
+        bool left = false;
+        ssize_t r = direct_send(c, v, k, total - done, flags, &left);
+        if (!left) return r < 0 && done ? ssize_t(done) : (r < 0 ? r : ssize_t(done) + r);
+        if (r > 0) done += std::size_t(r);
+        const bool nb = nonblock.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
+        if (done == total || (done && nb)) return ssize_t(done);
+        // The connection leaves the fabric: let the leave through, then the
+        // rest goes the kernel's way.
+        tx.unlock();
+        while (c->leave_wanted.load(std::memory_order_acquire) && c->is_direct()) {
+            engine->progress();
+            timespec nap{0, 20000};
+            nanosleep(&nap, nullptr);
+        }
     }
-    return direct_send(c, iov, iovcnt, total, flags);
 }
 
 int Stream::wait_credit(Conn *c, std::uint64_t deadline) noexcept {
@@ -657,6 +770,7 @@ int Stream::wait_credit(Conn *c, std::uint64_t deadline) noexcept {
         engine->maybe_return_credits(c);
         if (c->gone()) return -EPIPE;
         if (!engine->peer_alive(c->peer)) return -EPIPE;
+        if (leave_requested(c)) return -ESTALE;
         std::uint64_t now = monotonic_ns();
         if (deadline && now >= deadline) return -EAGAIN;
         if (now < spin_until) continue;
@@ -700,7 +814,11 @@ int Stream::flush_locked(Conn *c, bool blocking, std::uint64_t deadline) noexcep
 }
 
 ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t total,
-                            int flags) noexcept {
+                            int flags, bool *left) noexcept {
+    if (leave_requested(c)) {
+        *left = true;
+        return -ESTALE;
+    }
     if (c->gone() || c->tx_fin) {
         SD_LOG(debug, "fd %d: send refused: %s", kfd(),
                c->tx_fin ? "shut down for writing" : c->broken ? "connection broken" : "peer closed");
@@ -751,14 +869,16 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
             c->staged = at;
             if (more) return ssize_t(total);
             int rc = flush_locked(c, !nb, deadline);
-            // Staged bytes are accepted: progress() sends them when credits come.
-            if (rc == 0 || rc == -EAGAIN || rc == -EINTR) return ssize_t(total);
+            // Staged bytes are accepted: progress() sends them when credits
+            // come, or the kernel takes them if the fabric is being left.
+            if (rc == 0 || rc == -EAGAIN || rc == -EINTR || rc == -ESTALE) return ssize_t(total);
             if (rc == -EPIPE) return epipe(flags);
             return rc;
         }
     }
     if (int rc = flush_locked(c, !nb, deadline)) {
         if (rc == -EPIPE) return epipe(flags);
+        *left = rc == -ESTALE;
         return rc;
     }
 
@@ -769,6 +889,10 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
     const std::uint32_t zc_min = transport::settings().zcopy_min;
     bool zc_ok = zc_min && !nb && !tmo && total >= zc_min && engine->can_read();
     while (sent < total) {
+        if (leave_requested(c)) {
+            rc = -ESTALE;
+            break;
+        }
         if (zc_ok) {
             // The rest of the iov piece we are in.
             iovec piece{};
@@ -824,6 +948,7 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
         sent += n;
     }
     if (sent) engine->ring(c->peer);
+    *left = rc == -ESTALE;
     if (sent) return ssize_t(sent);
     if (rc == -EPIPE) return epipe(flags);
     return rc;
@@ -840,7 +965,14 @@ int Stream::shutdown(int how) noexcept {
     // A half-closed shared socket stays on TCP (the switch would not know
     // of the kernel's FIN).
     if (share.load(std::memory_order_acquire)) drop_share();
+    (void)claim_inherited();
     Conn *c = conn.load(std::memory_order_acquire);
+    if (c && !c->is_direct() && (how == SHUT_WR || how == SHUT_RDWR)) {
+        // Left the fabric: what is owed to the kernel goes before its FIN.
+        std::lock_guard tx(c->tx_lock);
+        if (c->leave_sent || c->leave_due.load(std::memory_order_acquire))
+            (void)engine->leave_flush_locked(c, true, monotonic_ns() + 1000000000ull);
+    }
     if (c && c->is_direct() && (how == SHUT_WR || how == SHUT_RDWR)) {
         std::lock_guard tx(c->tx_lock);
         if (!c->tx_fin) {
@@ -856,12 +988,16 @@ int Stream::shutdown(int how) noexcept {
 }
 
 int Stream::readable_bytes() noexcept {
+    (void)claim_inherited();
     Conn *c = attached_conn();
     int kernel = 0;
     if (sys.ioctl(kfd(), FIONREAD, &kernel) != 0) return -errno;
-    if (!c || !c->is_direct()) return kernel;
+    if (!c || (!c->is_direct() && !c->is_leaving())) return kernel;
     engine->progress();
     std::lock_guard lock(c->rx_lock);
+    if (c->settle_left_locked() ||
+        (c->peer_end != kNoOffset && c->rx_off >= c->peer_end && !c->rx_ready()))
+        return kernel;
     std::uint64_t n = c->rx_ready();
     if (c->rx_off < c->switch_off)
         n = c->switch_off == kNoOffset ? std::uint64_t(kernel)
@@ -872,7 +1008,25 @@ int Stream::readable_bytes() noexcept {
 void Stream::last_close() noexcept {
     if (share.load(std::memory_order_acquire)) drop_share();  // one holder fewer
     Conn *c = conn.load(std::memory_order_acquire);
-    if (!c || !c->is_direct()) return;
+    const bool on_fabric = c && engine && (c->is_direct() || c->is_leaving());
+    if (Sharers *h = holders.exchange(nullptr, std::memory_order_acq_rel)) {
+        // A process we forked may hold it still and use it after us: the
+        // kernel must carry the connection before ours closes.
+        std::uint64_t look_now = 0;
+        const bool alone = sharers_alone(h, &look_now);
+        sharers_leave(h);
+        if (!alone && on_fabric) (void)engine->leave(c, transport::Reason::shared);
+    } else if (forked && on_fabric) {
+        (void)engine->leave(c, transport::Reason::shared);  // holders unknown
+    }
+    if (!c) return;
+    if (!c->is_direct()) {
+        // Left the fabric: what is owed to the kernel goes before its close.
+        std::lock_guard tx(c->tx_lock);
+        if (c->leave_sent || c->leave_due.load(std::memory_order_acquire))
+            (void)engine->leave_flush_locked(c, true, monotonic_ns() + 1000000000ull);
+        return;
+    }
     std::lock_guard tx(c->tx_lock);
     // Bounded: a peer that stopped reading must not hang close().
     (void)flush_locked(c, true, monotonic_ns() + 1000000000ull);

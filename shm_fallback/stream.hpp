@@ -34,6 +34,9 @@ class Stream {
     // (after dup and a close of the original, another one).
     std::atomic<int> fd{-1};
     int domain = 0;
+    // The socket's inode: exec finds it among the fds a new program
+    // inherits even where this process's own fd is closed (a vfork child).
+    std::uint64_t ino = 0;
     std::atomic<int> refs{0};   // fd mappings + calls in progress
     std::atomic<int> fds{0};    // fd numbers mapping to this stream (dup)
     std::atomic<Phase> phase{Phase::fresh};
@@ -63,8 +66,14 @@ class Stream {
     // share (it had a connection not yet direct) it stays on TCP.
     // `orphan`: it was direct at the fork, in the parent; the child cannot
     // use the parent's connection.
+    // `owner`: the process whose connection it is (claim_inherited asks it
+    // to leave the fabric). `holders`: for a socket direct at a fork, who
+    // holds it (the owner's last close leaves the fabric first while
+    // another holder lives).
     bool forked = false;
-    bool orphan = false;
+    std::atomic<bool> orphan{false};
+    int owner = 0;
+    std::atomic<Sharers *> holders{nullptr};
     unsigned fork_mark = 0;  // the fork pass that saw it last (dups)
     std::atomic<Sharers *> share{nullptr};
     std::uint64_t share_check_ns = 0;  // next look at other holders' lives
@@ -81,6 +90,17 @@ class Stream {
     // in the child after it (the parent's connection state is not ours).
     void fork_prepare(unsigned mark) noexcept;
     void fork_child(unsigned mark, int parent) noexcept;
+    // This process uses a socket that was direct in another (inherited
+    // through fork): that owner moves it back to the kernel first (brief
+    // §7). False if it could not (its I/O then fails with EIO).
+    // `proof`: an fd of the socket (default: ours).
+    bool claim_inherited(int proof = -1) noexcept;
+    // exec, posix_spawn, system, popen are about to start a program that
+    // may not run the library, and it inherits this socket (an fd without
+    // FD_CLOEXEC; `kept` is one such fd): the socket goes back to the
+    // kernel for good. `vforked`: called in a vfork child,
+    // whose memory is its parent's (only the owner's control thread acts).
+    void before_exec(bool vforked, int kept) noexcept;
     // recv family; `flags` as for recvmsg. Bytes, 0 at EOF, or -errno.
     ssize_t recv(const iovec *iov, int iovcnt, int flags) noexcept;
     // send family; raises SIGPIPE on EPIPE unless MSG_NOSIGNAL.
@@ -132,8 +152,10 @@ class Stream {
     ssize_t kernel_send(const iovec *iov, int iovcnt, int flags, transport::Conn *c) noexcept;
     ssize_t try_recv(transport::Conn *c, const iovec *iov, int iovcnt, std::size_t skip,
                      std::size_t total, int flags, bool check_kernel) noexcept;
+    // -ESTALE (and *left) when the connection is leaving the fabric: the
+    // rest goes through the kernel once the leave is under way.
     ssize_t direct_send(transport::Conn *c, const iovec *iov, int iovcnt, std::size_t total,
-                        int flags) noexcept;
+                        int flags, bool *left) noexcept;
     int post_data(transport::Conn *c, const iovec *iov, int iovcnt, std::uint32_t len,
                   std::uint64_t deadline) noexcept;
     int flush_locked(transport::Conn *c, bool blocking, std::uint64_t deadline) noexcept;

@@ -2,11 +2,16 @@
 
 #include "transport/sys.hpp"
 
+#include <algorithm>
 #include <cstdlib>
+#include <dirent.h>
+#include <fcntl.h>
 #include <mutex>
 #include <new>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 namespace sd::fallback {
@@ -14,6 +19,7 @@ namespace {
 
 std::atomic<Stream *> *slots = nullptr;
 int nslots = 0;
+int self_pid = 0;  // this process's pid as of its start or last fork
 std::mutex pool_lock;
 Stream *free_list = nullptr;
 
@@ -42,6 +48,7 @@ void table_init() noexcept {
     if (mem == MAP_FAILED) return;
     slots = static_cast<std::atomic<Stream *> *>(mem);
     nslots = int(n);
+    self_pid = int(getpid());
 }
 
 Stream *acquire(int fd) noexcept {
@@ -119,9 +126,65 @@ void table_fork_prepare() noexcept {
 void table_unlock_after_fork() noexcept { pool_lock.unlock(); }
 
 void table_after_fork_child() noexcept {
+    self_pid = int(getpid());
     new (&pool_lock) std::mutex();
     // Inherited connections: the parent's engine state is not ours.
     each_stream([](Stream *s) { s->fork_child(fork_pass + 1, forking_pid); });
+}
+
+bool foreign_process() noexcept { return int(getpid()) != self_pid; }
+
+namespace {
+
+// The sockets a new program would inherit: inode numbers (and fd numbers)
+// of this process's fds without FD_CLOEXEC. Read with getdents64 into the stack
+// (a vfork child must not allocate). Returns the count (at most `max`).
+int inherited_sockets(ino_t *out, int *out_fd, int max) noexcept {
+    int dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir < 0) return 0;
+    int n = 0;
+    alignas(8) char buf[4096];
+    for (;;) {
+        ssize_t got = getdents64(dir, buf, sizeof buf);
+        if (got <= 0) break;
+        for (ssize_t at = 0; at < got;) {
+            auto *d = reinterpret_cast<dirent64 *>(buf + at);
+            at += d->d_reclen;
+            char *end;
+            long fd = std::strtol(d->d_name, &end, 10);
+            if (*end || end == d->d_name || fd == dir) continue;
+            int flags = transport::sys.fcntl(int(fd), F_GETFD);
+            struct stat st;
+            if (flags < 0 || (flags & FD_CLOEXEC) || fstat(int(fd), &st) != 0 || !S_ISSOCK(st.st_mode))
+                continue;
+            if (n < max) {
+                out_fd[n] = int(fd);
+                out[n++] = st.st_ino;
+            }
+        }
+    }
+    transport::sys.close(dir);
+    return n;
+}
+
+}  // namespace
+
+void table_before_exec() noexcept {
+    if (!slots) return;
+    ino_t kept[256];
+    int kept_fd[256];
+    const int nkept = inherited_sockets(kept, kept_fd, 256);
+    if (!nkept) return;  // the new program inherits no socket
+    // vfork runs no fork handlers: a pid that is not ours is a vfork child.
+    const bool vforked = int(getpid()) != self_pid;
+    for (int fd = 0; fd < nslots; ++fd) {
+        Stream *s = acquire(fd);
+        if (!s) continue;
+        const ino_t *at = std::find(kept, kept + nkept, ino_t(s->ino));
+        if (s->fd.load(std::memory_order_relaxed) == fd && s->ino && at != kept + nkept)
+            s->before_exec(vforked, kept_fd[at - kept]);
+        release(s);
+    }
 }
 
 }  // namespace sd::fallback

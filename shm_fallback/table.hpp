@@ -33,5 +33,13 @@ void table_fork_prepare() noexcept;
 void table_unlock_after_fork() noexcept;
 void table_after_fork_child() noexcept;
 
+// exec, posix_spawn, system, popen: every socket the new program inherits
+// goes back to the kernel first (Stream::before_exec). Called in a vfork
+// child too (recognised by its pid), where only owners' control threads act.
+void table_before_exec() noexcept;
+// A vfork child: its memory (this table, every stream) is its parent's,
+// so it must change none of it. One getpid() call.
+bool foreign_process() noexcept;
+
 
 }  // namespace sd::fallback

@@ -103,6 +103,7 @@ void Engine::detach(Conn *c) noexcept {
     }
     std::free(c->ring);
     std::free(c->stage);
+    std::free(c->back);
     c->~Conn();
     std::free(c);
 }

@@ -37,7 +37,11 @@ enum class ConnState : std::uint32_t {
     kernel,      // upgrade may still happen (entry published)
     initiating,  // our upgrade request is in flight
     direct,      // peer known; our next send switches to the fabric
-    final,       // stays on TCP for good (reason in the stat slot)
+    // Going back to the kernel (brief §7): sends take the kernel socket,
+    // receives read the fabric up to the peer's end (peer_end), then the
+    // kernel. Becomes final once the fabric part is read.
+    leaving,
+    final,       // on TCP for good (reason in the stat slot)
 };
 
 // A thread blocked on a connection; woken through its own eventfd. Lives
@@ -132,6 +136,24 @@ struct Conn {
     // nothing: the peer may be gone; readers must look (recv sorts it out).
     std::atomic<bool> kernel_eof{false};
 
+    // Leaving the fabric (leave.cpp). Send side, under tx_lock unless atomic.
+    std::atomic<bool> leave_wanted{false};  // we leave: senders let go of tx_lock
+    std::atomic<bool> leave_due{false};     // the peer left: our own leave is owed
+    bool leave_sent = false;                // our fabric stream ended at tx_end
+    bool leave_first = false;               // ... and we left first (we return)
+    std::atomic<std::uint64_t> tx_end{kNoOffset};  // read by deliver (give_back)
+    // Owed to the kernel socket before any new byte of ours: the bytes the
+    // peer returned (it left first: back_owed), then our staged bytes.
+    std::atomic<bool> tx_owed{false};
+    std::atomic<bool> back_owed{false};
+    std::atomic<bool> back_complete{false};  // the last piece came (release)
+    char *back = nullptr;                    // written by deliver under rx_lock
+    std::uint32_t back_len = 0;              // until back_complete
+    std::uint32_t back_done = 0;             // written to the kernel (tx_lock)
+    std::uint64_t back_off = kNoOffset;      // stream offset of back[0]
+    // Receive side, under rx_lock: the peer's fabric stream ends here.
+    std::uint64_t peer_end = kNoOffset;
+
     // Something arrived or changed: wakes every waiter and poller; caller
     // holds rx_lock.
     void wake_locked() noexcept;
@@ -144,6 +166,10 @@ struct Conn {
     void add_waiter(Waiter *w) noexcept;
     void remove_waiter(Waiter *w) noexcept;
     bool is_direct() const noexcept { return state.load(std::memory_order_acquire) == ConnState::direct; }
+    bool is_leaving() const noexcept { return state.load(std::memory_order_acquire) == ConnState::leaving; }
+    // Leaving, and every fabric byte of the peer is read: receives take
+    // the kernel socket alone from now on (rx_lock held). True once final.
+    bool settle_left_locked() noexcept;
     std::uint64_t ring_bytes() const noexcept { return ring_tail - ring_head; }
     // Bytes the application can read now on the fabric (rx_lock held).
     std::uint64_t rx_ready() const noexcept {

@@ -44,7 +44,11 @@ struct Entry {
 };
 static_assert(sizeof(Entry) == 128);
 
-enum class CtlType : std::uint16_t { request = 1, reply = 2 };
+// request/reply: an upgrade (below). leave: a process that holds one of
+// our direct sockets (a fork child, or a vfork child about to exec) asks
+// us to move it back to the kernel; one fd (the socket, as proof); the
+// reply's status says whether we did.
+enum class CtlType : std::uint16_t { request = 1, reply = 2, leave = 3 };
 
 // Control message, one SEQPACKET datagram. A request carries two fds (the
 // initiator's TCP socket as proof, its doorbell); an accepting reply one
@@ -525,11 +529,77 @@ void Engine::try_initiate(Conn *c) noexcept {
     set_final(c, why == Reason::none ? Reason::peer_refused : why);
 }
 
+namespace {
+
+CtlMsg reply_to(pid_t self, CtlType type) noexcept {
+    CtlMsg m{};
+    m.magic = kCtlMagic;
+    m.version = kCtlVersion;
+    m.type = std::uint16_t(type);
+    m.pid = self;
+    return m;
+}
+
+}  // namespace
+
+int ask_owner_to_leave(pid_t owner, int fd) noexcept {
+    Guard guard;
+    CtlMsg req = reply_to(getpid(), CtlType::leave);
+    if (tuple_of(fd, req.tuple) != 0) return -ENOTCONN;
+    char path[108];
+    ctl_path(path, sizeof path, owner);
+    int s = sys.socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (s < 0) return -errno;
+    // The owner waits up to the leave timeout for its peer.
+    std::uint32_t ms = settings().leave_timeout_ms + 2000;
+    timeval tv{time_t(ms / 1000), suseconds_t((ms % 1000) * 1000)};
+    sys.setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    sys.setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    sockaddr_un sa{};
+    sa.sun_family = AF_UNIX;
+    std::memcpy(sa.sun_path, path, sizeof path);
+    int rc = -ESRCH;
+    CtlMsg rep{};
+    int none = -1;
+    if (sys.connect(s, reinterpret_cast<sockaddr *>(&sa), sizeof sa) == 0) {
+        rc = -EPERM;
+        if (peer_cred_ok(s, owner)) {
+            rc = -ETIMEDOUT;
+            if (send_ctl(s, req, &fd, 1) == sizeof req && recv_ctl(s, rep, &none, 0) == 0 &&
+                rep.type == std::uint16_t(CtlType::reply) && rep.pid == owner)
+                rc = rep.status == std::uint32_t(Reason::none) ? 0 : -EIO;
+        }
+    }
+    sys.close(s);
+    return rc;
+}
+
+void Engine::handle_leave(int fd, pid_t pid, const Tuple &tuple, int proof) noexcept {
+    CtlMsg rep = reply_to(pid_, CtlType::reply);
+    Tuple proven;
+    if (!peer_cred_ok(fd, pid)) {
+        rep.status = std::uint32_t(Reason::other_user);
+    } else if (tuple_of(proof, proven) != 0 || !(proven == tuple)) {
+        rep.status = std::uint32_t(Reason::proof_failed);
+    } else {
+        std::lock_guard lock(conn_lock_);
+        Conn *c = find_tuple(tuple);
+        // Not ours (any more): the kernel carries it all already.
+        if (c && leave_locked(c, Reason::shared) != 0) rep.status = std::uint32_t(Reason::timeout);
+    }
+    if (proof >= 0) sys.close(proof);
+    send_ctl(fd, rep, nullptr, 0);
+}
+
 void Engine::handle_request(int fd) noexcept {
     CtlMsg req{};
     int fds[2];
     if (recv_ctl(fd, req, fds, 2) != 0) return;
     int proof = fds[0], bell = fds[1];
+    if (req.type == std::uint16_t(CtlType::leave)) {
+        if (bell >= 0) sys.close(bell);
+        return handle_leave(fd, req.pid, req.tuple, proof);
+    }
     CtlMsg rep{};
     rep.magic = kCtlMagic;
     rep.version = kCtlVersion;

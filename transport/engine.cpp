@@ -380,15 +380,21 @@ void Engine::flush_due_stages() noexcept {
     for (std::uint32_t id = 0; id < kSlots; ++id) {
         Conn *c = conns_[id].load(std::memory_order_acquire);
         if (!c || !c->flush_due.load(std::memory_order_acquire)) continue;
+        // Leaving the fabric: our leave, then bytes owed to the kernel.
+        const bool left = c->leave_due.load(std::memory_order_acquire) ||
+                          c->tx_owed.load(std::memory_order_acquire);
         // Short of credits: their arrival brings us back here.
-        if (c->credits.load(std::memory_order_acquire) < std::int64_t(c->staged) &&
+        if (!left && c->credits.load(std::memory_order_acquire) < std::int64_t(c->staged) &&
             !c->gone() && c->is_direct())
             continue;
         if (!c->tx_lock.try_lock()) {
             retry = true;
             continue;
         }
-        if (!c->staged || c->gone() || !c->is_direct()) {
+        if (left) {
+            if (leave_work_locked(c) == -EAGAIN) retry = true;
+            else if (c->flush_due.exchange(false)) flush_due_count_.fetch_sub(1, std::memory_order_relaxed);
+        } else if (!c->staged || c->gone() || !c->is_direct()) {
             if (c->flush_due.exchange(false)) flush_due_count_.fetch_sub(1, std::memory_order_relaxed);
         } else if (c->credits.load(std::memory_order_acquire) >= std::int64_t(c->staged)) {
             retry |= post_stage_locked(c, monotonic_ns() + 1000000) != 0;
@@ -490,6 +496,12 @@ void Engine::deliver(const char *buf, std::size_t len) noexcept {
         break;
     }
     case MsgType::credit:
+        break;
+    case MsgType::leave:
+        on_leave(c, h);
+        break;
+    case MsgType::give_back:
+        on_give_back(c, h, buf + sizeof h);
         break;
     case MsgType::src_avail: {
         if (c->switch_off == kNoOffset) c->switch_off = h.offset;

@@ -48,6 +48,12 @@ inline constexpr std::uint32_t kMaxInline = 16384 - 32;
 class Engine;
 Engine *the_engine_for_exit() noexcept;
 
+// Asks process `owner`, whose direct connection socket `fd` also is here
+// (inherited through fork), to move it back to the kernel (leave). 0 when
+// the kernel socket carries it all now; -ESRCH (no such owner), -EIO (it
+// could not), -ETIMEDOUT.
+int ask_owner_to_leave(pid_t owner, int fd) noexcept;
+
 class Engine {
   public:
     // This process's engine if it is built (else nullptr).
@@ -85,6 +91,23 @@ class Engine {
     // ours or the peer's, from now on. Waits (bounded) for an upgrade
     // request of ours in flight; one that went direct meanwhile stays so.
     void hold(Conn *c) noexcept;
+
+    // Leaving the fabric (leave.cpp, brief §7): the connection goes back
+    // to its kernel socket at stream offsets, for every process that holds
+    // the socket (shared after fork, exec). We end our fabric stream, wait
+    // (up to SDIRECT_LEAVE_TIMEOUT_MS) for the peer to end its own, return
+    // it what we received and had not read, and read the kernel from then
+    // on. The caller holds conn_lock_ (`c` cannot be detached meanwhile)
+    // and no lock of `c`. 0 (on the kernel now, or was), -ETIMEDOUT (the
+    // peer did not answer: nothing changed, or the log says what did), -EPIPE.
+    int leave_locked(Conn *c, Reason why) noexcept;
+    // The same for an application thread of ours (exec, posix_spawn).
+    int leave(Conn *c, Reason why) noexcept;
+    // Send side of a connection that left (tx_lock held): our own leave if
+    // the peer left first, then the bytes the peer returned, then our
+    // staged ones, into the kernel socket, before anything new. Waits until
+    // `deadline_ns` (0: no limit) when `blocking`. 0, -EAGAIN or -errno.
+    int leave_flush_locked(Conn *c, bool blocking, std::uint64_t deadline_ns) noexcept;
 
     // Progress the CQ if no other thread does (try-lock), or wait for it.
     void progress() noexcept;
@@ -166,6 +189,12 @@ class Engine {
     int open_fabric() noexcept;
     void post_rx(RxBuffer *b) noexcept;
     void deliver(const char *buf, std::size_t len) noexcept;
+    // leave.cpp: the messages (rx_lock held), and the send side's work
+    // without blocking (tx_lock held): 0 done, -EAGAIN not yet, -errno.
+    void on_leave(Conn *c, const MsgHeader &h) noexcept;
+    void on_give_back(Conn *c, const MsgHeader &h, const char *payload) noexcept;
+    void send_leave_locked(Conn *c, bool first, Reason why) noexcept;
+    int leave_work_locked(Conn *c) noexcept;
     // The provider's RMA write or read of our iov, waited for. 0, -EIO,
     // -EPIPE (the peer vanished before the operation was taken).
     int rma(Conn *c, const iovec *iov, int iovcnt, const fi_rma_iov *remote, int nremote,
@@ -180,6 +209,7 @@ class Engine {
     void unpublish(Conn *c) noexcept;
     void try_initiate(Conn *c) noexcept;
     void handle_request(int fd) noexcept;
+    void handle_leave(int fd, pid_t pid, const Tuple &tuple, int proof) noexcept;
     Peer *attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why) noexcept;
     int make_ring(Conn *c) noexcept;
     std::uint64_t next_key_ = 1;

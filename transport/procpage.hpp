@@ -36,6 +36,8 @@ enum class Reason : std::uint32_t {
     same_process,      // both ends in one process and SDIRECT_SAME_PROCESS=0
     inherited,         // socket inherited across fork, left to the kernel
     fabric_error,      // fabric failure; continued on TCP
+    shared,            // was direct, went back to the kernel: shared after fork
+    exec,              // was direct, went back to the kernel before exec/spawn
     count_
 };
 

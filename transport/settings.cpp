@@ -47,6 +47,10 @@ constexpr Setting table[] = {
     {"SDIRECT_UPGRADE_TIMEOUT_MS", SettingKind::integer, "1000",
      "Longest wait for a peer's answer to an upgrade request; on expiry the "
      "connection stays on TCP."},
+    {"SDIRECT_LEAVE_TIMEOUT_MS", SettingKind::integer, "3000",
+     "Longest wait for a peer to answer when a direct connection goes back "
+     "to the kernel (shared after fork, exec): on expiry the process that "
+     "asked gets EIO on it and the log says why."},
     {"SDIRECT_ENGINE_WAIT_MS", SettingKind::integer, "1000",
      "How long connect() and accept() may wait for the process's fabric "
      "engine while it is first built (libfabric takes a few hundred ms to "
@@ -147,6 +151,7 @@ void load_settings() noexcept {
     values.max_peers = integer(Key::max_peers);
     values.same_process = boolean(Key::same_process);
     values.upgrade_timeout_ms = integer(Key::upgrade_timeout_ms);
+    values.leave_timeout_ms = integer(Key::leave_timeout_ms);
     values.engine_wait_ms = integer(Key::engine_wait_ms);
     values.stats_file = copy(raw(Key::stats_file));
 }

@@ -32,6 +32,7 @@ enum class Key : std::uint8_t {
     max_peers,
     same_process,
     upgrade_timeout_ms,
+    leave_timeout_ms,
     engine_wait_ms,
     stats_file,
     count_
@@ -52,6 +53,7 @@ struct Settings {
     std::uint32_t max_peers;
     bool same_process;        // accelerate connections within one process
     std::uint32_t upgrade_timeout_ms;
+    std::uint32_t leave_timeout_ms;  // longest wait for a peer to answer our leave
     std::uint32_t engine_wait_ms;  // connect/accept wait this long for the engine
     const char *stats_file;   // counters appended here at exit ("" = off)
 };

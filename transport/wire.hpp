@@ -28,7 +28,18 @@ enum class MsgType : std::uint8_t {
     src_avail = 6,
     src_done = 7,    // receiver: `flags` bytes of the advert at `offset` were read; it is over
     src_cancel = 8,  // sender: end the advert at `offset` early (answered by src_done)
+    // Leaving the fabric (brief §7): the sender's fabric stream ends at
+    // `offset`; its later bytes come through the kernel socket. The side
+    // that starts it (flags kLeaveFirst) returns the bytes it received and
+    // had not read yet once the answer came, so that the kernel socket,
+    // read by every process that holds it, carries them. Bits 8 and up of
+    // `flags`: why (a Reason), for the peer's counters.
+    leave = 9,
+    give_back = 10,  // the receiver's own bytes at `offset`, returned; kGiveBackLast ends them
 };
+
+inline constexpr std::uint32_t kLeaveFirst = 1;
+inline constexpr std::uint32_t kGiveBackLast = 1;
 
 // Flags of a close message: the closer had bytes of ours unread, which
 // TCP answers with a reset (RST) instead of a FIN.

@@ -17,6 +17,16 @@ client: --conns connections one after another; on each
      half-close, the echo read to EOF and compared byte for byte.
 keeper: the same service in the accepting process itself, while a forked
   child holds a copy of the connection until it is SIGKILLed.
+handoff, exec, spawn, system: the accepting process echoes the first
+  --handoff-after messages itself (the connection is direct by then), then
+  hands the connection over and closes its copy (after --close-delay s):
+  handoff: to a forked child that echoes the rest (it inherited a direct
+    socket: its first use moves the connection back to the kernel);
+  exec: to a forked child that puts the socket on its stdin and stdout and
+    execs cat without the library;
+  spawn: to cat without the library, started by subprocess (vfork + exec);
+  system: to cat without the library, started by os.system (the server
+    waits for it there).
 Any wait longer than --idle seconds is a failure (exit 1).
 """
 import argparse
@@ -140,6 +150,89 @@ def keeper(args):
     print(f"keeper: {len(children)} connections served while a killed child held a copy")
 
 
+def clean_env():
+    """The environment without the library: the program started never
+    runs it, so it reads and writes the kernel socket alone."""
+    return {k: v for k, v in os.environ.items() if k != "LD_PRELOAD" and not k.startswith("SDIRECT_")}
+
+
+def handoff(args):
+    """Serves --clients connections one after another: the first
+    --handoff-after messages here, the rest by whoever --role says."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(f"{args.role}: SIGTERM before all clients were served"))
+    lsock = socket.create_server(("127.0.0.1", args.port), reuse_port=False)
+    lsock.settimeout(args.idle)
+    children = []
+    for n in range(args.clients):
+        try:
+            conn, _ = lsock.accept()
+        except TimeoutError:
+            sys.exit(f"{args.role}: no connection for {args.idle} s ({n} served)")
+        conn.settimeout(args.idle)
+        for k in range(args.handoff_after):
+            data = conn.recv(65536)
+            if not data:
+                sys.exit(f"{args.role}: EOF after {k} of {args.handoff_after} messages")
+            conn.sendall(data)
+        if args.role != "handoff":
+            conn.setblocking(True)  # cat reads and writes a blocking fd
+        if args.role == "handoff":
+            pid = os.fork()
+            if pid == 0:
+                code = 0
+                try:
+                    while True:
+                        data = conn.recv(65536)
+                        if not data:
+                            break
+                        conn.sendall(data)
+                except OSError as e:
+                    print(f"handoff child: {e!r}", file=sys.stderr)
+                    code = 1
+                os._exit(code)
+            children.append(pid)
+        elif args.role == "exec":
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    os.dup2(conn.fileno(), 0)
+                    os.dup2(conn.fileno(), 1)
+                    os.execve("/bin/cat", ["cat"], clean_env())
+                finally:
+                    os._exit(127)
+            children.append(pid)
+        elif args.role == "spawn":
+            import subprocess
+            proc = subprocess.Popen(["cat"], stdin=conn.fileno(), stdout=conn.fileno(), env=clean_env())
+            children.append(proc)
+        elif args.role == "system":
+            fd = conn.fileno()
+            os.set_inheritable(fd, True)
+            env_keep = os.environ.copy()
+            os.environ.clear()
+            os.environ.update(clean_env())
+            status = os.system(f"exec cat <&{fd} >&{fd}")
+            os.environ.clear()
+            os.environ.update(env_keep)
+            if status:
+                sys.exit(f"system: cat ended with status {status}")
+        if args.close_delay:
+            time.sleep(args.close_delay)
+        conn.close()
+    failed = []
+    for child in children:
+        if isinstance(child, int):
+            _, status = os.waitpid(child, 0)
+            code = os.waitstatus_to_exitcode(status)
+        else:
+            code = child.wait(args.idle * 2)
+        if code:
+            failed.append(f"{child if isinstance(child, int) else child.pid}: {code}")
+    if failed:
+        sys.exit(f"{args.role}: {len(failed)} of {len(children)} servers failed: " + ", ".join(failed))
+    print(f"{args.role}: {args.clients} connections, each handed over after {args.handoff_after} messages")
+
+
 def recv_exactly(sock, n, what):
     got = bytearray()
     while len(got) < n:
@@ -229,7 +322,7 @@ def client(args):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("role", choices=["server", "keeper", "client"])
+    p.add_argument("role", choices=["server", "keeper", "client", "handoff", "exec", "spawn", "system"])
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--clients", type=int, default=1, help="server: connections to serve")
     p.add_argument("--conns", type=int, default=6, help="client: connections, one after another")
@@ -242,10 +335,14 @@ def main():
                    help="keeper: seconds before the holding child is SIGKILLed")
     p.add_argument("--pace", type=float, default=0.0,
                    help="client: seconds between the bulk part's pieces")
+    p.add_argument("--handoff-after", type=int, default=50,
+                   help="handoff, exec, spawn, system: messages echoed before the handover")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--idle", type=float, default=15.0)
     args = p.parse_args()
-    {"server": serve, "keeper": keeper, "client": client}[args.role](args)
+    roles = {"server": serve, "keeper": keeper, "client": client}
+    roles.update(dict.fromkeys(["handoff", "exec", "spawn", "system"], handoff))
+    roles[args.role](args)
 
 
 if __name__ == "__main__":

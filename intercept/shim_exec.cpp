@@ -1,0 +1,152 @@
+// Starting programs: the exec family, posix_spawn, system and popen. The
+// new program may not run the library (or runs a fresh copy that knows
+// nothing of our connections), so every socket it inherits goes back to
+// the kernel first (brief §7). glibc's own calls between these entry
+// points are internal and not interposable: each public one is caught.
+// vfork needs nothing of its own: its child reaches exec through here.
+#include "shim.hpp"
+
+#include <cstdarg>
+#include <cstdlib>
+#include <dlfcn.h>
+#include <spawn.h>
+#include <unistd.h>
+#include <vector>
+
+extern char **environ;
+
+namespace {
+
+struct Real {
+    int (*execve)(const char *, char *const[], char *const[]);
+    int (*execvpe)(const char *, char *const[], char *const[]);
+    int (*fexecve)(int, char *const[], char *const[]);
+    int (*execveat)(int, const char *, char *const[], char *const[], int);
+    int (*posix_spawn)(pid_t *, const char *, const posix_spawn_file_actions_t *,
+                       const posix_spawnattr_t *, char *const[], char *const[]);
+    int (*posix_spawnp)(pid_t *, const char *, const posix_spawn_file_actions_t *,
+                        const posix_spawnattr_t *, char *const[], char *const[]);
+    int (*system)(const char *);
+    FILE *(*popen)(const char *, const char *);
+};
+Real real;
+
+template <typename F>
+void find(F &slot, const char *name) noexcept {
+    slot = reinterpret_cast<F>(dlsym(RTLD_NEXT, name));
+}
+
+// Resolved before main(): a vfork child must not enter the dynamic linker.
+__attribute__((constructor(102))) void resolve_exec() {
+    find(real.execve, "execve");
+    find(real.execvpe, "execvpe");
+    find(real.fexecve, "fexecve");
+    find(real.execveat, "execveat");
+    find(real.posix_spawn, "posix_spawn");
+    find(real.posix_spawnp, "posix_spawnp");
+    find(real.system, "system");
+    find(real.popen, "popen");
+}
+
+void prepare() noexcept {
+    if (!sd::transport::guarded()) sd::fallback::table_before_exec();
+}
+
+int missing() noexcept {
+    errno = ENOSYS;
+    return -1;
+}
+
+// execl and friends: the arguments after `first` up to the terminating
+// null pointer, as an argv; `envp` gets what follows it (execle).
+std::vector<char *> gather(const char *first, va_list ap, char ***envp) {
+    std::vector<char *> argv{const_cast<char *>(first)};
+    while (char *a = va_arg(ap, char *)) argv.push_back(a);
+    argv.push_back(nullptr);
+    if (envp) *envp = va_arg(ap, char **);
+    return argv;
+}
+
+}  // namespace
+
+SD_EXPORT int execve(const char *path, char *const argv[], char *const envp[]) {
+    prepare();
+    return real.execve ? real.execve(path, argv, envp) : missing();
+}
+
+SD_EXPORT int execv(const char *path, char *const argv[]) {
+    prepare();
+    return real.execve ? real.execve(path, argv, environ) : missing();
+}
+
+SD_EXPORT int execvpe(const char *file, char *const argv[], char *const envp[]) {
+    prepare();
+    return real.execvpe ? real.execvpe(file, argv, envp) : missing();
+}
+
+SD_EXPORT int execvp(const char *file, char *const argv[]) {
+    prepare();
+    return real.execvpe ? real.execvpe(file, argv, environ) : missing();
+}
+
+SD_EXPORT int fexecve(int fd, char *const argv[], char *const envp[]) {
+    prepare();
+    return real.fexecve ? real.fexecve(fd, argv, envp) : missing();
+}
+
+SD_EXPORT int execveat(int dirfd, const char *path, char *const argv[], char *const envp[],
+                       int flags) {
+    prepare();
+    return real.execveat ? real.execveat(dirfd, path, argv, envp, flags) : missing();
+}
+
+SD_EXPORT int execl(const char *path, const char *arg, ...) {
+    va_list ap;
+    va_start(ap, arg);
+    std::vector<char *> argv = gather(arg, ap, nullptr);
+    va_end(ap);
+    return execv(path, argv.data());
+}
+
+SD_EXPORT int execlp(const char *file, const char *arg, ...) {
+    va_list ap;
+    va_start(ap, arg);
+    std::vector<char *> argv = gather(arg, ap, nullptr);
+    va_end(ap);
+    return execvp(file, argv.data());
+}
+
+SD_EXPORT int execle(const char *path, const char *arg, ...) {
+    va_list ap;
+    va_start(ap, arg);
+    char **envp = nullptr;
+    std::vector<char *> argv = gather(arg, ap, &envp);
+    va_end(ap);
+    return execve(path, argv.data(), envp);
+}
+
+SD_EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *actions,
+                          const posix_spawnattr_t *attr, char *const argv[], char *const envp[]) {
+    prepare();
+    return real.posix_spawn ? real.posix_spawn(pid, path, actions, attr, argv, envp) : ENOSYS;
+}
+
+SD_EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_actions_t *actions,
+                           const posix_spawnattr_t *attr, char *const argv[], char *const envp[]) {
+    prepare();
+    return real.posix_spawnp ? real.posix_spawnp(pid, file, actions, attr, argv, envp) : ENOSYS;
+}
+
+SD_EXPORT int system(const char *command) {
+    if (command) prepare();  // system(NULL) only asks whether a shell exists
+    return real.system ? real.system(command) : missing();
+}
+
+SD_EXPORT FILE *popen(const char *command, const char *type) {
+    prepare();
+    if (!real.popen) {
+        errno = ENOSYS;
+        return nullptr;
+    }
+    return real.popen(command, type);
+}

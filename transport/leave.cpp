@@ -1,0 +1,336 @@
+// Leaving the fabric (brief §7): a direct connection goes back to its
+// kernel socket for good, so that every process holding the socket (a
+// fork child that uses it, a program started by exec) reads and writes it
+// with TCP's semantics.
+//
+// The side that leaves first ends its fabric stream with a `leave` at its
+// send offset (flag kLeaveFirst) and sends through the kernel from then
+// on. The peer answers with its own `leave` once no send of its holds the
+// fabric, and reads its ring up to the first side's end, then the kernel.
+// When the answer comes, the first side returns the bytes it received and
+// had not read (`give_back`) and reads only the kernel from then on; the
+// peer writes the returned bytes into the kernel before any new byte. Both
+// kernel streams thus go on at the offsets where the fabric left them.
+// Crossing leaves are two first sides: each returns, each writes back.
+#include "engine.hpp"
+#include "log.hpp"
+#include "settings.hpp"
+#include "sys.hpp"
+#include "wait.hpp"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <poll.h>
+#include <sys/socket.h>
+#include <time.h>
+
+namespace sd::transport {
+namespace {
+
+bool answered(void *ctx) noexcept {
+    auto *c = static_cast<Conn *>(ctx);
+    std::lock_guard lock(c->rx_lock);
+    return c->peer_end != kNoOffset || c->gone();
+}
+
+bool back_arrived(void *ctx) noexcept {
+    auto *c = static_cast<Conn *>(ctx);
+    return c->back_complete.load(std::memory_order_acquire) || c->gone();
+}
+
+void nap_us(long us) noexcept {
+    timespec ts{0, us * 1000};
+    nanosleep(&ts, nullptr);
+}
+
+// Writes what it can of buf[*done, len) into the kernel socket without
+// blocking. 0 when all is written, -EAGAIN, or -errno.
+int write_some(int fd, const char *buf, std::uint32_t len, std::uint32_t *done) noexcept {
+    while (*done < len) {
+        ssize_t n = sys.send(fd, buf + *done, len - *done, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return errno == EWOULDBLOCK ? -EAGAIN : -errno;
+        }
+        *done += std::uint32_t(n);
+    }
+    return 0;
+}
+
+}  // namespace
+
+bool Conn::settle_left_locked() noexcept {
+    ConnState st = state.load(std::memory_order_acquire);
+    if (st == ConnState::final) return true;
+    // Final also for the send side: nothing owed to the kernel any more
+    // (readiness tells writability from our state until then).
+    if (st != ConnState::leaving || peer_end == kNoOffset || rx_off < peer_end || ring_bytes() ||
+        zc.active || tx_owed.load(std::memory_order_acquire))
+        return false;
+    stat->mode.store(std::uint32_t(Mode::kernel), std::memory_order_relaxed);
+    state.store(ConnState::final, std::memory_order_release);
+    wake_locked();
+    return true;
+}
+
+void Engine::send_leave_locked(Conn *c, bool first, Reason why) noexcept {
+    if (c->leave_sent) return;
+    // Staged bytes were accepted after everything on the fabric: they
+    // follow on the kernel socket.
+    if (c->staged) c->tx_owed.store(true, std::memory_order_release);
+    const std::uint64_t deadline = monotonic_ns() + settings().leave_timeout_ms * 1000000ull;
+    c->tx_end.store(c->tx_off, std::memory_order_release);
+    c->leave_sent = true;
+    c->leave_first = first;
+    c->leave_due.store(false, std::memory_order_relaxed);
+    const std::uint32_t flags = (first ? kLeaveFirst : 0) | std::uint32_t(why) << 8;
+    if (post(c, MsgType::leave, nullptr, 0, 0, c->tx_off, deadline, flags) == 0)
+        ring(c->peer);
+    ConnState expect = ConnState::direct;
+    c->state.compare_exchange_strong(expect, ConnState::leaving);
+    SD_LOG(debug, "fd %d: our fabric stream ends at %llu", c->stat->fd,
+           (unsigned long long)c->tx_off);
+}
+
+void Engine::on_leave(Conn *c, const MsgHeader &h) noexcept {
+    if (c->switch_off == kNoOffset) c->switch_off = h.offset;
+    // Its advertisement (if any) ended before it could leave, and its
+    // stream ends where its last message did.
+    if (h.offset != c->rx_expect() || c->zc.active || c->peer_end != kNoOffset) {
+        SD_LOG(error, "conn %u: leave at offset %llu, expected %llu: connection broken", c->id,
+               (unsigned long long)h.offset, (unsigned long long)c->rx_expect());
+        c->broken = true;
+        return;
+    }
+    c->peer_end = h.offset;
+    SD_LOG(debug, "conn %u/%u: the peer's fabric stream ends at %llu%s", c->id, c->gen,
+           (unsigned long long)h.offset, (h.flags & kLeaveFirst) ? " (it leaves first)" : "");
+    // Why it left (its side's reason), for sdirect-stat here too.
+    const std::uint32_t why = h.flags >> 8;
+    if (why && why < std::uint32_t(Reason::count_) &&
+        c->stat->reason.load(std::memory_order_relaxed) == std::uint32_t(Reason::none))
+        c->stat->reason.store(why, std::memory_order_relaxed);
+    if (h.flags & kLeaveFirst) {
+        c->back_owed.store(true, std::memory_order_relaxed);
+        c->tx_owed.store(true, std::memory_order_release);
+    }
+    ConnState expect = ConnState::direct;
+    c->state.compare_exchange_strong(expect, ConnState::leaving);
+    // Our own leave is owed (a no-op if we sent ours already): the next
+    // holder of the send lock, or the flush pass, sends it.
+    c->leave_due.store(true, std::memory_order_release);
+    want_flush(c);
+    c->settle_left_locked();
+}
+
+void Engine::on_give_back(Conn *c, const MsgHeader &h, const char *payload) noexcept {
+    const bool first = c->back_off == kNoOffset;
+    const std::uint64_t expect = first ? h.offset : c->back_off + c->back_len;
+    const std::uint64_t end = c->tx_end.load(std::memory_order_acquire);  // before our leave
+    bool ok = c->back_owed.load(std::memory_order_relaxed) &&
+              !c->back_complete.load(std::memory_order_relaxed) && h.offset == expect &&
+              end != kNoOffset && h.offset + h.len <= end &&
+              end - (first ? h.offset : c->back_off) <= c->peer_ring_cap;
+    if (ok && (h.flags & kGiveBackLast)) ok = h.offset + h.len == end;
+    char *grown = nullptr;
+    if (ok && h.len) {
+        grown = static_cast<char *>(std::realloc(c->back, c->back_len + h.len));
+        ok = grown != nullptr;
+    }
+    if (!ok) {
+        SD_LOG(error, "conn %u: returned bytes at offset %llu do not fit our stream (ends at "
+                      "%llu): connection broken", c->id, (unsigned long long)h.offset,
+               (unsigned long long)end);
+        c->broken = true;
+        return;
+    }
+    SD_LOG(debug, "conn %u: %u returned bytes at %llu%s", c->id, h.len,
+           (unsigned long long)h.offset, (h.flags & kGiveBackLast) ? " (last)" : "");
+    if (first) c->back_off = h.offset;
+    if (h.len) {
+        c->back = grown;
+        std::memcpy(c->back + c->back_len, payload, h.len);
+        c->back_len += h.len;
+    }
+    if (h.flags & kGiveBackLast) {
+        c->back_complete.store(true, std::memory_order_release);
+        want_flush(c);
+    }
+}
+
+int Engine::leave_work_locked(Conn *c) noexcept {
+    if (!c->leave_sent) {
+        if (!c->leave_due.load(std::memory_order_acquire)) return 0;
+        send_leave_locked(c, false, Reason::none);
+    }
+    if (!c->tx_owed.load(std::memory_order_acquire)) return 0;
+    const int fd = std::atomic_ref<std::int32_t>(c->stat->fd).load(std::memory_order_relaxed);
+    if (c->back_owed.load(std::memory_order_acquire)) {
+        if (!c->back_complete.load(std::memory_order_acquire)) progress();  // it may be here
+        if (!c->back_complete.load(std::memory_order_acquire)) {
+            if (!c->gone() && peer_alive(c->peer)) return -EAGAIN;
+            // It died between its leave and its returned bytes: they are
+            // lost with it (its holders' next reads see a gap otherwise
+            // impossible; the log says so).
+            SD_LOG(error, "fd %d: the peer died before returning our unread bytes", fd);
+        } else if (int rc = write_some(fd, c->back, c->back_len, &c->back_done)) {
+            return rc;
+        }
+        c->back_owed.store(false, std::memory_order_relaxed);
+        std::free(c->back);
+        c->back = nullptr;
+    }
+    if (c->staged) {
+        std::uint32_t done = 0;
+        int rc = write_some(fd, c->stage, c->staged, &done);
+        c->tx_off += done;
+        bump(c->stat->tx_kernel, done);
+        std::memmove(c->stage, c->stage + done, c->staged - done);
+        c->staged -= done;
+        if (rc) return rc;
+    }
+    c->tx_owed.store(false, std::memory_order_release);
+    // Writable now; and the receive side may be done too.
+    std::lock_guard rx(c->rx_lock);
+    if (!c->settle_left_locked()) c->wake_locked();
+    return 0;
+}
+
+int Engine::leave_flush_locked(Conn *c, bool blocking, std::uint64_t deadline_ns) noexcept {
+    for (;;) {
+        int rc = leave_work_locked(c);
+        if (rc != -EAGAIN || !blocking) return rc;
+        std::uint64_t now = monotonic_ns();
+        if (deadline_ns && now >= deadline_ns) return -EAGAIN;
+        int ms = deadline_ns ? int(std::min<std::uint64_t>((deadline_ns - now) / 1000000 + 1, 10)) : 10;
+        if (c->back_owed.load(std::memory_order_acquire) &&
+            !c->back_complete.load(std::memory_order_acquire)) {
+            int w = sleep_once(this, c, -1, 0, back_arrived, c, ms);
+            if (w == -EINTR) return -EINTR;
+        } else {
+            pollfd p{std::atomic_ref<std::int32_t>(c->stat->fd).load(std::memory_order_relaxed),
+                     POLLOUT, 0};
+            if (sys.poll(&p, 1, ms) < 0 && errno == EINTR) return -EINTR;
+        }
+    }
+}
+
+int Engine::leave(Conn *c, Reason why) noexcept {
+    std::lock_guard lock(conn_lock_);
+    return leave_locked(c, why);
+}
+
+int Engine::leave_locked(Conn *c, Reason why) noexcept {
+    ConnState st = c->state.load(std::memory_order_acquire);
+    if (st != ConnState::direct && st != ConnState::leaving) return 0;
+    const int fd = std::atomic_ref<std::int32_t>(c->stat->fd).load(std::memory_order_relaxed);
+    const std::uint64_t deadline = monotonic_ns() + settings().leave_timeout_ms * 1000000ull;
+    // The send lock: a send waiting for credits or for its advertisement's
+    // reader lets go when it sees leave_wanted.
+    c->leave_wanted.store(true, std::memory_order_release);
+    {
+        std::lock_guard rx(c->rx_lock);
+        c->wake_locked();
+    }
+    std::unique_lock tx(c->tx_lock, std::defer_lock);
+    while (!tx.try_lock()) {
+        if (monotonic_ns() >= deadline) {
+            c->leave_wanted.store(false, std::memory_order_release);
+            SD_LOG(error, "fd %d: a send of ours held the connection for %u ms: it stays direct",
+                   fd, settings().leave_timeout_ms);
+            return -ETIMEDOUT;
+        }
+        progress();
+        nap_us(50);
+    }
+    // First or not (the peer may have left meanwhile), we return what we
+    // hold unread: every holder of the socket reads the kernel from now on.
+    if (!c->leave_sent) {
+        send_leave_locked(c, true, why);
+    } else if (!c->leave_first) {
+        // We answered the peer's leave already, keeping our unread bytes
+        // to read them ourselves: too late to return them.
+        c->leave_wanted.store(false, std::memory_order_release);
+        tx.unlock();
+        std::lock_guard rx(c->rx_lock);
+        if (c->settle_left_locked()) return 0;  // nothing left unread
+        SD_LOG(error, "fd %d: the peer left the fabric first while bytes of it were unread "
+                      "here; they can be read by this process only", fd);
+        return -EBUSY;
+    }
+    c->leave_wanted.store(false, std::memory_order_release);
+    // Our staged bytes (and the peer's returned ones if it left first too)
+    // go to the kernel once we have returned ours: the flush pass, or the
+    // next send, writes them.
+    if (c->tx_owed.load(std::memory_order_acquire)) want_flush(c);
+    tx.unlock();
+
+    for (;;) {
+        if (answered(c) || !peer_alive(c->peer)) break;
+        if (monotonic_ns() >= deadline) {
+            SD_LOG(error, "fd %d: peer pid %d did not answer our leave in %u ms: its bytes stay "
+                          "on the fabric for this process", fd, int(c->peer->pid),
+                   settings().leave_timeout_ms);
+            return -ETIMEDOUT;
+        }
+        (void)sleep_once(this, c, -1, 0, answered, c, 10);
+    }
+
+    // What we received and did not read goes back to where it came from.
+    char *give = nullptr;
+    std::uint32_t n = 0;
+    std::uint64_t from = 0;
+    bool gone;
+    {
+        std::lock_guard rx(c->rx_lock);
+        gone = c->gone() || c->peer_end == kNoOffset;
+        n = std::uint32_t(c->ring_bytes());
+        from = c->peer_end == kNoOffset ? 0 : c->peer_end - n;
+        if (n && !gone && (give = static_cast<char *>(std::malloc(n)))) {
+            for (std::uint32_t i = 0; i < n;) {
+                std::uint32_t at = std::uint32_t((c->ring_head + i) % c->ring_cap);
+                std::uint32_t run = std::min(n - i, c->ring_cap - at);
+                std::memcpy(give + i, c->ring + at, run);
+                i += run;
+            }
+        }
+        if (!gone) {
+            c->ring_head = c->ring_tail;
+            c->peer_end = from;
+        }
+        c->stat->reason.store(std::uint32_t(why), std::memory_order_relaxed);
+        c->stat->mode.store(std::uint32_t(Mode::kernel), std::memory_order_relaxed);
+        c->state.store(ConnState::final, std::memory_order_release);
+        c->show_flow(true);
+        c->wake_locked();
+    }
+    if (gone) return c->gone() ? 0 : -EPIPE;
+    if (n && !give) {
+        SD_LOG(error, "fd %d: no memory to return %u unread bytes", fd, n);
+        c->broken = true;
+        return -ENOMEM;
+    }
+    int rc = 0;
+    std::uint32_t at = 0;
+    do {
+        std::uint32_t len = std::min(n - at, kMaxInline);
+        iovec v{give + at, len};
+        const bool last = at + len == n;
+        rc = post(c, MsgType::give_back, &v, len ? 1 : 0, len, from + at, deadline,
+                  last ? kGiveBackLast : 0);
+        at += len;
+    } while (rc == 0 && at < n);
+    std::free(give);
+    if (rc) {
+        SD_LOG(error, "fd %d: returning %u unread bytes failed: %s", fd, n, std::strerror(-rc));
+        return rc;
+    }
+    ring(c->peer);
+    SD_LOG(info, "fd %d left the fabric (%s) at offsets %llu sent, %llu received; %u unread "
+                 "bytes returned to pid %d", fd, reason_name(why),
+           (unsigned long long)c->tx_end.load(std::memory_order_relaxed), (unsigned long long)from, n, int(c->peer->pid));
+    return 0;
+}
+
+}  // namespace sd::transport
