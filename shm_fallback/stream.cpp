@@ -391,11 +391,11 @@ bool Stream::may_go_direct() const noexcept {
     return !forked && (p == Phase::connecting || p == Phase::deferred || p == Phase::attaching);
 }
 
-bool Stream::claim_inherited(int proof) noexcept {
+bool Stream::claim_inherited(int proof, transport::Reason why) noexcept {
     if (!orphan.load(std::memory_order_acquire)) return true;
     std::lock_guard lock(pend_lock);
     if (!orphan.load(std::memory_order_relaxed)) return true;
-    int rc = transport::ask_owner_to_leave(owner, proof >= 0 ? proof : kfd());
+    int rc = transport::ask_owner_to_leave(owner, proof >= 0 ? proof : kfd(), why);
     if (rc != 0) {
         static std::atomic<bool> said{false};
         if (!said.exchange(true))
@@ -413,7 +413,7 @@ void Stream::before_exec(bool vforked, int kept) noexcept {
     Phase p = phase.load(std::memory_order_acquire);
     if (p == Phase::fresh || p == Phase::listener) return;
     if (orphan.load(std::memory_order_acquire)) {
-        (void)claim_inherited(kept);
+        (void)claim_inherited(kept, transport::Reason::exec);
         return;
     }
     Conn *c = conn.load(std::memory_order_acquire);
@@ -421,7 +421,7 @@ void Stream::before_exec(bool vforked, int kept) noexcept {
     ConnState st = c->state.load(std::memory_order_acquire);
     if (st == ConnState::direct || st == ConnState::leaving) {
         // In a vfork child, the process that owns the engine acts.
-        if (vforked) (void)transport::ask_owner_to_leave(engine->pid(), kept);
+        if (vforked) (void)transport::ask_owner_to_leave(engine->pid(), kept, transport::Reason::exec);
         else (void)engine->leave(c, transport::Reason::exec);
     } else if (st != ConnState::final) {
         engine->hold(c);  // no upgrade from now on: the new program may not know of it

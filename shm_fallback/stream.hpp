@@ -94,7 +94,7 @@ class Stream {
     // through fork): that owner moves it back to the kernel first (brief
     // §7). False if it could not (its I/O then fails with EIO).
     // `proof`: an fd of the socket (default: ours).
-    bool claim_inherited(int proof = -1) noexcept;
+    bool claim_inherited(int proof = -1, transport::Reason why = transport::Reason::shared) noexcept;
     // exec, posix_spawn, system, popen are about to start a program that
     // may not run the library, and it inherits this socket (an fd without
     // FD_CLOEXEC; `kept` is one such fd): the socket goes back to the

@@ -542,9 +542,10 @@ CtlMsg reply_to(pid_t self, CtlType type) noexcept {
 
 }  // namespace
 
-int ask_owner_to_leave(pid_t owner, int fd) noexcept {
+int ask_owner_to_leave(pid_t owner, int fd, Reason why) noexcept {
     Guard guard;
     CtlMsg req = reply_to(getpid(), CtlType::leave);
+    req.status = std::uint32_t(why);
     if (tuple_of(fd, req.tuple) != 0) return -ENOTCONN;
     char path[108];
     ctl_path(path, sizeof path, owner);
@@ -574,7 +575,7 @@ int ask_owner_to_leave(pid_t owner, int fd) noexcept {
     return rc;
 }
 
-void Engine::handle_leave(int fd, pid_t pid, const Tuple &tuple, int proof) noexcept {
+void Engine::handle_leave(int fd, pid_t pid, const Tuple &tuple, int proof, Reason why) noexcept {
     CtlMsg rep = reply_to(pid_, CtlType::reply);
     Tuple proven;
     if (!peer_cred_ok(fd, pid)) {
@@ -585,7 +586,7 @@ void Engine::handle_leave(int fd, pid_t pid, const Tuple &tuple, int proof) noex
         std::lock_guard lock(conn_lock_);
         Conn *c = find_tuple(tuple);
         // Not ours (any more): the kernel carries it all already.
-        if (c && leave_locked(c, Reason::shared) != 0) rep.status = std::uint32_t(Reason::timeout);
+        if (c && leave_locked(c, why) != 0) rep.status = std::uint32_t(Reason::timeout);
     }
     if (proof >= 0) sys.close(proof);
     send_ctl(fd, rep, nullptr, 0);
@@ -598,7 +599,8 @@ void Engine::handle_request(int fd) noexcept {
     int proof = fds[0], bell = fds[1];
     if (req.type == std::uint16_t(CtlType::leave)) {
         if (bell >= 0) sys.close(bell);
-        return handle_leave(fd, req.pid, req.tuple, proof);
+        return handle_leave(fd, req.pid, req.tuple, proof,
+                            req.status == std::uint32_t(Reason::exec) ? Reason::exec : Reason::shared);
     }
     CtlMsg rep{};
     rep.magic = kCtlMagic;

@@ -49,10 +49,10 @@ class Engine;
 Engine *the_engine_for_exit() noexcept;
 
 // Asks process `owner`, whose direct connection socket `fd` also is here
-// (inherited through fork), to move it back to the kernel (leave). 0 when
-// the kernel socket carries it all now; -ESRCH (no such owner), -EIO (it
-// could not), -ETIMEDOUT.
-int ask_owner_to_leave(pid_t owner, int fd) noexcept;
+// (inherited through fork), to move it back to the kernel (leave), because
+// of `why` (shared or exec). 0 when the kernel socket carries it all now;
+// -ESRCH (no such owner), -EIO (it could not), -ETIMEDOUT.
+int ask_owner_to_leave(pid_t owner, int fd, Reason why) noexcept;
 
 class Engine {
   public:
@@ -209,7 +209,7 @@ class Engine {
     void unpublish(Conn *c) noexcept;
     void try_initiate(Conn *c) noexcept;
     void handle_request(int fd) noexcept;
-    void handle_leave(int fd, pid_t pid, const Tuple &tuple, int proof) noexcept;
+    void handle_leave(int fd, pid_t pid, const Tuple &tuple, int proof, Reason why) noexcept;
     Peer *attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why) noexcept;
     int make_ring(Conn *c) noexcept;
     std::uint64_t next_key_ = 1;

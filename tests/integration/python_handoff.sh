@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Debian's python3 on both ends, with this directory's fork_echo.py: the
+# accepting process echoes the first messages of each connection itself
+# (so the connection is direct), then hands the connection over to
+#   handoff  a forked child that echoes the rest (its first use of the
+#            inherited direct socket moves the connection back to the
+#            kernel: the parent ends its fabric stream, returns the bytes
+#            it had not read, and the client writes them into the kernel);
+#   bulk     the same, with the hand-over at the start of the client's
+#            bulk part: bytes in flight both ways when the fabric is left;
+#   shared   the same, with the parent keeping its copy 0.3 s;
+#   exec     a forked child that puts the socket on its stdin and stdout
+#            and execs cat without the library;
+#   spawn    cat without the library, started by subprocess (vfork + exec);
+#   system   cat without the library, started by os.system.
+# The client (fork_echo.py client) checks every echo byte for byte: 200
+# ping-pong round trips of 1 to 64 B, then 1000 B, 100 kB or 3 MiB of bulk
+# read back by a thread. With the library, each of the client's
+# connections must have been direct (bytes sent on the fabric) and end on
+# the kernel with the reason the server's side gave (shared: another
+# process used it, or its owner closed it while another held it; exec).
+source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib.sh"
+it_preflight
+export SDIRECT_ENGINE_WAIT_MS="${SDIRECT_ENGINE_WAIT_MS:-30000}"
+
+conns=3
+
+# phase NAME ROLE REASONS SERVER-OPTIONS SIZES PACE (REASONS: a regex)
+phase() {
+    local name=$1 role=$2 reason=$3 option=$4 sizes=$5 pace=$6
+    local total direct kernel shared idle txf txk why text
+    it_py_pair "$name" fork_echo.py "$role" --clients "$conns" $option \
+        -- --conns "$conns" --rounds 200 --sizes "$sizes" --pace "$pace" || return
+    if ((it_kernel)); then
+        it_log "$name: mode check skipped (SDIRECT_IT_KERNEL=1)"
+        return
+    fi
+    read -r total direct kernel shared idle txf txk why \
+        < <(it_stats_summary "$it_tmp/$name-client.stats" "$it_pair_port")
+    text="$name client: $total connections (direct $direct, kernel $kernel: $why), tx_fabric $txf B, tx_kernel $txk B"
+    local one="kernel/($reason)x[0-9]+"
+    if ((total == conns && kernel == conns && txf > 0 && txk > 0)) && [[ "$why" =~ ^$one(,$one)*$ ]]; then
+        it_ok "$text: direct first, then on the kernel"
+    else
+        it_bad "$text; expected $conns connections, direct first (tx_fabric > 0), then kernel/$reason"
+    fi
+}
+
+phase handoff handoff shared "--handoff-after=50" 1000,100000,3145728 0
+phase bulk handoff shared "--handoff-after=200" 3145728,2000000 0.01
+phase shared handoff shared "--handoff-after=50 --close-delay=0.3" 1000,100000,3145728 0
+# The child's exec and the parent's close race to move it (either is right).
+phase exec exec "shared|exec" "--handoff-after=50" 1000,100000,3145728 0
+phase spawn spawn exec "--handoff-after=50" 1000,100000,3145728 0
+phase system system exec "--handoff-after=50" 1000,100000,3145728 0
+it_finish
