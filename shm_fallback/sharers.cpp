@@ -20,13 +20,16 @@ using transport::sys;
 // a forking parent for its child (kReserved | parent's pid).
 inline constexpr std::uint64_t kHolder = 1ull << 32;
 inline constexpr std::uint64_t kReserved = 2ull << 32;
-inline constexpr int kEntries = 28;
+inline constexpr int kEntries = 27;
 
 struct Sharers {
     std::atomic<std::uint32_t> used;
     std::atomic<std::uint32_t> stuck;  // more holders than entries: shared for good
+    // sent, received, left: consecutive (sharers_counts hands them to the
+    // connection of the process that owns it).
     std::atomic<std::uint64_t> sent;
     std::atomic<std::uint64_t> received;
+    std::atomic<std::uint64_t> left;  // its connection left the fabric, counts set
     std::atomic<std::uint64_t> entry[kEntries];
     std::uint64_t spare;
 };
@@ -91,6 +94,7 @@ Sharers *sharers_open(std::uint64_t sent, std::uint64_t received) noexcept {
         sh->stuck.store(0, std::memory_order_relaxed);
         sh->sent.store(sent, std::memory_order_relaxed);
         sh->received.store(received, std::memory_order_relaxed);
+        sh->left.store(0, std::memory_order_relaxed);
         for (auto &e : sh->entry) e.store(0, std::memory_order_relaxed);
         sh->entry[0].store(me(), std::memory_order_release);
         return sh;
@@ -158,6 +162,12 @@ void sharers_count(Sharers *sh, bool out, std::uint64_t n) noexcept {
 
 std::uint64_t sharers_sent(const Sharers *sh) noexcept {
     return sh->sent.load(std::memory_order_acquire);
+}
+
+std::atomic<std::uint64_t> *sharers_counts(Sharers *sh) noexcept { return &sh->sent; }
+
+bool sharers_left(const Sharers *sh) noexcept {
+    return sh->left.load(std::memory_order_acquire) != 0;
 }
 
 std::uint64_t sharers_received(const Sharers *sh) noexcept {

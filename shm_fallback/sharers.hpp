@@ -9,6 +9,7 @@
 // killed), it owns the counts, which are then the connection's stream
 // offsets: it upgrades the connection from there like a fresh one.
 #pragma once
+#include <atomic>
 #include <cstdint>
 
 namespace sd::fallback {
@@ -38,5 +39,13 @@ bool sharers_alone(Sharers *sh, std::uint64_t *next_check) noexcept;
 void sharers_count(Sharers *sh, bool out, std::uint64_t n) noexcept;
 std::uint64_t sharers_sent(const Sharers *sh) noexcept;
 std::uint64_t sharers_received(const Sharers *sh) noexcept;
+
+// A socket that was direct at the fork: its owner's connection, when it
+// leaves the fabric because another holder uses it, adds its stream
+// offsets to the counts and marks them (transport::Conn::holder_counts
+// takes these three consecutive counters: sent, received, left). From
+// then on the holders count as for a socket shared before its upgrade.
+std::atomic<std::uint64_t> *sharers_counts(Sharers *sh) noexcept;
+bool sharers_left(const Sharers *sh) noexcept;
 
 }  // namespace sd::fallback

@@ -197,7 +197,10 @@ void Stream::fork_prepare(unsigned mark) noexcept {
         // kept, for our last close.
         if (c->is_direct() || c->is_leaving()) {
             Sharers *h = holders.load(std::memory_order_relaxed);
-            if (!h && (h = sharers_open(0, 0))) holders.store(h, std::memory_order_relaxed);
+            if (!h && (h = sharers_open(0, 0))) {
+                holders.store(h, std::memory_order_relaxed);
+                c->holder_counts.store(sharers_counts(h), std::memory_order_release);
+            }
             if (h) sharers_expect_child(h);
         }
         return;
@@ -395,7 +398,11 @@ bool Stream::claim_inherited(int proof, transport::Reason why) noexcept {
     if (!orphan.load(std::memory_order_acquire)) return true;
     std::lock_guard lock(pend_lock);
     if (!orphan.load(std::memory_order_relaxed)) return true;
-    int rc = transport::ask_owner_to_leave(owner, proof >= 0 ? proof : kfd(), why);
+    Sharers *h = holders.load(std::memory_order_relaxed);
+    // Left already (its owner closed its copy, or another holder claimed
+    // it): the counts say where the kernel took over.
+    int rc = h && sharers_left(h) ? 0
+                                  : transport::ask_owner_to_leave(owner, proof >= 0 ? proof : kfd(), why);
     if (rc != 0) {
         static std::atomic<bool> said{false};
         if (!said.exchange(true))
@@ -405,6 +412,12 @@ bool Stream::claim_inherited(int proof, transport::Reason why) noexcept {
         return false;
     }
     SD_LOG(info, "fd %d: inherited from pid %d, which moved it back to the kernel", kfd(), owner);
+    if (h && sharers_left(h)) {
+        // Counted from now on, like a socket shared before its upgrade:
+        // the last holder left upgrades it again.
+        holders.store(nullptr, std::memory_order_relaxed);
+        share.store(h, std::memory_order_release);
+    }
     orphan.store(false, std::memory_order_release);
     return true;
 }
@@ -431,6 +444,12 @@ void Stream::before_exec(bool vforked, int kept) noexcept {
 namespace {
 int orphan_error(int) noexcept { return -EIO; }
 }  // namespace
+
+void Stream::count_after_leave(std::uint64_t n) noexcept {
+    // Read on the kernel after our connection left the fabric (final):
+    // past the offset its leave gave the holders.
+    if (Sharers *h = holders.load(std::memory_order_acquire)) sharers_count(h, false, n);
+}
 
 ssize_t Stream::kernel_recv(const iovec *iov, int iovcnt, int flags, Conn *c) noexcept {
     msghdr mh{};
@@ -479,8 +498,10 @@ ssize_t Stream::recv(const iovec *iov, int iovcnt, int flags) noexcept {
         mh.msg_iovlen = std::size_t(iovcnt);
         ssize_t n = sys.recvmsg(kfd(), &mh, flags);
         if (n < 0) return -errno;
-        if (c && !(flags & MSG_PEEK))
+        if (c && !(flags & MSG_PEEK)) {
             c->stat->rx_kernel.fetch_add(std::uint64_t(n), std::memory_order_relaxed);
+            count_after_leave(std::uint64_t(n));
+        }
         return n;
     }
     if (rd_shut.load(std::memory_order_relaxed)) return 0;
@@ -502,8 +523,10 @@ ssize_t Stream::recv(const iovec *iov, int iovcnt, int flags) noexcept {
             mh.msg_iovlen = std::size_t(k);
             ssize_t n = sys.recvmsg(kfd(), &mh, flags);
             if (n < 0) return done ? ssize_t(done) : -errno;
-            if (!(flags & MSG_PEEK))
+            if (!(flags & MSG_PEEK)) {
                 c->stat->rx_kernel.fetch_add(std::uint64_t(n), std::memory_order_relaxed);
+                count_after_leave(std::uint64_t(n));
+            }
             return ssize_t(done) + n;
         }
         if (r > 0) {
@@ -736,6 +759,10 @@ ssize_t Stream::send(const iovec *iov, int iovcnt, int flags) noexcept {
                 if (rc) return done ? ssize_t(done) : rc;
             }
             ssize_t r = kernel_send(v, k, flags, c);
+            // Left for sharing: the holders count past our offsets (added
+            // under this lock when the mark was set).
+            Sharers *h = holders.load(std::memory_order_acquire);
+            if (r > 0 && h && sharers_left(h)) sharers_count(h, true, std::uint64_t(r));
             // The upgrade finished while this send held the lock: the peer
             // must still learn our switch point, or its readiness (EPOLLOUT
             // after a full window) keeps asking an idle kernel socket.

@@ -149,6 +149,9 @@ class Stream {
     ssize_t pending_io(const iovec *iov, int iovcnt, int flags, bool out,
                        std::size_t &done) noexcept;
     ssize_t kernel_recv(const iovec *iov, int iovcnt, int flags, transport::Conn *c) noexcept;
+    // Our connection left the fabric for sharing: `n` bytes read on the
+    // kernel since count for the holders.
+    void count_after_leave(std::uint64_t n) noexcept;
     ssize_t kernel_send(const iovec *iov, int iovcnt, int flags, transport::Conn *c) noexcept;
     ssize_t try_recv(transport::Conn *c, const iovec *iov, int iovcnt, std::size_t skip,
                      std::size_t total, int flags, bool check_kernel) noexcept;

@@ -153,6 +153,19 @@ struct Conn {
     std::uint64_t back_off = kNoOffset;      // stream offset of back[0]
     // Receive side, under rx_lock: the peer's fabric stream ends here.
     std::uint64_t peer_end = kNoOffset;
+    // The peer left because its socket is shared: once the fabric part is
+    // read and owed bytes written, the connection waits in kernel mode for
+    // an upgrade again (its last holder's), instead of final. rearm_due:
+    // that is ready to happen (the flush pass does it, with both locks).
+    bool rearm = false;
+    std::atomic<bool> rearm_due{false};
+    std::atomic<bool> initiate_due{false};  // rearmed: look for the peer's entry
+    std::uint64_t tx_fabric_base = 0;       // stat->tx_fabric when rearmed (peer_died)
+    // Our socket is shared through fork (this process owns the
+    // connection): sent, received, left of its holders' slot. A leave for
+    // sharing adds our offsets there, so that the last holder can return
+    // to direct mode (shm_fallback/sharers.hpp).
+    std::atomic<std::atomic<std::uint64_t> *> holder_counts{nullptr};
 
     // Something arrived or changed: wakes every waiter and poller; caller
     // holds rx_lock.

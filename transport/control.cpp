@@ -496,6 +496,7 @@ void Engine::try_initiate(Conn *c) noexcept {
     if (why == Reason::none && reply.pid == e.pid && got_bell) {
         if (their_doorbell >= 0) sys.close(their_doorbell);
         their_doorbell = -1;
+        release_peer(c->peer);  // the one before a leave (rearmed), if any
         c->peer = peer;
         c->peer_id = reply.conn_id;
         c->peer_gen = reply.gen;
@@ -586,7 +587,7 @@ void Engine::handle_leave(int fd, pid_t pid, const Tuple &tuple, int proof, Reas
         std::lock_guard lock(conn_lock_);
         Conn *c = find_tuple(tuple);
         // Not ours (any more): the kernel carries it all already.
-        if (c && leave_locked(c, why) != 0) rep.status = std::uint32_t(Reason::timeout);
+        if (c && leave_locked(c, why) < 0) rep.status = std::uint32_t(Reason::timeout);
     }
     if (proof >= 0) sys.close(proof);
     send_ctl(fd, rep, nullptr, 0);
@@ -650,6 +651,7 @@ void Engine::handle_request(int fd) noexcept {
         set_final(c, why == Reason::none ? Reason::fabric_error : why);
         return answer(std::uint32_t(why == Reason::none ? Reason::fabric_error : why));
     }
+    release_peer(c->peer);  // the one before a leave (rearmed), if any
     c->peer = peer;
     c->peer_id = req.conn_id;
     c->peer_gen = req.gen;

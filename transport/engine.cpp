@@ -382,7 +382,9 @@ void Engine::flush_due_stages() noexcept {
         if (!c || !c->flush_due.load(std::memory_order_acquire)) continue;
         // Leaving the fabric: our leave, then bytes owed to the kernel.
         const bool left = c->leave_due.load(std::memory_order_acquire) ||
-                          c->tx_owed.load(std::memory_order_acquire);
+                          c->tx_owed.load(std::memory_order_acquire) ||
+                          c->rearm_due.load(std::memory_order_acquire) ||
+                          c->initiate_due.load(std::memory_order_acquire);
         // Short of credits: their arrival brings us back here.
         if (!left && c->credits.load(std::memory_order_acquire) < std::int64_t(c->staged) &&
             !c->gone() && c->is_direct())
@@ -392,14 +394,19 @@ void Engine::flush_due_stages() noexcept {
             continue;
         }
         if (left) {
-            if (leave_work_locked(c) == -EAGAIN) retry = true;
-            else if (c->flush_due.exchange(false)) flush_due_count_.fetch_sub(1, std::memory_order_relaxed);
+            const bool again = (c->leave_sent || c->leave_due.load(std::memory_order_acquire)) &&
+                               leave_work_locked(c) == -EAGAIN;
+            retry |= again;
+            if (!again && c->flush_due.exchange(false))
+                flush_due_count_.fetch_sub(1, std::memory_order_relaxed);
         } else if (!c->staged || c->gone() || !c->is_direct()) {
             if (c->flush_due.exchange(false)) flush_due_count_.fetch_sub(1, std::memory_order_relaxed);
         } else if (c->credits.load(std::memory_order_acquire) >= std::int64_t(c->staged)) {
             retry |= post_stage_locked(c, monotonic_ns() + 1000000) != 0;
         }
         c->tx_lock.unlock();
+        // Rearmed: the peer's last holder may have published already.
+        if (c->initiate_due.exchange(false, std::memory_order_acq_rel)) try_initiate(c);
     }
     flush_retry_.store(retry, std::memory_order_relaxed);
     in_flush_pass = false;
@@ -822,7 +829,8 @@ void Engine::peer_died(Conn *c) noexcept {
     const ConnStat &s = pg->slots[c->peer_id];
     std::uint64_t read = s.rx_fabric.load(std::memory_order_acquire) -
                          s.rx_queued.load(std::memory_order_acquire);
-    if (c->stat->tx_fabric.load(std::memory_order_relaxed) > read) c->note_reset();
+    if (c->stat->tx_fabric.load(std::memory_order_relaxed) - c->tx_fabric_base > read)
+        c->note_reset();
 }
 
 bool Engine::peer_exit_wait(const Peer *p, int ms) const noexcept {

@@ -98,8 +98,8 @@ class Engine {
     // (up to SDIRECT_LEAVE_TIMEOUT_MS) for the peer to end its own, return
     // it what we received and had not read, and read the kernel from then
     // on. The caller holds conn_lock_ (`c` cannot be detached meanwhile)
-    // and no lock of `c`. 0 (on the kernel now, or was), -ETIMEDOUT (the
-    // peer did not answer: nothing changed, or the log says what did), -EPIPE.
+    // and no lock of `c`. 0 (on the kernel now), 1 (it was already),
+    // -ETIMEDOUT (the peer did not answer: the log says what changed), -EPIPE.
     int leave_locked(Conn *c, Reason why) noexcept;
     // The same for an application thread of ours (exec, posix_spawn).
     int leave(Conn *c, Reason why) noexcept;
@@ -195,6 +195,11 @@ class Engine {
     void on_give_back(Conn *c, const MsgHeader &h, const char *payload) noexcept;
     void send_leave_locked(Conn *c, bool first, Reason why) noexcept;
     int leave_work_locked(Conn *c) noexcept;
+    // The peer left for sharing and everything of the fabric is done here
+    // (tx_lock and rx_lock held): back to kernel mode, as a connection
+    // before its upgrade (publish and try_initiate follow, unlocked).
+    void rearm_locked(Conn *c) noexcept;
+    int write_owed_locked(Conn *c) noexcept;
     // The provider's RMA write or read of our iov, waited for. 0, -EIO,
     // -EPIPE (the peer vanished before the operation was taken).
     int rma(Conn *c, const iovec *iov, int iovcnt, const fi_rma_iov *remote, int nremote,

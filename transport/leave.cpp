@@ -68,6 +68,12 @@ bool Conn::settle_left_locked() noexcept {
     if (st != ConnState::leaving || peer_end == kNoOffset || rx_off < peer_end || ring_bytes() ||
         zc.active || tx_owed.load(std::memory_order_acquire))
         return false;
+    if (rearm) {
+        // Not final: kernel mode again, by the flush pass (it needs the
+        // send lock too).
+        rearm_due.store(true, std::memory_order_release);
+        return false;
+    }
     stat->mode.store(std::uint32_t(Mode::kernel), std::memory_order_relaxed);
     state.store(ConnState::final, std::memory_order_release);
     wake_locked();
@@ -115,6 +121,10 @@ void Engine::on_leave(Conn *c, const MsgHeader &h) noexcept {
         c->back_owed.store(true, std::memory_order_relaxed);
         c->tx_owed.store(true, std::memory_order_release);
     }
+    // Left for sharing (not exec), with both directions open: its last
+    // holder may come back, so we wait for it in kernel mode.
+    c->rearm = why == std::uint32_t(Reason::shared) && c->fin_off == kNoOffset &&
+               !c->tx_fin.load(std::memory_order_relaxed) && !c->broken;
     ConnState expect = ConnState::direct;
     c->state.compare_exchange_strong(expect, ConnState::leaving);
     // Our own leave is owed (a no-op if we sent ours already): the next
@@ -164,7 +174,19 @@ int Engine::leave_work_locked(Conn *c) noexcept {
         if (!c->leave_due.load(std::memory_order_acquire)) return 0;
         send_leave_locked(c, false, Reason::none);
     }
-    if (!c->tx_owed.load(std::memory_order_acquire)) return 0;
+    if (c->tx_owed.load(std::memory_order_acquire))
+        if (int rc = write_owed_locked(c)) return rc;
+    // Writable now; the receive side may be done too.
+    std::lock_guard rx(c->rx_lock);
+    if (!c->settle_left_locked()) c->wake_locked();
+    if (c->rearm_due.load(std::memory_order_acquire)) {
+        rearm_locked(c);
+        return 1;
+    }
+    return 0;
+}
+
+int Engine::write_owed_locked(Conn *c) noexcept {
     const int fd = std::atomic_ref<std::int32_t>(c->stat->fd).load(std::memory_order_relaxed);
     if (c->back_owed.load(std::memory_order_acquire)) {
         if (!c->back_complete.load(std::memory_order_acquire)) progress();  // it may be here
@@ -191,10 +213,47 @@ int Engine::leave_work_locked(Conn *c) noexcept {
         if (rc) return rc;
     }
     c->tx_owed.store(false, std::memory_order_release);
-    // Writable now; and the receive side may be done too.
-    std::lock_guard rx(c->rx_lock);
-    if (!c->settle_left_locked()) c->wake_locked();
     return 0;
+}
+
+void Engine::rearm_locked(Conn *c) noexcept {
+    // Everything of the fabric is over: the connection is as it was before
+    // its upgrade, at today's offsets (the last holder's attach brings the
+    // other end back; our old peer is released when a new one replaces it).
+    c->rearm = false;
+    c->rearm_due.store(false, std::memory_order_relaxed);
+    c->switch_off = c->fin_off = c->peer_end = kNoOffset;
+    c->ring_head = c->ring_tail = 0;
+    c->zc = SrcAvail{};
+    c->zc_total = 0;
+    c->tx_fabric = false;
+    c->tx_ring = 0;
+    c->credits.store(0, std::memory_order_relaxed);
+    c->unreturned.store(0, std::memory_order_relaxed);
+    c->zc_answer_off.store(kNoOffset, std::memory_order_relaxed);
+    c->leave_sent = c->leave_first = false;
+    c->tx_end.store(kNoOffset, std::memory_order_relaxed);
+    c->leave_due.store(false, std::memory_order_relaxed);
+    c->back_owed.store(false, std::memory_order_relaxed);
+    c->back_complete.store(false, std::memory_order_relaxed);
+    std::free(c->back);
+    c->back = nullptr;
+    c->back_len = c->back_done = 0;
+    c->back_off = kNoOffset;
+    c->kernel_eof.store(false, std::memory_order_relaxed);
+    // The next peer's counters start from zero.
+    c->tx_fabric_base = c->stat->tx_fabric.load(std::memory_order_relaxed);
+    c->stat->mode.store(std::uint32_t(Mode::kernel), std::memory_order_relaxed);
+    c->stat->reason.store(std::uint32_t(Reason::shared), std::memory_order_relaxed);  // until upgraded
+    c->stat->peer_pid = 0;
+    c->state.store(ConnState::kernel, std::memory_order_release);
+    publish(c);
+    c->initiate_due.store(true, std::memory_order_release);
+    want_flush(c);
+    c->wake_locked();
+    SD_LOG(info, "fd %d: back in kernel mode at offsets %llu sent, %llu received; it may be "
+                 "upgraded again", c->stat->fd, (unsigned long long)c->tx_off,
+           (unsigned long long)c->rx_off);
 }
 
 int Engine::leave_flush_locked(Conn *c, bool blocking, std::uint64_t deadline_ns) noexcept {
@@ -223,7 +282,7 @@ int Engine::leave(Conn *c, Reason why) noexcept {
 
 int Engine::leave_locked(Conn *c, Reason why) noexcept {
     ConnState st = c->state.load(std::memory_order_acquire);
-    if (st != ConnState::direct && st != ConnState::leaving) return 0;
+    if (st != ConnState::direct && st != ConnState::leaving) return 1;
     const int fd = std::atomic_ref<std::int32_t>(c->stat->fd).load(std::memory_order_relaxed);
     const std::uint64_t deadline = monotonic_ns() + settings().leave_timeout_ms * 1000000ull;
     // The send lock: a send waiting for credits or for its advertisement's
@@ -254,7 +313,7 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
         c->leave_wanted.store(false, std::memory_order_release);
         tx.unlock();
         std::lock_guard rx(c->rx_lock);
-        if (c->settle_left_locked()) return 0;  // nothing left unread
+        if (c->settle_left_locked()) return 1;  // nothing left unread
         SD_LOG(error, "fd %d: the peer left the fabric first while bytes of it were unread "
                       "here; they can be read by this process only", fd);
         return -EBUSY;
@@ -280,10 +339,11 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
     // What we received and did not read goes back to where it came from.
     char *give = nullptr;
     std::uint32_t n = 0;
-    std::uint64_t from = 0;
+    std::uint64_t from = 0, received = 0;
     bool gone;
     {
         std::lock_guard rx(c->rx_lock);
+        received = c->rx_off;
         gone = c->gone() || c->peer_end == kNoOffset;
         n = std::uint32_t(c->ring_bytes());
         from = c->peer_end == kNoOffset ? 0 : c->peer_end - n;
@@ -330,6 +390,16 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
     SD_LOG(info, "fd %d left the fabric (%s) at offsets %llu sent, %llu received; %u unread "
                  "bytes returned to pid %d", fd, reason_name(why),
            (unsigned long long)c->tx_end.load(std::memory_order_relaxed), (unsigned long long)from, n, int(c->peer->pid));
+    // Our staged bytes go into the kernel now, before another holder's.
+    tx.lock();
+    if (leave_flush_locked(c, true, deadline) != 0) return 0;
+    // Shared through fork: the holders count from our offsets on, and the
+    // last of them may upgrade again (the peer waits for it, rearmed).
+    if (auto *k = c->holder_counts.load(std::memory_order_acquire); k && why == Reason::shared) {
+        k[0].fetch_add(c->tx_off, std::memory_order_acq_rel);
+        k[1].fetch_add(received, std::memory_order_acq_rel);
+        k[2].store(1, std::memory_order_release);
+    }
     return 0;
 }
 

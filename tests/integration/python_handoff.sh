@@ -8,7 +8,9 @@
 #            it had not read, and the client writes them into the kernel);
 #   bulk     the same, with the hand-over at the start of the client's
 #            bulk part: bytes in flight both ways when the fabric is left;
-#   shared   the same, with the parent keeping its copy 0.3 s;
+#   shared   the same, with the parent keeping its copy 0.1 s while bulk
+#            comes in pieces 20 ms apart: the child, alone, upgrades again
+#            mid-stream;
 #   exec     a forked child that puts the socket on its stdin and stdout
 #            and execs cat without the library;
 #   spawn    cat without the library, started by subprocess (vfork + exec);
@@ -16,20 +18,24 @@
 # The client (fork_echo.py client) checks every echo byte for byte: 200
 # ping-pong round trips of 1 to 64 B, then 1000 B, 100 kB or 3 MiB of bulk
 # read back by a thread. With the library, each of the client's
-# connections must have been direct (bytes sent on the fabric) and end on
-# the kernel with the reason the server's side gave (shared: another
-# process used it, or its owner closed it while another held it; exec).
+# connections must have been direct (bytes sent on the fabric) and gone
+# back to the kernel; then, where a process running the library is its
+# only holder left (handoff, bulk, shared), direct again; where cat has
+# it, on the kernel with the reason the server's side gave (shared:
+# another process used it, or its owner closed it while another held it;
+# exec: moved before an exec).
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib.sh"
 it_preflight
 export SDIRECT_ENGINE_WAIT_MS="${SDIRECT_ENGINE_WAIT_MS:-30000}"
 
 conns=3
 
-# phase NAME ROLE REASONS SERVER-OPTIONS SIZES PACE (REASONS: a regex)
+# phase NAME ROLE END SERVER-OPTIONS SIZES PACE: END is "direct" or the
+# reasons (a regex) the connections stay on the kernel with.
 phase() {
-    local name=$1 role=$2 reason=$3 option=$4 sizes=$5 pace=$6
-    local total direct kernel shared idle txf txk why text
-    it_py_pair "$name" fork_echo.py "$role" --clients "$conns" $option \
+    local name=$1 role=$2 end=$3 option=$4 sizes=$5 pace=$6
+    local total direct kernel shared idle txf txk why text back
+    SDIRECT_LOG=info it_py_pair "$name" fork_echo.py "$role" --clients "$conns" $option \
         -- --conns "$conns" --rounds 200 --sizes "$sizes" --pace "$pace" || return
     if ((it_kernel)); then
         it_log "$name: mode check skipped (SDIRECT_IT_KERNEL=1)"
@@ -37,18 +43,26 @@ phase() {
     fi
     read -r total direct kernel shared idle txf txk why \
         < <(it_stats_summary "$it_tmp/$name-client.stats" "$it_pair_port")
-    text="$name client: $total connections (direct $direct, kernel $kernel: $why), tx_fabric $txf B, tx_kernel $txk B"
-    local one="kernel/($reason)x[0-9]+"
-    if ((total == conns && kernel == conns && txf > 0 && txk > 0)) && [[ "$why" =~ ^$one(,$one)*$ ]]; then
+    # The client's own account of each leave (SDIRECT_LOG=info).
+    back=$(grep -c "back in kernel mode" "$it_tmp/$name-client.log" || true)
+    text="$name client: $total connections (direct $direct, kernel $kernel: $why), tx_fabric $txf B, tx_kernel $txk B; $back rearmed"
+    local one="kernel/($end)x[0-9]+"
+    if [[ $end == direct ]]; then
+        if ((total == conns && direct == conns && back == conns)); then
+            it_ok "$text: direct, then the kernel while shared, then direct again"
+        else
+            it_bad "$text; expected $conns connections back in kernel mode once, then direct"
+        fi
+    elif ((total == conns && kernel == conns && txf > 0)) && [[ "$why" =~ ^$one(,$one)*$ ]]; then
         it_ok "$text: direct first, then on the kernel"
     else
-        it_bad "$text; expected $conns connections, direct first (tx_fabric > 0), then kernel/$reason"
+        it_bad "$text; expected $conns connections, direct first (tx_fabric > 0), then kernel/$end"
     fi
 }
 
-phase handoff handoff shared "--handoff-after=50" 1000,100000,3145728 0
-phase bulk handoff shared "--handoff-after=200" 3145728,2000000 0.01
-phase shared handoff shared "--handoff-after=50 --close-delay=0.3" 1000,100000,3145728 0
+phase handoff handoff direct "--handoff-after=50" 1000,100000,3145728 0
+phase bulk handoff direct "--handoff-after=200" 3145728,2000000 0.01
+phase shared handoff direct "--handoff-after=50 --close-delay=0.1" 3145728,2000000 0.02
 # The child's exec and the parent's close race to move it (either is right).
 phase exec exec "shared|exec" "--handoff-after=50" 1000,100000,3145728 0
 phase spawn spawn exec "--handoff-after=50" 1000,100000,3145728 0
