@@ -582,8 +582,17 @@ ssize_t Stream::try_recv(Conn *c, const iovec *iov, int iovcnt, std::size_t skip
         if (c->peer_end != kNoOffset && c->rx_off >= c->peer_end && !c->ring_bytes() &&
             !c->zc.active) {
             // The peer's fabric stream is over and read: the kernel's turn.
-            c->settle_left_locked();
-            return -ESTALE;
+            const bool final = c->settle_left_locked();
+            if (!c->rearm) {
+                if (final) return -ESTALE;  // the kernel alone, blocking as asked
+            } else if (c->rearm_due.load(std::memory_order_acquire)) {
+                engine->want_flush(c);  // kernel mode again, with both locks
+            }
+            // Until then: counted (an upgrade later starts at rx_off), and
+            // never blocking in the kernel (the fabric may come back).
+            if (!check_kernel) return -EAGAIN;
+            int k = slice(iov, iovcnt, skip, total - skip, v, kMaxSlice);
+            return kernel_recv(v, k, (flags & MSG_PEEK) | MSG_DONTWAIT, c);
         }
         if (std::uint64_t avail = c->ring_bytes()) {
             int k = slice(iov, iovcnt, skip, std::min<std::uint64_t>(total - skip, avail), v,
