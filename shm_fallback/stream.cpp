@@ -669,6 +669,7 @@ ssize_t Stream::read_advert(Conn *c, std::unique_lock<std::mutex> &lock, const i
         c->zc.done += std::uint32_t(n);
         c->rx_off += n;
         transport::bump(c->stat->rx_fabric, n);
+        transport::bump(c->stat->rx_zcopy, n);
     }
     if (c->zc.done == c->zc.len || c->zc.cancel)
         transport::Engine::finish_advert_locked(c, &answer_off, &answer_len);
@@ -715,6 +716,7 @@ long Stream::send_zcopy(Conn *c, const char *buf, std::uint32_t len, bool *inter
     if (result > 0) {
         c->tx_off += std::uint64_t(result);
         transport::bump(c->stat->tx_fabric, std::uint64_t(result));
+        transport::bump(c->stat->tx_zcopy, std::uint64_t(result));
     }
     return result;
 }

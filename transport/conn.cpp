@@ -59,7 +59,10 @@ Conn *Engine::attach(int fd, bool acceptor, std::uint32_t rcvbuf, std::uint64_t 
         s->peer_pid = 0;
         std::memcpy(s->local_addr, t.local_addr, 16);
         std::memcpy(s->peer_addr, t.peer_addr, 16);
-        for (auto *ctr : {&s->tx_fabric, &s->rx_fabric, &s->tx_msgs, &s->rx_msgs})
+        for (auto *ctr : {&s->tx_fabric, &s->rx_fabric, &s->tx_msgs, &s->rx_msgs, &s->tx_inline,
+                          &s->tx_ring, &s->tx_zcopy, &s->rx_zcopy})
+            ctr->store(0, std::memory_order_relaxed);
+        for (auto *ctr : {&s->adverts, &s->cancels, &s->upgrades, &s->leaves})
             ctr->store(0, std::memory_order_relaxed);
         s->tx_kernel.store(sent, std::memory_order_relaxed);
         s->rx_kernel.store(received, std::memory_order_relaxed);

@@ -29,7 +29,8 @@ struct Tuple {
 };
 static_assert(sizeof(Tuple) == 40);
 
-// Reads getsockname/getpeername of `fd` (IPv4-mapped IPv6 kept as is).
+// Reads getsockname/getpeername of `fd`; IPv4-mapped IPv6 addresses are
+// named as IPv4 (the other end of such a connection sees IPv4).
 int tuple_of(int fd, Tuple &t) noexcept;
 Tuple reversed(const Tuple &t) noexcept;
 

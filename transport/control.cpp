@@ -181,10 +181,19 @@ int tuple_of(int fd, Tuple &t) noexcept {
     } else if (l.ss_family == AF_INET6 && p.ss_family == AF_INET6) {
         auto *a = reinterpret_cast<sockaddr_in6 *>(&l);
         auto *b = reinterpret_cast<sockaddr_in6 *>(&p);
-        std::memcpy(t.local_addr, &a->sin6_addr, 16);
-        std::memcpy(t.peer_addr, &b->sin6_addr, 16);
         t.local_port = ntohs(a->sin6_port);
         t.peer_port = ntohs(b->sin6_port);
+        if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr) && IN6_IS_ADDR_V4MAPPED(&b->sin6_addr)) {
+            // A dual-stack socket talking IPv4 (a server listening on ::,
+            // the default of iperf3 and many others): its peer sees plain
+            // IPv4, so both halves must name the connection that way.
+            t.family = AF_INET;
+            std::memcpy(t.local_addr, a->sin6_addr.s6_addr + 12, 4);
+            std::memcpy(t.peer_addr, b->sin6_addr.s6_addr + 12, 4);
+        } else {
+            std::memcpy(t.local_addr, &a->sin6_addr, 16);
+            std::memcpy(t.peer_addr, &b->sin6_addr, 16);
+        }
     } else {
         return -EAFNOSUPPORT;
     }
@@ -507,6 +516,7 @@ void Engine::try_initiate(Conn *c) noexcept {
         c->stat->peer_pid = e.pid;
         c->stat->reason.store(std::uint32_t(Reason::none), std::memory_order_relaxed);
         c->stat->mode.store(std::uint32_t(Mode::direct), std::memory_order_relaxed);
+        c->stat->upgrades.fetch_add(1, std::memory_order_relaxed);
         c->state.store(ConnState::direct, std::memory_order_release);
         unpublish(c);
         SD_LOG(info, "fd %d upgraded to direct (initiator, peer pid %d)", c->stat->fd, e.pid);
@@ -664,6 +674,7 @@ void Engine::handle_request(int fd) noexcept {
     rep.ring_key = c->ring_mr ? fi_mr_key(c->ring_mr) : 0;
     c->stat->reason.store(std::uint32_t(Reason::none), std::memory_order_relaxed);
     c->stat->mode.store(std::uint32_t(Mode::direct), std::memory_order_relaxed);
+    c->stat->upgrades.fetch_add(1, std::memory_order_relaxed);
     c->state.store(ConnState::direct, std::memory_order_release);
     unpublish(c);
     rep.conn_id = c->id;

@@ -580,6 +580,7 @@ int Engine::advertise(Conn *c, const char *buf, std::uint32_t len, fid_mr **mr) 
     iovec v{&body, sizeof body};
     c->zc_answer_off.store(kNoOffset, std::memory_order_relaxed);
     rc = post(c, MsgType::src_avail, &v, 1, sizeof body, c->tx_off, 0, len);
+    if (rc == 0) c->stat->adverts.fetch_add(1, std::memory_order_relaxed);
     if (rc) {
         fi_close(&(*mr)->fid);
         *mr = nullptr;
@@ -591,6 +592,7 @@ int Engine::advertise(Conn *c, const char *buf, std::uint32_t len, fid_mr **mr) 
 
 int Engine::cancel_advert(Conn *c, std::uint64_t off) noexcept {
     int rc = post(c, MsgType::src_cancel, nullptr, 0, 0, off, 0);
+    if (rc == 0) c->stat->cancels.fetch_add(1, std::memory_order_relaxed);
     if (rc == 0) ring(c->peer);
     return rc;
 }
@@ -773,6 +775,7 @@ int Engine::post(Conn *c, MsgType type, const iovec *iov, int iovcnt, std::uint3
     }
     // Senders and readers (credit messages) post concurrently.
     c->stat->tx_msgs.fetch_add(1, std::memory_order_relaxed);
+    if (type == MsgType::data) bump(c->stat->tx_inline, len);  // under tx_lock
     return 0;
 }
 
@@ -790,14 +793,20 @@ int Engine::post_ring(Conn *c, const iovec *iov, int iovcnt, std::uint32_t len,
         iovec remote[2] = {{reinterpret_cast<void *>(dst[0].addr), dst[0].len},
                            {reinterpret_cast<void *>(dst[1].addr), dst[1].len}};
         int rc = cma_copy(c->peer->pid, iov, iovcnt, remote, first == len ? 1 : 2, true);
-        if (rc == 0) return post(c, MsgType::ring, nullptr, 0, 0, c->tx_off, deadline_ns, len);
+        if (rc == 0) {
+            rc = post(c, MsgType::ring, nullptr, 0, 0, c->tx_off, deadline_ns, len);
+            if (rc == 0) bump(c->stat->tx_ring, len);
+            return rc;
+        }
         if (rc != -ENOSYS) return rc == -EPIPE || !peer_alive(c->peer) ? -EPIPE : -EIO;
     }
     // The bytes must be in place before the peer hears of them.
     int rc = rma(c, iov, iovcnt, dst, first == len ? 1 : 2, true);
     if (rc == -EIO && !peer_alive(c->peer)) rc = -EPIPE;
     if (rc) return rc;
-    return post(c, MsgType::ring, nullptr, 0, 0, c->tx_off, deadline_ns, len);
+    rc = post(c, MsgType::ring, nullptr, 0, 0, c->tx_off, deadline_ns, len);
+    if (rc == 0) bump(c->stat->tx_ring, len);
+    return rc;
 }
 
 void Engine::ring(const Peer *p) noexcept {

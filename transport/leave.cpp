@@ -89,6 +89,7 @@ void Engine::send_leave_locked(Conn *c, bool first, Reason why) noexcept {
     c->tx_end.store(c->tx_off, std::memory_order_release);
     c->leave_sent = true;
     c->leave_first = first;
+    c->stat->leaves.fetch_add(1, std::memory_order_relaxed);
     c->leave_due.store(false, std::memory_order_relaxed);
     const std::uint32_t flags = (first ? kLeaveFirst : 0) | std::uint32_t(why) << 8;
     if (post(c, MsgType::leave, nullptr, 0, 0, c->tx_off, deadline, flags) == 0)

@@ -54,12 +54,13 @@ const char *state_name(std::uint32_t s) {
 }  // namespace
 
 std::string format_conn(int pid, const char *comm, const ConnStat &s) {
-    char line[512];
+    char line[768];
     std::snprintf(
         line, sizeof line,
         "pid=%d comm=%s fd=%d state=%s mode=%s reason=%s local=%s peer=%s peer_pid=%d "
         "tx_kernel=%llu rx_kernel=%llu tx_fabric=%llu rx_fabric=%llu tx_msgs=%llu rx_msgs=%llu "
-        "tx_window=%lld rx_queued=%u rx_owed=%u",
+        "tx_window=%lld rx_queued=%u rx_owed=%u tx_inline=%llu tx_ring=%llu tx_zcopy=%llu "
+        "rx_zcopy=%llu adverts=%u cancels=%u upgrades=%u leaves=%u",
         pid, comm, s.fd, state_name(s.state.load(std::memory_order_acquire)),
         mode_name(Mode(s.mode.load(std::memory_order_relaxed))),
         reason_name(Reason(s.reason.load(std::memory_order_relaxed))),
@@ -73,7 +74,15 @@ std::string format_conn(int pid, const char *comm, const ConnStat &s) {
         (unsigned long long)s.rx_msgs.load(std::memory_order_relaxed),
         (long long)s.tx_window.load(std::memory_order_relaxed),
         unsigned(s.rx_queued.load(std::memory_order_relaxed)),
-        unsigned(s.rx_owed.load(std::memory_order_relaxed)));
+        unsigned(s.rx_owed.load(std::memory_order_relaxed)),
+        (unsigned long long)s.tx_inline.load(std::memory_order_relaxed),
+        (unsigned long long)s.tx_ring.load(std::memory_order_relaxed),
+        (unsigned long long)s.tx_zcopy.load(std::memory_order_relaxed),
+        (unsigned long long)s.rx_zcopy.load(std::memory_order_relaxed),
+        unsigned(s.adverts.load(std::memory_order_relaxed)),
+        unsigned(s.cancels.load(std::memory_order_relaxed)),
+        unsigned(s.upgrades.load(std::memory_order_relaxed)),
+        unsigned(s.leaves.load(std::memory_order_relaxed)));
     return line;
 }
 

@@ -2,9 +2,9 @@
 // direct connections, <registry>/p<pid>. Peers map it to read the sleep
 // count (doorbell protocol); sdirect-stat maps it to list connections.
 //
-// Layout (version 1), all little-endian host order:
+// Layout (version 3), all little-endian host order:
 //   0   ProcHeader   (128 bytes)
-//   128 ConnStat[kSlots] (128 bytes each)
+//   128 ConnStat[kSlots] (256 bytes each)
 // A slot is written only by the owning process; readers tolerate torn
 // counters (they are monotonic 64-bit atomics).
 #pragma once
@@ -17,7 +17,7 @@
 namespace sd::transport {
 
 inline constexpr std::uint32_t kPageMagic = 0x53445047;  // "SDPG"
-inline constexpr std::uint32_t kPageVersion = 2;
+inline constexpr std::uint32_t kPageVersion = 3;
 inline constexpr std::uint32_t kSlots = 4096;
 
 enum class Mode : std::uint32_t { kernel = 0, direct = 1, shared = 2 };
@@ -83,8 +83,21 @@ struct ConnStat {
     std::atomic<std::int64_t> tx_window;
     std::atomic<std::uint32_t> rx_queued;
     std::atomic<std::uint32_t> rx_owed;
+    // Fabric bytes by protocol (tx_fabric = tx_inline + tx_ring + tx_zcopy):
+    // copied inline in messages (buffered), written straight into the
+    // peer's receive ring, read by the peer from our advertised buffers
+    // (read zero-copy); rx_zcopy: what we read from the peer's.
+    std::atomic<std::uint64_t> tx_inline;
+    std::atomic<std::uint64_t> tx_ring;
+    std::atomic<std::uint64_t> tx_zcopy;
+    std::atomic<std::uint64_t> rx_zcopy;
+    std::atomic<std::uint32_t> adverts;    // read zero-copy advertisements made
+    std::atomic<std::uint32_t> cancels;    // ... of them ended early by us
+    std::atomic<std::uint32_t> upgrades;   // times it went direct
+    std::atomic<std::uint32_t> leaves;     // times it left the fabric (fork, exec)
+    std::uint8_t pad1[80];
 };
-static_assert(sizeof(ConnStat) == 128);
+static_assert(sizeof(ConnStat) == 256);
 static_assert(offsetof(ConnStat, tx_kernel) == 64);
 
 // Counters have one writer at a time (the lock that serialises their path

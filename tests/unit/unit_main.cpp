@@ -75,8 +75,9 @@ TEST_CASE("the message header is the documented 32-byte contract") {
 
 TEST_CASE("the process page layout is versioned and fixed") {
     STATIC_REQUIRE(sizeof(ProcHeader) == 128);
-    STATIC_REQUIRE(sizeof(ConnStat) == 128);
-    STATIC_REQUIRE(sizeof(ProcPage) == 128 + 128 * kSlots);
+    STATIC_REQUIRE(sizeof(ConnStat) == 256);
+    STATIC_REQUIRE(sizeof(ProcPage) == 128 + 256 * kSlots);
+    STATIC_REQUIRE(kPageVersion == 3);
 }
 
 TEST_CASE("a connection record prints in the sdirect-stat format") {
@@ -96,11 +97,18 @@ TEST_CASE("a connection record prints in the sdirect-stat format") {
     s->tx_window.store(-5);
     s->rx_queued.store(300);
     s->rx_owed.store(7);
+    s->tx_inline.store(24);
+    s->tx_ring.store(1000);
+    s->rx_zcopy.store(3);
+    s->adverts.store(2);
+    s->upgrades.store(1);
+    s->leaves.store(1);
     std::string line = format_conn(12, "iperf3", *s);
     CHECK(line ==
           "pid=12 comm=iperf3 fd=7 state=live mode=direct reason=none local=127.0.0.1:5201 "
           "peer=127.0.0.2:40000 peer_pid=99 tx_kernel=0 rx_kernel=0 tx_fabric=1024 rx_fabric=0 "
-          "tx_msgs=0 rx_msgs=0 tx_window=-5 rx_queued=300 rx_owed=7");
+          "tx_msgs=0 rx_msgs=0 tx_window=-5 rx_queued=300 rx_owed=7 tx_inline=24 tx_ring=1000 "
+          "tx_zcopy=0 rx_zcopy=3 adverts=2 cancels=0 upgrades=1 leaves=1");
     s->family = AF_INET6;
     inet_pton(AF_INET6, "::1", s->local_addr);
     inet_pton(AF_INET6, "::1", s->peer_addr);
