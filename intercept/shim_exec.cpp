@@ -9,6 +9,7 @@
 #include <cstdarg>
 #include <cstdlib>
 #include <dlfcn.h>
+#include <mutex>
 #include <spawn.h>
 #include <unistd.h>
 #include <vector>
@@ -28,6 +29,8 @@ struct Real {
                         const posix_spawnattr_t *, char *const[], char *const[]);
     int (*system)(const char *);
     FILE *(*popen)(const char *, const char *);
+    int (*adddup2)(posix_spawn_file_actions_t *, int, int);
+    int (*destroy)(posix_spawn_file_actions_t *);
 };
 Real real;
 
@@ -46,6 +49,45 @@ __attribute__((constructor(102))) void resolve_exec() {
     find(real.posix_spawnp, "posix_spawnp");
     find(real.system, "system");
     find(real.popen, "popen");
+    find(real.adddup2, "posix_spawn_file_actions_adddup2");
+    find(real.destroy, "posix_spawn_file_actions_destroy");
+}
+
+// posix_spawn's dup2 actions, remembered by action list: the fd dup2'ed
+// becomes the new program's even if it has FD_CLOEXEC here. A small table;
+// when full, the oldest entries go (their sockets then count only when
+// they lack FD_CLOEXEC).
+struct Dup2 {
+    const posix_spawn_file_actions_t *actions;
+    int fd;
+};
+constexpr int kDup2s = 64;
+Dup2 dup2s[kDup2s];
+int next_dup2 = 0;
+std::mutex dup2s_lock;
+
+void remember_dup2(const posix_spawn_file_actions_t *actions, int fd) noexcept {
+    std::lock_guard lock(dup2s_lock);
+    dup2s[next_dup2] = {actions, fd};
+    next_dup2 = (next_dup2 + 1) % kDup2s;
+}
+
+void forget_dup2s(const posix_spawn_file_actions_t *actions) noexcept {
+    std::lock_guard lock(dup2s_lock);
+    for (Dup2 &d : dup2s)
+        if (d.actions == actions) d = {};
+}
+
+void prepare_spawn(const posix_spawn_file_actions_t *actions) noexcept {
+    if (sd::transport::guarded()) return;
+    int fds[kDup2s];
+    int n = 0;
+    if (actions) {
+        std::lock_guard lock(dup2s_lock);
+        for (const Dup2 &d : dup2s)
+            if (d.actions == actions) fds[n++] = d.fd;
+    }
+    sd::fallback::table_before_exec(fds, n);
 }
 
 void prepare() noexcept {
@@ -125,15 +167,28 @@ SD_EXPORT int execle(const char *path, const char *arg, ...) {
     return execve(path, argv.data(), envp);
 }
 
+SD_EXPORT int posix_spawn_file_actions_adddup2(posix_spawn_file_actions_t *actions, int fd,
+                                               int newfd) {
+    if (!real.adddup2) return ENOSYS;
+    int r = real.adddup2(actions, fd, newfd);
+    if (r == 0) remember_dup2(actions, fd);
+    return r;
+}
+
+SD_EXPORT int posix_spawn_file_actions_destroy(posix_spawn_file_actions_t *actions) {
+    forget_dup2s(actions);
+    return real.destroy ? real.destroy(actions) : ENOSYS;
+}
+
 SD_EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *actions,
                           const posix_spawnattr_t *attr, char *const argv[], char *const envp[]) {
-    prepare();
+    prepare_spawn(actions);
     return real.posix_spawn ? real.posix_spawn(pid, path, actions, attr, argv, envp) : ENOSYS;
 }
 
 SD_EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_actions_t *actions,
                            const posix_spawnattr_t *attr, char *const argv[], char *const envp[]) {
-    prepare();
+    prepare_spawn(actions);
     return real.posix_spawnp ? real.posix_spawnp(pid, file, actions, attr, argv, envp) : ENOSYS;
 }
 

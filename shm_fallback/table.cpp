@@ -169,11 +169,20 @@ int inherited_sockets(ino_t *out, int *out_fd, int max) noexcept {
 
 }  // namespace
 
-void table_before_exec() noexcept {
+void table_before_exec() noexcept { table_before_exec(nullptr, 0); }
+
+void table_before_exec(const int *fds, int nfds) noexcept {
     if (!slots) return;
     ino_t kept[256];
     int kept_fd[256];
-    const int nkept = inherited_sockets(kept, kept_fd, 256);
+    int nkept = inherited_sockets(kept, kept_fd, 256);
+    for (int i = 0; i < nfds && nkept < 256; ++i) {
+        struct stat st;
+        if (fstat(fds[i], &st) == 0 && S_ISSOCK(st.st_mode)) {
+            kept_fd[nkept] = fds[i];
+            kept[nkept++] = st.st_ino;
+        }
+    }
     if (!nkept) return;  // the new program inherits no socket
     // vfork runs no fork handlers: a pid that is not ours is a vfork child.
     const bool vforked = int(getpid()) != self_pid;

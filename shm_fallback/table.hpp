@@ -37,6 +37,9 @@ void table_after_fork_child() noexcept;
 // goes back to the kernel first (Stream::before_exec). Called in a vfork
 // child too (recognised by its pid), where only owners' control threads act.
 void table_before_exec() noexcept;
+// The same for the sockets at `fds` too (posix_spawn's dup2 actions make
+// even an FD_CLOEXEC socket the new program's).
+void table_before_exec(const int *fds, int nfds) noexcept;
 // A vfork child: its memory (this table, every stream) is its parent's,
 // so it must change none of it. One getpid() call.
 bool foreign_process() noexcept;

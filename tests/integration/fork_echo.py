@@ -17,7 +17,7 @@ client: --conns connections one after another; on each
      half-close, the echo read to EOF and compared byte for byte.
 keeper: the same service in the accepting process itself, while a forked
   child holds a copy of the connection until it is SIGKILLed.
-handoff, exec, spawn, system: the accepting process echoes the first
+handoff, exec, spawn, posix_spawn, system: the accepting process echoes the first
   --handoff-after messages itself (the connection is direct by then), then
   hands the connection over and closes its copy (after --close-delay s):
   handoff: to a forked child that echoes the rest (it inherited a direct
@@ -25,6 +25,8 @@ handoff, exec, spawn, system: the accepting process echoes the first
   exec: to a forked child that puts the socket on its stdin and stdout and
     execs cat without the library;
   spawn: to cat without the library, started by subprocess (vfork + exec);
+  posix_spawn: to cat without the library, started by os.posix_spawn with
+    dup2 file actions (the socket itself keeps FD_CLOEXEC);
   system: to cat without the library, started by os.system (the server
     waits for it there).
 Any wait longer than --idle seconds is a failure (exit 1).
@@ -205,6 +207,11 @@ def handoff(args):
             import subprocess
             proc = subprocess.Popen(["cat"], stdin=conn.fileno(), stdout=conn.fileno(), env=clean_env())
             children.append(proc)
+        elif args.role == "posix_spawn":
+            fd = conn.fileno()
+            pid = os.posix_spawn("/bin/cat", ["cat"], clean_env(),
+                                 file_actions=[(os.POSIX_SPAWN_DUP2, fd, 0), (os.POSIX_SPAWN_DUP2, fd, 1)])
+            children.append(pid)
         elif args.role == "system":
             fd = conn.fileno()
             os.set_inheritable(fd, True)
@@ -322,7 +329,8 @@ def client(args):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("role", choices=["server", "keeper", "client", "handoff", "exec", "spawn", "system"])
+    p.add_argument("role", choices=["server", "keeper", "client", "handoff", "exec", "spawn",
+                                    "posix_spawn", "system"])
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--clients", type=int, default=1, help="server: connections to serve")
     p.add_argument("--conns", type=int, default=6, help="client: connections, one after another")
@@ -336,12 +344,12 @@ def main():
     p.add_argument("--pace", type=float, default=0.0,
                    help="client: seconds between the bulk part's pieces")
     p.add_argument("--handoff-after", type=int, default=50,
-                   help="handoff, exec, spawn, system: messages echoed before the handover")
+                   help="handoff and the roles that start cat: messages echoed before the handover")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--idle", type=float, default=15.0)
     args = p.parse_args()
     roles = {"server": serve, "keeper": keeper, "client": client}
-    roles.update(dict.fromkeys(["handoff", "exec", "spawn", "system"], handoff))
+    roles.update(dict.fromkeys(["handoff", "exec", "spawn", "posix_spawn", "system"], handoff))
     roles[args.role](args)
 
 

@@ -14,6 +14,8 @@
 #   exec     a forked child that puts the socket on its stdin and stdout
 #            and execs cat without the library;
 #   spawn    cat without the library, started by subprocess (vfork + exec);
+#   posix_spawn  the same by os.posix_spawn, the socket dup2'ed onto cat's
+#            stdin and stdout by file actions (it keeps FD_CLOEXEC itself);
 #   system   cat without the library, started by os.system.
 # The client (fork_echo.py client) checks every echo byte for byte: 200
 # ping-pong round trips of 1 to 64 B, then 1000 B, 100 kB or 3 MiB of bulk
@@ -66,5 +68,6 @@ phase shared handoff direct "--handoff-after=50 --close-delay=0.1" 3145728,20000
 # The child's exec and the parent's close race to move it (either is right).
 phase exec exec "shared|exec" "--handoff-after=50" 1000,100000,3145728 0
 phase spawn spawn exec "--handoff-after=50" 1000,100000,3145728 0
+phase posix_spawn posix_spawn exec "--handoff-after=50" 1000,100000,3145728 0
 phase system system exec "--handoff-after=50" 1000,100000,3145728 0
 it_finish
