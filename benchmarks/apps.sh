@@ -20,6 +20,10 @@
 #             backend's connection is upgraded after that fork. As root,
 #             PostgreSQL runs as nobody (it refuses root), pgbench too (an
 #             upgrade needs both ends to be one user).
+#   netperf   netserver in its default forking mode (the child it forks for
+#             each test makes the data connection) and netperf -P 0 for
+#             TCP_RR, TCP_STREAM and TCP_MAERTS, BENCH_NETPERF_SECS (3)
+#             seconds each: transactions/s and 10^6 bit/s.
 #   idle      benchmarks/idle_conns.py: a server and a client process hold
 #             BENCH_IDLE_CONNS (100) connections that carried one byte each
 #             way and are now idle, the server blocked in epoll_wait on
@@ -62,6 +66,7 @@ redis_n1="${BENCH_REDIS_N1:-20000}"
 redis_n50="${BENCH_REDIS_N50:-100000}"
 idle_secs="${BENCH_IDLE_SECS:-10}"
 pg_secs="${BENCH_PG_SECS:-5}"
+np_secs="${BENCH_NETPERF_SECS:-3}"
 idle_conns="${BENCH_IDLE_CONNS:-100}"
 idle_settle=1  # seconds between "ready" and the first CPU reading
 redis_limit=20  # seconds for one redis-benchmark run (kernel: 2-6 s here)
@@ -69,18 +74,18 @@ py=/usr/bin/python3
 [[ -x "$py" ]] || py="$(command -v python3 || echo python3)"
 clk_tck="$(getconf CLK_TCK)"
 
-for v in sp_secs redis_n1 redis_n50 pg_secs idle_secs idle_conns; do
+for v in sp_secs redis_n1 redis_n50 pg_secs np_secs idle_secs idle_conns; do
     if ! [[ "${!v}" =~ ^[1-9][0-9]*$ ]]; then
         echo "$me: ${v} must be a positive integer (got '${!v}')" >&2
         exit 1
     fi
 done
 apps=("$@")
-((${#apps[@]})) || apps=(sockperf redis pg idle)
+((${#apps[@]})) || apps=(sockperf redis pg netperf idle)
 for app in "${apps[@]}"; do
     case "$app" in
-        sockperf | redis | pg | idle) ;;
-        *) echo "usage: $me [sockperf] [redis] [pg] [idle]" >&2; exit 2 ;;
+        sockperf | redis | pg | netperf | idle) ;;
+        *) echo "usage: $me [sockperf] [redis] [pg] [netperf] [idle]" >&2; exit 2 ;;
     esac
 done
 
@@ -357,6 +362,55 @@ measure_redis() {
     echo "  redis $how -c $clients: SET $set/s, GET $get/s" >&2
 }
 
+# netperf against netserver in its default forking mode (each test's
+# control connection is accepted, then served by a forked child, which
+# makes the data connection): TCP_RR (1-byte transactions), TCP_STREAM
+# and TCP_MAERTS (16 KiB writes, the default), np_secs each.
+measure_netperf() {
+    local how="$1" t rc val verdict=""
+    next_port
+    start_bg np-srv 120 "$how" srv_pin netserver -D -4 -L 127.0.0.1 -p "$port"
+    local srv=$bg_pid
+    if ! wait_listen "$port" "$srv"; then
+        failed "netperf $how: netserver did not start (tried once more on the next port): $(output_of "$tmp/np-srv.out" "$tmp/np-srv.err")"
+        stop_pid "$srv" TERM 5
+        return 2
+    fi
+    for t in TCP_RR TCP_STREAM TCP_MAERTS; do
+        run_fg "np-$t" "$((np_secs + 20))" "$how" cli_pin \
+            netperf -4 -H 127.0.0.1 -p "$port" -t "$t" -l "$np_secs" -P 0
+        rc=$?
+        # -P 0: one line, the result last (transactions/s or 10^6 bit/s).
+        val="$(awk 'NF >= 5 { r = $NF } END { if (r + 0 > 0) print r }' "$tmp/np-$t.out")"
+        if ((rc != 0)) || [[ -z "$val" ]]; then
+            stop_pid "$srv" TERM 5
+            failed "netperf -t $t $how: $(status_text "$rc"), $(output_of "$tmp/np-$t.out" "$tmp/np-$t.err")"
+            return 1
+        fi
+        put "np_${t,,}" "$how" "$val"
+        # The control connection on the port, and the data connection the
+        # forked netserver made: each direct, with bytes on the fabric.
+        if [[ "$how" == sdirect ]]; then
+            local v
+            v="$(direct_verdict "$port" 1 "np-$t")"
+            [[ "$v" == direct ]] && ! awk -v port="$port" '
+                { pp = ""; mode = ""; f = 0
+                  for (i = 1; i <= NF; i++) {
+                      if ($i ~ /^peer=/) { pp = $i; sub(/.*:/, "", pp) }
+                      else if ($i ~ /^mode=/) mode = substr($i, 6)
+                      else if ($i ~ /^(tx|rx)_fabric=/) { x = $i; sub(/.*=/, "", x); f += x }
+                  }
+                  if (pp != port && mode == "direct" && f > 0) ok = 1 }
+                END { exit !ok }' "$tmp/np-$t.stats" && v="NOT DIRECT: $t data connection"
+            [[ "$v" == direct ]] || verdict+="${verdict:+; }$v"
+        fi
+        echo "  netperf -t $t $how: $val" >&2
+    done
+    stop_pid "$srv" TERM 5
+    [[ "$how" == sdirect ]] && echo "${verdict:-direct}" >>"$tmp/v/np.mode"
+    return 0
+}
+
 # PostgreSQL: one database for every run, made at the first pg measurement
 # (initdb and pgbench -i, nothing preloaded); as root everything runs as
 # nobody, with its own copy of the library (the build may sit in a
@@ -544,13 +598,15 @@ measure_idle() {
 
 # Measurement groups: name, the programs they need, the call.
 declare -A need=([sp]="sockperf" [rd1]="redis-server redis-benchmark"
-    [rd50]="redis-server redis-benchmark" [pg]="pgbench setpriv" [idle]="$py")
+    [rd50]="redis-server redis-benchmark" [pg]="pgbench setpriv" [np]="netperf netserver"
+    [idle]="$py")
 groups=()
 for app in "${apps[@]}"; do
     case "$app" in
         sockperf) groups+=(sp) ;;
         redis) groups+=(rd1 rd50) ;;
         pg) groups+=(pg) ;;
+        netperf) groups+=(np) ;;
         idle) groups+=(idle) ;;
     esac
 done
@@ -570,6 +626,7 @@ measure() {  # GROUP HOW
         rd1) measure_redis "$2" 1 ;;
         rd50) measure_redis "$2" 50 ;;
         pg) measure_pg "$2" ;;
+        np) measure_netperf "$2" ;;
         idle) measure_idle "$2" ;;
     esac
 }
@@ -621,6 +678,9 @@ rows=(
     "pg_S8_lat pg pgbench_select-only,_8_clients,_latency ms lower -"
     "pg_B1_tps pg pgbench_TPC-B-like,_1_client tx/s higher -"
     "pg_B8_tps pg pgbench_TPC-B-like,_8_clients tx/s higher -"
+    "np_tcp_rr np netperf_TCP_RR,_forking_netserver trans/s higher -"
+    "np_tcp_stream np netperf_TCP_STREAM_(16_KiB_writes) Mbit/s higher -"
+    "np_tcp_maerts np netperf_TCP_MAERTS_(16_KiB_writes) Mbit/s higher -"
     "idle_srv_cpu idle idle_${idle_conns}_conns:_server_CPU_(epoll) %_core max 1"
     "idle_cli_cpu idle idle_${idle_conns}_conns:_client_CPU_(poll) %_core max 1"
     "idle_srv_wake idle idle_${idle_conns}_conns:_server_wake-ups /s info -"
@@ -679,6 +739,7 @@ cp "$tsv" "$results/apps.tsv"
     echo "sdirect application benchmarks, $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -r), $(nproc) CPUs, median of $repeats run(s), placement $pin, load $load_at_start at start"
     echo "sockperf: one-way latency (RTT/2) of 64 B TCP ping-pong, ${sp_secs} s a run; redis: requests/s, no pipelining, -n $redis_n1 (1 client) / $redis_n50 (50 clients)"
     echo "pg: PostgreSQL + pgbench, scale 1, ${pg_secs} s a run; transactions/s and mean latency (select-only and TPC-B-like)"
+    echo "netperf: netserver forking a child per test, netperf -P 0 for ${np_secs} s a test (TCP_RR: 1-byte transactions/s; TCP_STREAM/TCP_MAERTS: 10^6 bit/s)"
     echo "idle: $idle_conns idle connections, CPU in % of one core and context switches/s of each process over ${idle_secs} s"
     echo "speedup: kernel/sdirect for latency, sdirect/kernel for rates; runs: good/attempted; sdirect mode: as recorded by the library"
     echo
