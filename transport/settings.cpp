@@ -19,9 +19,10 @@ constexpr Setting table[] = {
     {"SDIRECT_REGISTRY", SettingKind::text, "/dev/shm/sdirect-UID",
      "Directory of the per-user host registry (mode 0700); UID is replaced "
      "by the real user id."},
-    {"SDIRECT_WINDOW", SettingKind::integer, "262144",
+    {"SDIRECT_WINDOW", SettingKind::integer, "1048576",
      "Receive window of one direct connection in bytes (credits the peer may "
-     "use); 0 means take SO_RCVBUF."},
+     "use; its ring's pages are touched only as bytes pass); an SO_RCVBUF the "
+     "application sets takes precedence. 0: the default."},
     {"SDIRECT_CHUNK", SettingKind::integer, "4032",
      "Largest payload of one buffered-protocol message in bytes (header "
      "included it fits the provider's inject size)."},
