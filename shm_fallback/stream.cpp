@@ -94,11 +94,17 @@ bool leave_requested(const Conn *c) noexcept {
            c->leave_due.load(std::memory_order_acquire) || !c->is_direct();
 }
 
-bool writable(void *ctx) noexcept {
-    auto *c = static_cast<Conn *>(ctx);
-    if (leave_requested(c)) return true;
-    std::lock_guard lock(c->rx_lock);
-    return c->credits.load(std::memory_order_relaxed) > 0 || c->gone();
+// A sender waiting for `need` bytes of credit.
+struct CreditWait {
+    Conn *c;
+    std::int64_t need;
+};
+
+bool enough_credit(void *ctx) noexcept {
+    auto *w = static_cast<CreditWait *>(ctx);
+    if (leave_requested(w->c)) return true;
+    std::lock_guard lock(w->c->rx_lock);
+    return w->c->credits.load(std::memory_order_relaxed) >= w->need || w->c->gone();
 }
 
 // A zero-copy send waits for its reader; it gives way (cancels, the rest
@@ -798,21 +804,24 @@ ssize_t Stream::send(const iovec *iov, int iovcnt, int flags) noexcept {
     }
 }
 
-int Stream::wait_credit(Conn *c, std::uint64_t deadline) noexcept {
+int Stream::wait_credit(Conn *c, std::uint64_t deadline, std::int64_t need) noexcept {
     std::uint64_t spin_until = monotonic_ns() + std::uint64_t(transport::settings().spin_us) * 1000;
+    CreditWait want{c, need};
     for (;;) {
         engine->progress();
-        if (c->credits.load(std::memory_order_acquire) > 0) return 0;
+        // A leave first: it needs the send lock we hold, and the peer
+        // waiting for our answer returns no credits meanwhile.
+        if (leave_requested(c)) return -ESTALE;
+        if (c->credits.load(std::memory_order_acquire) >= need) return 0;
         // Credits our reader owes the peer go out too: if both sides wait
         // for credits, each must return what it has consumed.
         engine->maybe_return_credits(c);
         if (c->gone()) return -EPIPE;
         if (!engine->peer_alive(c->peer)) return -EPIPE;
-        if (leave_requested(c)) return -ESTALE;
         std::uint64_t now = monotonic_ns();
         if (deadline && now >= deadline) return -EAGAIN;
         if (now < spin_until) continue;
-        int w = transport::sleep_once(engine, c, -1, 0, writable, c, ms_until(deadline));
+        int w = transport::sleep_once(engine, c, -1, 0, enough_credit, &want, ms_until(deadline));
         if (w == -EINTR && !keep_going_after_eintr(sndtimeo_ns.load(std::memory_order_relaxed)))
             return -EINTR;
     }
@@ -837,7 +846,8 @@ int Stream::flush_locked(Conn *c, bool blocking, std::uint64_t deadline) noexcep
                 engine->want_flush(c);
                 return -EAGAIN;
             }
-            if (int w = wait_credit(c, deadline)) {
+            // All of the stage goes in one message: wait for that much.
+            if (int w = wait_credit(c, deadline, std::int64_t(c->staged))) {
                 if (w == -EAGAIN || w == -EINTR) engine->want_flush(c);
                 return w;
             }

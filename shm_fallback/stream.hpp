@@ -162,7 +162,9 @@ class Stream {
     int post_data(transport::Conn *c, const iovec *iov, int iovcnt, std::uint32_t len,
                   std::uint64_t deadline) noexcept;
     int flush_locked(transport::Conn *c, bool blocking, std::uint64_t deadline) noexcept;
-    int wait_credit(transport::Conn *c, std::uint64_t deadline) noexcept;
+    // Until `need` bytes of credit are there: 0, -EAGAIN (deadline),
+    // -EINTR, -EPIPE, or -ESTALE (the connection leaves the fabric).
+    int wait_credit(transport::Conn *c, std::uint64_t deadline, std::int64_t need = 1) noexcept;
     // Read zero-copy: the receive side reads the peer's advertisement
     // (rx_lock held on entry, released on return); the send side
     // advertises `len` bytes and waits until they were read. Bytes taken

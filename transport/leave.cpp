@@ -260,6 +260,7 @@ void Engine::rearm_locked(Conn *c) noexcept {
 int Engine::leave_flush_locked(Conn *c, bool blocking, std::uint64_t deadline_ns) noexcept {
     for (;;) {
         int rc = leave_work_locked(c);
+        if (rc == 1) return 0;  // rearmed: all done (the flush pass looks for the peer)
         if (rc != -EAGAIN || !blocking) return rc;
         std::uint64_t now = monotonic_ns();
         if (deadline_ns && now >= deadline_ns) return -EAGAIN;
@@ -375,7 +376,8 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
     int rc = 0;
     std::uint32_t at = 0;
     do {
-        std::uint32_t len = std::min(n - at, kMaxInline);
+        // Inline messages, as data: within the provider's inject size.
+        std::uint32_t len = std::min(n - at, chunk_);
         iovec v{give + at, len};
         const bool last = at + len == n;
         rc = post(c, MsgType::give_back, &v, len ? 1 : 0, len, from + at, deadline,
