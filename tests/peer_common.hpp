@@ -87,6 +87,10 @@ enum class Op : std::uint32_t {
     send_close,   // send size of seed, close, stay alive size2 milliseconds
     hang,         // print "ready" and block until killed
     sockinfo,     // send own local and peer address
+    records_in,   // receive records of size writers, size2 each (peer_records.hpp); ack
+    records_out,  // send size records while reading size2 replies (peer_records.hpp); ack
+    echo_eof,     // send size of seed, then shutdown(SHUT_WR), while reading the same
+                  // back; expect EOF after it; close
 };
 
 inline constexpr std::uint32_t kCmdMagic = 0x53445443;  // "SDTC"

@@ -33,6 +33,14 @@ void drive_sockinfo(int *fd, const Options &opt);
 void drive_fork(int *fd, const Options &opt);
 void drive_fork_loop(int *fd, const Options &opt);
 
+// A connection shared with forked children and started programs
+// (peer_drive_share.cpp).
+void drive_fork_share_write(int *fd, const Options &opt);
+void drive_fork_share_read(int *fd, const Options &opt);
+void drive_fork_inflight(int *fd, const Options &opt);
+void drive_fork_sharer_killed(int *fd, const Options &opt);
+void drive_spawn_cat(int *fd, const Options &opt);
+
 // Readiness through every waiting call (peer_ready_poll.cpp).
 void drive_ready_data(int *fd, const Options &opt);
 void drive_ready_window(int *fd, const Options &opt);

@@ -3,6 +3,7 @@
 // receives; a wrong byte ends the process with exit 1.
 #include "peer_common.hpp"
 #include "peer_pingpong.hpp"
+#include "peer_records.hpp"
 
 #include <cerrno>
 #include <cstring>
@@ -40,6 +41,19 @@ void send_whole(int fd, std::uint64_t seed, std::uint64_t size) {
     std::vector<char> buf(std::size_t(size) + 1);
     pattern_fill(seed, 0, buf.data(), std::size_t(size));
     write_all(fd, buf.data(), std::size_t(size));
+}
+
+// What the driver's side sends back is our own stream, after our FIN:
+// everything, then EOF (a program that copies its input to its output).
+void echo_to_eof(int fd, const Cmd &cmd) {
+    std::thread sender([&] {
+        send_pattern(fd, Tx::send, cmd.seed, cmd.size, cmd.chunk, 0);
+        if (shutdown(fd, SHUT_WR) != 0) fail("shutdown(SHUT_WR): %s", errno_name(errno));
+    });
+    recv_pattern(fd, Rx::recv, cmd.seed, cmd.size, cmd.chunk, "echo of our stream");
+    sender.join();
+    expect_eof(fd, "after the echo of our stream");
+    expect_eof(fd, "second recv after the echo of our stream");
 }
 
 [[noreturn]] void hang() {
@@ -118,6 +132,18 @@ void respond(int *fd) {
         case Op::sockinfo:
             send_sockinfo(*fd);
             break;
+        case Op::records_in:
+            receive_records(*fd, cmd);
+            break;
+        case Op::records_out:
+            stream_records(*fd, cmd);
+            break;
+        case Op::echo_eof:
+            echo_to_eof(*fd, cmd);
+            report_bytes(*fd);
+            close(*fd);
+            *fd = -1;
+            return;
         default:
             fail("unknown command %u", unsigned(cmd.op));
         }

@@ -1,0 +1,166 @@
+// A connection shared between processes: the end that drives (the
+// server here, or either end for a started program) forks a child that
+// uses the socket too, or starts a program on it. Every byte is checked
+// by the peers; the library's statistics must show a direct connection
+// that went back to the kernel for good, for the right reason.
+#include <catch2/catch.hpp>
+
+#include "harness.hpp"
+
+#include <sstream>
+
+using namespace sdt;
+
+namespace {
+
+std::uint64_t field(const std::string &line, const std::string &key) {
+    std::istringstream in(line);
+    for (std::string word; in >> word;)
+        if (word.rfind(key + "=", 0) == 0) return std::stoull(word.substr(key.size() + 1));
+    return 0;
+}
+
+// Where the statistics must say the connection went: in the direct
+// configuration, fabric bytes first, then the kernel with `reason`; where
+// only one end is preloaded it never left the kernel (no_peer).
+void check_left(const Proc &p, const Placement &pl, bool server, const std::string &reason) {
+    const Expect expect = pl.expect(server);
+    if (expect != Expect::direct) {
+        check_modes(p, expect);
+        return;
+    }
+    const auto stats = read_stats(p.stats);
+    const auto conns = conns_of(p);
+    INFO(describe(p));
+    INFO("statistics file:\n" << read_text(p.stats));
+    REQUIRE(conns.size() == 1);
+    const StatLine *s = find_stat(stats, conns[0].pid, conns[0].local, conns[0].peer);
+    REQUIRE(s != nullptr);
+    CHECK(s->mode == "kernel");
+    CHECK(s->reason == reason);
+    CHECK(s->num("tx_fabric") + s->num("rx_fabric") > 0);
+}
+
+// The driving end reported what it had moved when it was alone again
+// ("alone" line) and at the end ("bytes" line): everything in between
+// must have gone through the kernel, none of it through the fabric again.
+void check_alone_on_kernel(const Proc &p) {
+    if (!p.preloaded) return;
+    const auto alone = lines_with(p, "alone ");
+    const auto bytes = bytes_of(p);
+    const auto stats = read_stats(p.stats);
+    INFO(describe(p));
+    INFO("statistics file:\n" << read_text(p.stats));
+    REQUIRE(alone.size() == 1);
+    REQUIRE(bytes.size() == 1);
+    const StatLine *s = find_stat(stats, bytes[0].pid, bytes[0].local, bytes[0].peer);
+    REQUIRE(s != nullptr);
+    const std::uint64_t tx_after = bytes[0].tx - field(alone[0], "tx");
+    const std::uint64_t rx_after = bytes[0].rx - field(alone[0], "rx");
+    INFO("alone: sent " << tx_after << ", received " << rx_after);
+    CHECK(tx_after > 0);
+    CHECK(s->num("tx_kernel") >= tx_after);
+    CHECK(s->num("rx_kernel") >= rx_after);
+    CHECK(s->num("tx_fabric") <= field(alone[0], "tx"));
+}
+
+PairSpec driven_by(const std::string &side, const std::vector<std::string> &args) {
+    PairSpec spec;
+    spec.args = {"--driver", side};
+    spec.args.insert(spec.args.end(), args.begin(), args.end());
+    spec.timeout = 40;
+    spec.check_modes = false;
+    return spec;
+}
+
+// Exit statuses (every byte checked inside) and, where only one end is
+// preloaded, that the connection stayed on the kernel.
+void run_shared(const PairSpec &spec) {
+    run_pair(spec, [](Pair &pair, const Placement &pl) {
+        if (config() != Config::mixed) return;
+        check_modes(pair.server, pl.expect(true));
+        check_modes(pair.client, pl.expect(false));
+    });
+}
+
+}  // namespace
+
+TEST_CASE("a forked child and its parent writing a shared connection at once deliver every "
+          "record whole, in each writer's order",
+          "[fork]") {
+    // 300 records of 1 to 4096 bytes from each, one blocking send each.
+    run_shared(driven_by("server", {"--scenario", "fork-share-write", "--records", "300"}));
+}
+
+TEST_CASE("a forked child and its parent reading a shared connection in turns get every "
+          "record once, in order",
+          "[fork]") {
+    // 40 turns of 25 records; MSG_WAITALL and recv loops alternate.
+    run_shared(driven_by("server", {"--scenario", "fork-share-read", "--turns", "40"}));
+}
+
+TEST_CASE("a connection shared with a forked child ends on the kernel with reason shared and "
+          "stays there, exact, once the child is gone",
+          "[fork]") {
+    for (const char *scenario : {"fork-share-write", "fork-share-read"}) {
+        INFO("scenario " << scenario);
+        PairSpec spec = driven_by("server", {"--scenario", scenario, "--seed", "7"});
+        run_pair(spec, [](Pair &pair, const Placement &pl) {
+            check_left(pair.server, pl, true, "shared");
+            check_left(pair.client, pl, false, "shared");
+            check_alone_on_kernel(pair.server);
+            check_byte_counts(pair.client);
+        });
+    }
+}
+
+TEST_CASE("a forked child takes over the incoming stream while bytes are in flight both ways, "
+          "byte-exact",
+          "[fork]") {
+    // The peer streams 4 MiB; the parent has read 100 kB of it and is in
+    // a 4 MiB blocking send (from a thread) when it forks.
+    PairSpec spec = driven_by("server", {"--scenario", "fork-inflight"});
+    run_pair(spec, [](Pair &pair, const Placement &pl) {
+        check_left(pair.server, pl, true, "shared");
+        check_left(pair.client, pl, false, "shared");
+        check_alone_on_kernel(pair.server);
+    });
+}
+
+TEST_CASE("a forked sharer killed while blocked in recv leaves the connection to its parent, "
+          "byte-exact",
+          "[fork]") {
+    PairSpec spec = driven_by("server", {"--scenario", "fork-sharer-killed"});
+    run_pair(spec, [](Pair &pair, const Placement &pl) {
+        check_left(pair.server, pl, true, "shared");
+        check_left(pair.client, pl, false, "shared");
+        check_alone_on_kernel(pair.server);
+    });
+}
+
+TEST_CASE("cat started by posix_spawn on an inherited socket echoes the stream exactly, then "
+          "EOF follows the peer's shutdown",
+          "[fork]") {
+    // The accepted socket is inheritable; the connecting one was made
+    // close-on-exec and reaches cat only through the file actions' dup2.
+    for (const char *side : {"server", "client"}) {
+        INFO("started by the " << side);
+        PairSpec spec = driven_by(side, {"--scenario", "spawn-cat", "--via", "spawn"});
+        const bool by_server = std::string(side) == "server";
+        if (!run_pair(spec, [by_server](Pair &pair, const Placement &pl) {
+                check_left(by_server ? pair.server : pair.client, pl, by_server, "exec");
+                check_left(by_server ? pair.client : pair.server, pl, !by_server, "exec");
+            }))
+            return;
+    }
+}
+
+TEST_CASE("cat started by popen on an inherited socket echoes the stream exactly, then EOF "
+          "follows the peer's shutdown",
+          "[fork]") {
+    PairSpec spec = driven_by("server", {"--scenario", "spawn-cat", "--via", "popen"});
+    run_pair(spec, [](Pair &pair, const Placement &pl) {
+        check_left(pair.server, pl, true, "exec");
+        check_left(pair.client, pl, false, "exec");
+    });
+}
