@@ -1015,22 +1015,32 @@ int Stream::shutdown(int how) noexcept {
     if (share.load(std::memory_order_acquire)) drop_share();
     (void)claim_inherited();
     Conn *c = conn.load(std::memory_order_acquire);
-    if (c && !c->is_direct() && (how == SHUT_WR || how == SHUT_RDWR)) {
-        // Left the fabric: what is owed to the kernel goes before its FIN.
+    int kernel_how = how;
+    bool hold_it = false;
+    if (c && (how == SHUT_WR || how == SHUT_RDWR)) {
         std::lock_guard tx(c->tx_lock);
-        if (c->leave_sent || c->leave_due.load(std::memory_order_acquire))
-            (void)engine->leave_flush_locked(c, true, monotonic_ns() + 1000000000ull);
-    }
-    if (c && c->is_direct() && (how == SHUT_WR || how == SHUT_RDWR)) {
-        std::lock_guard tx(c->tx_lock);
-        if (!c->tx_fin) {
-            (void)flush_locked(c, true, 0);
-            if (engine->post(c, MsgType::fin, nullptr, 0, 0, c->tx_off, 0) == 0)
+        const bool direct = c->is_direct() && !leave_requested(c);
+        int rc = direct && !c->tx_fin ? flush_locked(c, true, 0) : 0;
+        if (direct && rc != -ESTALE) {
+            if (!c->tx_fin && engine->post(c, MsgType::fin, nullptr, 0, 0, c->tx_off, 0) == 0)
                 engine->ring(c->peer);
             c->tx_fin = true;
         }
+        if (c->is_direct() || c->leave_sent || c->leave_due.load(std::memory_order_acquire) ||
+            c->leave_wanted.load(std::memory_order_acquire)) {
+            // On the fabric (or leaving it): the kernel's FIN waits until
+            // a leave has written what it owes the kernel socket (returned
+            // and staged bytes), or until close.
+            c->shut_wr_deferred.store(true, std::memory_order_release);
+            kernel_how = how == SHUT_RDWR ? SHUT_RD : -1;
+            if (!c->is_direct())
+                (void)engine->leave_flush_locked(c, true, monotonic_ns() + 1000000000ull);
+        } else {
+            hold_it = c->state.load(std::memory_order_acquire) == ConnState::kernel;
+        }
     }
-    if (sys.shutdown(kfd(), how) != 0) return -errno;
+    if (hold_it) engine->hold(c);  // half-closed: no upgrade from now on
+    if (kernel_how >= 0 && sys.shutdown(kfd(), kernel_how) != 0) return -errno;
     if (how == SHUT_RD || how == SHUT_RDWR) rd_shut.store(true, std::memory_order_relaxed);
     return 0;
 }

@@ -146,6 +146,9 @@ struct Conn {
     // Owed to the kernel socket before any new byte of ours: the bytes the
     // peer returned (it left first: back_owed), then our staged bytes.
     std::atomic<bool> tx_owed{false};
+    // shutdown(SHUT_WR) while direct: the fin went on the fabric; the
+    // kernel socket's FIN waits for a leave's owed bytes (or close).
+    std::atomic<bool> shut_wr_deferred{false};
     std::atomic<bool> back_owed{false};
     std::atomic<bool> back_complete{false};  // the last piece came (release)
     char *back = nullptr;                    // written by deliver under rx_lock

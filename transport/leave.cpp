@@ -122,10 +122,12 @@ void Engine::on_leave(Conn *c, const MsgHeader &h) noexcept {
         c->back_owed.store(true, std::memory_order_relaxed);
         c->tx_owed.store(true, std::memory_order_release);
     }
-    // Left for sharing (not exec), with both directions open: its last
-    // holder may come back, so we wait for it in kernel mode.
+    // Left for sharing (not exec), with both directions open and not
+    // crossing a leave of ours: its last holder may come back, so we wait
+    // for it in kernel mode.
     c->rearm = why == std::uint32_t(Reason::shared) && c->fin_off == kNoOffset &&
-               !c->tx_fin.load(std::memory_order_relaxed) && !c->broken;
+               !c->tx_fin.load(std::memory_order_relaxed) && !c->broken &&
+               c->tx_end.load(std::memory_order_acquire) == kNoOffset;
     ConnState expect = ConnState::direct;
     c->state.compare_exchange_strong(expect, ConnState::leaving);
     // Our own leave is owed (a no-op if we sent ours already): the next
@@ -177,6 +179,11 @@ int Engine::leave_work_locked(Conn *c) noexcept {
     }
     if (c->tx_owed.load(std::memory_order_acquire))
         if (int rc = write_owed_locked(c)) return rc;
+    // A shutdown(SHUT_WR) made on the fabric: the kernel's FIN follows
+    // the owed bytes.
+    if (c->shut_wr_deferred.exchange(false, std::memory_order_acq_rel))
+        (void)sys.shutdown(std::atomic_ref<std::int32_t>(c->stat->fd).load(std::memory_order_relaxed),
+                           SHUT_WR);
     // Writable now; the receive side may be done too.
     std::lock_guard rx(c->rx_lock);
     if (!c->settle_left_locked()) c->wake_locked();
