@@ -1016,7 +1016,6 @@ int Stream::shutdown(int how) noexcept {
     (void)claim_inherited();
     Conn *c = conn.load(std::memory_order_acquire);
     int kernel_how = how;
-    bool hold_it = false;
     if (c && (how == SHUT_WR || how == SHUT_RDWR)) {
         std::lock_guard tx(c->tx_lock);
         const bool direct = c->is_direct() && !leave_requested(c);
@@ -1035,11 +1034,8 @@ int Stream::shutdown(int how) noexcept {
             kernel_how = how == SHUT_RDWR ? SHUT_RD : -1;
             if (!c->is_direct())
                 (void)engine->leave_flush_locked(c, true, monotonic_ns() + 1000000000ull);
-        } else {
-            hold_it = c->state.load(std::memory_order_acquire) == ConnState::kernel;
         }
     }
-    if (hold_it) engine->hold(c);  // half-closed: no upgrade from now on
     if (kernel_how >= 0 && sys.shutdown(kfd(), kernel_how) != 0) return -errno;
     if (how == SHUT_RD || how == SHUT_RDWR) rd_shut.store(true, std::memory_order_relaxed);
     return 0;
