@@ -762,8 +762,15 @@ ssize_t Stream::send(const iovec *iov, int iovcnt, int flags) noexcept {
     std::size_t done = 0;
     for (;;) {
         std::unique_lock tx(c->tx_lock);
-        iovec v[kMaxSlice];
-        int k = slice(iov, iovcnt, done, total - done, v, kMaxSlice);
+        // The caller's iov as it is, or (after a leave cut a send short)
+        // what is left of it.
+        iovec rest[kMaxSlice];
+        const iovec *v = iov;
+        int k = iovcnt;
+        if (done) {
+            k = slice(iov, iovcnt, done, total - done, rest, kMaxSlice);
+            v = rest;
+        }
         if (!c->is_direct() || total == 0) {
             if (c->tx_fin && c->is_direct()) return epipe(flags);
             if (c->leave_sent || c->leave_due.load(std::memory_order_acquire) ||
@@ -788,7 +795,7 @@ ssize_t Stream::send(const iovec *iov, int iovcnt, int flags) noexcept {
             return ssize_t(done) + r;
         }
         bool left = false;
-        ssize_t r = direct_send(c, v, k, total - done, flags, &left);
+        ssize_t r = direct_send(c, v, k, done ? sliced(v, k) : total, flags, &left);
         if (!left) return r < 0 && done ? ssize_t(done) : (r < 0 ? r : ssize_t(done) + r);
         if (r > 0) done += std::size_t(r);
         const bool nb = nonblock.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
