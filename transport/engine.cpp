@@ -471,7 +471,8 @@ void Engine::deliver(const char *buf, std::size_t len) noexcept {
         if (c->switch_off == kNoOffset) c->switch_off = h.offset;
         std::uint64_t expect = c->rx_expect();
         if (!c->ring || h.offset != expect || c->ring_bytes() + h.len > c->ring_cap ||
-            c->fin_off != kNoOffset || c->zc.active) {
+            c->fin_off != kNoOffset || c->zc.active ||
+            (c->peer_end != kNoOffset && expect + h.len > c->peer_end)) {
             SD_LOG(error, "conn %u: data at offset %llu, expected %llu: connection broken",
                    c->id, (unsigned long long)h.offset, (unsigned long long)expect);
             c->broken = true;
@@ -492,7 +493,8 @@ void Engine::deliver(const char *buf, std::size_t len) noexcept {
         if (c->switch_off == kNoOffset) c->switch_off = h.offset;
         std::uint64_t expect = c->rx_expect();
         if (!c->ring_mr || h.offset != expect || c->ring_bytes() + h.flags > c->ring_cap ||
-            c->fin_off != kNoOffset || c->zc.active) {
+            c->fin_off != kNoOffset || c->zc.active ||
+            (c->peer_end != kNoOffset && expect + h.flags > c->peer_end)) {
             SD_LOG(error, "conn %u: ring data at offset %llu, expected %llu: connection broken",
                    c->id, (unsigned long long)h.offset, (unsigned long long)expect);
             c->broken = true;

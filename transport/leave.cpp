@@ -28,10 +28,11 @@
 namespace sd::transport {
 namespace {
 
+// The peer's leave came, and every fabric byte before its end with it.
 bool answered(void *ctx) noexcept {
     auto *c = static_cast<Conn *>(ctx);
     std::lock_guard lock(c->rx_lock);
-    return c->peer_end != kNoOffset || c->gone();
+    return (c->peer_end != kNoOffset && c->rx_expect() >= c->peer_end) || c->gone();
 }
 
 bool back_arrived(void *ctx) noexcept {
@@ -102,9 +103,10 @@ void Engine::send_leave_locked(Conn *c, bool first, Reason why) noexcept {
 
 void Engine::on_leave(Conn *c, const MsgHeader &h) noexcept {
     if (c->switch_off == kNoOffset) c->switch_off = h.offset;
-    // Its advertisement (if any) ended before it could leave, and its
-    // stream ends where its last message did.
-    if (h.offset != c->rx_expect() || c->zc.active || c->peer_end != kNoOffset) {
+    // Its advertisement (if any) ended before it could leave. Its stream
+    // ends at or after what has arrived: bytes it sent before its leave
+    // may still be on their way (they are awaited, never lost).
+    if (h.offset < c->rx_expect() || c->zc.active || c->peer_end != kNoOffset) {
         SD_LOG(error, "conn %u: leave at offset %llu, expected %llu: connection broken", c->id,
                (unsigned long long)h.offset, (unsigned long long)c->rx_expect());
         c->broken = true;
