@@ -773,8 +773,7 @@ ssize_t Stream::send(const iovec *iov, int iovcnt, int flags) noexcept {
         }
         if (!c->is_direct() || total == 0) {
             if (c->tx_fin && c->is_direct()) return epipe(flags);
-            if (c->leave_sent || c->leave_due.load(std::memory_order_acquire) ||
-                c->tx_owed.load(std::memory_order_acquire)) {
+            if (c->leave_under_way()) {
                 // Left the fabric: what is owed to the kernel goes first.
                 const bool nb = nonblock.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
                 const std::int64_t tmo = sndtimeo_ns.load(std::memory_order_relaxed);
@@ -1084,7 +1083,7 @@ void Stream::last_close() noexcept {
     if (!c->is_direct()) {
         // Left the fabric: what is owed to the kernel goes before its close.
         std::lock_guard tx(c->tx_lock);
-        if (c->leave_sent || c->leave_due.load(std::memory_order_acquire))
+        if (c->leave_under_way())
             (void)engine->leave_flush_locked(c, true, monotonic_ns() + 1000000000ull);
         return;
     }

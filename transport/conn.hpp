@@ -184,6 +184,15 @@ struct Conn {
     void remove_waiter(Waiter *w) noexcept;
     bool is_direct() const noexcept { return state.load(std::memory_order_acquire) == ConnState::direct; }
     bool is_leaving() const noexcept { return state.load(std::memory_order_acquire) == ConnState::leaving; }
+    // The application's fd of the socket (another alias after a dup and a
+    // close of the first one: Stream::fd_removed updates it).
+    int app_fd() noexcept { return std::atomic_ref<std::int32_t>(stat->fd).load(std::memory_order_relaxed); }
+    // Our leave is sent or owed, or bytes are owed to the kernel socket: a
+    // send goes through leave_flush_locked first (tx_lock held).
+    bool leave_under_way() const noexcept {
+        return leave_sent || leave_due.load(std::memory_order_acquire) ||
+               tx_owed.load(std::memory_order_acquire);
+    }
     // Leaving, and every fabric byte of the peer is read: receives take
     // the kernel socket alone from now on (rx_lock held). True once final.
     bool settle_left_locked() noexcept;

@@ -394,8 +394,7 @@ void Engine::flush_due_stages() noexcept {
             continue;
         }
         if (left) {
-            const bool again = (c->leave_sent || c->leave_due.load(std::memory_order_acquire)) &&
-                               leave_work_locked(c) == -EAGAIN;
+            const bool again = c->leave_under_way() && leave_work_locked(c) == -EAGAIN;
             retry |= again;
             if (!again && c->flush_due.exchange(false))
                 flush_due_count_.fetch_sub(1, std::memory_order_relaxed);

@@ -184,8 +184,7 @@ int Engine::leave_work_locked(Conn *c) noexcept {
     // A shutdown(SHUT_WR) made on the fabric: the kernel's FIN follows
     // the owed bytes.
     if (c->shut_wr_deferred.exchange(false, std::memory_order_acq_rel))
-        (void)sys.shutdown(std::atomic_ref<std::int32_t>(c->stat->fd).load(std::memory_order_relaxed),
-                           SHUT_WR);
+        (void)sys.shutdown(c->app_fd(), SHUT_WR);
     // Writable now; the receive side may be done too.
     std::lock_guard rx(c->rx_lock);
     if (!c->settle_left_locked()) c->wake_locked();
@@ -197,7 +196,7 @@ int Engine::leave_work_locked(Conn *c) noexcept {
 }
 
 int Engine::write_owed_locked(Conn *c) noexcept {
-    const int fd = std::atomic_ref<std::int32_t>(c->stat->fd).load(std::memory_order_relaxed);
+    const int fd = c->app_fd();
     if (c->back_owed.load(std::memory_order_acquire)) {
         if (!c->back_complete.load(std::memory_order_acquire)) progress();  // it may be here
         if (!c->back_complete.load(std::memory_order_acquire)) {
@@ -279,8 +278,7 @@ int Engine::leave_flush_locked(Conn *c, bool blocking, std::uint64_t deadline_ns
             int w = sleep_once(this, c, -1, 0, back_arrived, c, ms);
             if (w == -EINTR) return -EINTR;
         } else {
-            pollfd p{std::atomic_ref<std::int32_t>(c->stat->fd).load(std::memory_order_relaxed),
-                     POLLOUT, 0};
+            pollfd p{c->app_fd(), POLLOUT, 0};
             if (sys.poll(&p, 1, ms) < 0 && errno == EINTR) return -EINTR;
         }
     }
@@ -294,7 +292,7 @@ int Engine::leave(Conn *c, Reason why) noexcept {
 int Engine::leave_locked(Conn *c, Reason why) noexcept {
     ConnState st = c->state.load(std::memory_order_acquire);
     if (st != ConnState::direct && st != ConnState::leaving) return 1;
-    const int fd = std::atomic_ref<std::int32_t>(c->stat->fd).load(std::memory_order_relaxed);
+    const int fd = c->app_fd();
     const std::uint64_t deadline = monotonic_ns() + settings().leave_timeout_ms * 1000000ull;
     // The send lock: a send waiting for credits or for its advertisement's
     // reader lets go when it sees leave_wanted.

@@ -115,21 +115,29 @@ def serve(args):
     print(f"server: {server.started} connections, each served by a forked child that exited 0")
 
 
+def accepted(args, role):
+    """Listens on 127.0.0.1:--port and yields --clients accepted
+    connections, one after another. SIGTERM before the last one, or no
+    connection for --idle seconds, ends the process with a failure."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(f"{role}: SIGTERM before all clients were served"))
+    lsock = socket.create_server(("127.0.0.1", args.port), reuse_port=False)
+    lsock.settimeout(args.idle)
+    for served in range(args.clients):
+        try:
+            conn, _ = lsock.accept()
+        except TimeoutError:
+            sys.exit(f"{role}: no connection for {args.idle} s ({served} served)")
+        yield conn
+
+
 def keeper(args):
     """Serves --clients connections one after another in this process;
     for each it first forks a child that keeps its inherited copy of the
     connection without touching it, and SIGKILLs that child after
     --kill-after seconds, reaping it only at the end (a zombie holds
     nothing)."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit("keeper: SIGTERM before all clients were served"))
-    lsock = socket.create_server(("127.0.0.1", args.port), reuse_port=False)
-    lsock.settimeout(args.idle)
     children = []
-    for _ in range(args.clients):
-        try:
-            conn, _ = lsock.accept()
-        except TimeoutError:
-            sys.exit(f"keeper: no connection for {args.idle} s ({len(children)} served)")
+    for conn in accepted(args, "keeper"):
         pid = os.fork()
         if pid == 0:
             time.sleep(60)  # holds the socket, never uses it
@@ -161,15 +169,8 @@ def clean_env():
 def handoff(args):
     """Serves --clients connections one after another: the first
     --handoff-after messages here, the rest by whoever --role says."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(f"{args.role}: SIGTERM before all clients were served"))
-    lsock = socket.create_server(("127.0.0.1", args.port), reuse_port=False)
-    lsock.settimeout(args.idle)
     children = []
-    for n in range(args.clients):
-        try:
-            conn, _ = lsock.accept()
-        except TimeoutError:
-            sys.exit(f"{args.role}: no connection for {args.idle} s ({n} served)")
+    for conn in accepted(args, args.role):
         conn.settimeout(args.idle)
         for k in range(args.handoff_after):
             data = conn.recv(65536)
