@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstring>
 #include <fcntl.h>
+#include <poll.h>
+#include <sys/syscall.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -44,8 +46,19 @@ Sharers *arena = nullptr;  // inherited by every child: the same pages
 
 std::uint64_t me() noexcept { return kHolder | std::uint32_t(getpid()); }
 
-// A process that can no longer use its copy: gone, or a zombie.
+// A process that can no longer use its copy: gone, or a zombie. Its
+// pidfd says so (readable once it has exited, whether reaped or not);
+// kernels without pidfd_open fall back to /proc.
 bool dead(pid_t pid) noexcept {
+    int pfd = int(syscall(SYS_pidfd_open, pid, 0));
+    if (pfd >= 0) {
+        pollfd p{pfd, POLLIN, 0};
+        int n = sys.poll(&p, 1, 0);
+        sys.close(pfd);
+        return n == 1;
+    }
+    if (errno == ESRCH) return true;
+    if (errno != ENOSYS) return false;  // no fd to spare: look again later
     if (kill(pid, 0) != 0) return errno == ESRCH;
     char path[40], buf[256];
     std::snprintf(path, sizeof path, "/proc/%d/stat", int(pid));
@@ -154,6 +167,12 @@ bool sharers_alone(Sharers *sh, std::uint64_t *next_check) noexcept {
         e.compare_exchange_strong(v, 0, std::memory_order_acq_rel);
     }
     return true;
+}
+
+void sharers_stick(Sharers *sh) noexcept { sh->stuck.store(1, std::memory_order_release); }
+
+bool sharers_stuck(const Sharers *sh) noexcept {
+    return sh->stuck.load(std::memory_order_acquire) != 0;
 }
 
 void sharers_count(Sharers *sh, bool out, std::uint64_t n) noexcept {

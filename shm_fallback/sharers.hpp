@@ -35,6 +35,11 @@ void sharers_leave(Sharers *sh) noexcept;
 // failed fork) counts as a holder: the socket stays on TCP.
 bool sharers_alone(Sharers *sh, std::uint64_t *next_check) noexcept;
 
+// Half-closed while shared (shutdown): the switch would not know of the
+// kernel's FIN, so no holder returns to direct mode any more.
+void sharers_stick(Sharers *sh) noexcept;
+bool sharers_stuck(const Sharers *sh) noexcept;
+
 // Bytes through the kernel socket, by any holder.
 void sharers_count(Sharers *sh, bool out, std::uint64_t n) noexcept;
 std::uint64_t sharers_sent(const Sharers *sh) noexcept;

@@ -122,6 +122,15 @@ bool zcopy_answered(void *ctx) noexcept {
            zcopy_should_yield(c);
 }
 
+// A recv waiting on its sink: written, or something else to look at.
+bool sink_over(void *ctx) noexcept {
+    auto *c = static_cast<Conn *>(ctx);
+    std::lock_guard lock(c->rx_lock);
+    return c->sink.done || c->ring_bytes() || c->zc.active || c->fin_off != kNoOffset ||
+           c->peer_end != kNoOffset || c->gone() || !c->is_direct() ||
+           c->rx_expect() != c->sink.off;
+}
+
 bool state_changed(void *ctx) noexcept {
     auto *c = static_cast<Conn *>(ctx);
     return c->state.load(std::memory_order_acquire) != ConnState::kernel &&
@@ -208,6 +217,8 @@ void Stream::fork_prepare(unsigned mark) noexcept {
                 c->holder_counts.store(sharers_counts(h), std::memory_order_release);
             }
             if (h) sharers_expect_child(h);
+        } else if (Sharers *h = left_holders(c)) {
+            sharers_expect_child(h);  // left for sharing: one holder more
         }
         return;
     }
@@ -232,6 +243,9 @@ void Stream::fork_child(unsigned mark, int parent) noexcept {
     // The parent's connection state stays the parent's: the kernel socket
     // is all the child has.
     Conn *c = conn.exchange(nullptr, std::memory_order_relaxed);
+    // Our parent's connection left the fabric for sharing: its holders
+    // count, and so do we.
+    Sharers *left = c && engine ? left_holders(c) : nullptr;
     engine = nullptr;
     pending.store(false, std::memory_order_relaxed);
     forked = true;
@@ -243,6 +257,10 @@ void Stream::fork_child(unsigned mark, int parent) noexcept {
     }
     if (Sharers *sh = share.load(std::memory_order_relaxed)) sharers_born(sh, parent);
     if (Sharers *h = holders.load(std::memory_order_relaxed)) sharers_born(h, parent);
+    if (left) {
+        holders.store(nullptr, std::memory_order_relaxed);
+        share.store(left, std::memory_order_relaxed);
+    }
     share_check_ns = 0;
     phase.store(Phase::deferred, std::memory_order_relaxed);
 }
@@ -265,6 +283,30 @@ bool Stream::adopt_share(Sharers *sh) noexcept {
 void Stream::drop_share() noexcept {
     std::lock_guard lock(pend_lock);
     if (Sharers *sh = share.exchange(nullptr, std::memory_order_acq_rel)) sharers_leave(sh);
+}
+
+Sharers *Stream::left_holders(Conn *c) const noexcept {
+    Sharers *h = holders.load(std::memory_order_acquire);
+    if (!h || !c->holder_counts.load(std::memory_order_acquire) || sharers_stuck(h) ||
+        c->state.load(std::memory_order_acquire) != ConnState::final ||
+        c->stat->reason.load(std::memory_order_relaxed) != std::uint32_t(transport::Reason::shared))
+        return nullptr;
+    return h;
+}
+
+bool Stream::rejoin_locked(Conn *c, Sharers *h) noexcept {
+    // Its leave has added our offsets (the mark), and nobody else holds it.
+    if (!sharers_left(h) || !sharers_alone(h, &share_check_ns)) return false;
+    const std::uint64_t sent = sharers_sent(h), received = sharers_received(h);
+    const bool back = engine->rejoin_locked(c, sent, received);
+    holders.store(nullptr, std::memory_order_release);
+    sharers_leave(h);
+    forked = false;
+    if (back)
+        SD_LOG(debug, "fd %d: the only holder left after its leave; kernel mode at offsets "
+                      "%llu/%llu until the peer upgrades it again",
+               kfd(), (unsigned long long)sent, (unsigned long long)received);
+    return true;
 }
 
 void Stream::fd_added(int nfd) noexcept {
@@ -345,8 +387,25 @@ ssize_t Stream::pending_io(const iovec *iov, int iovcnt, int flags, bool out,
         {
             std::unique_lock lock(pend_lock);
             Sharers *sh = share.load(std::memory_order_relaxed);
-            if (sh ? adopt_share(sh) : !pending.load(std::memory_order_relaxed))
-                return -EALREADY;  // attached, or ours alone: redo
+            // Left the fabric for sharing: our connection is final, counted
+            // for the holders (reads only; sends count under tx_lock).
+            Conn *c = sh ? nullptr : conn.load(std::memory_order_acquire);
+            Sharers *left = c && !out ? left_holders(c) : nullptr;
+            bool redo;
+            if (sh) {
+                redo = adopt_share(sh);
+            } else if (left) {
+                // Alone now: kernel mode again, unless a send of ours holds
+                // the connection (its next call does it).
+                redo = c->tx_lock.try_lock();
+                if (redo) {
+                    redo = rejoin_locked(c, left);
+                    c->tx_lock.unlock();
+                }
+            } else {
+                redo = c || !pending.load(std::memory_order_relaxed);
+            }
+            if (redo) return -EALREADY;  // attached, or ours alone: redo
             iovec v[kMaxSlice];
             int k = slice(iov, iovcnt, done, total - done, v, kMaxSlice);
             msghdr mh{};
@@ -355,8 +414,9 @@ ssize_t Stream::pending_io(const iovec *iov, int iovcnt, int flags, bool out,
             n = out ? sys.sendmsg(kfd(), &mh, flags | MSG_DONTWAIT)
                     : sys.recvmsg(kfd(), &mh, (flags & ~MSG_WAITALL) | MSG_DONTWAIT);
             if (n > 0 && !(flags & MSG_PEEK)) {
-                if (sh) sharers_count(sh, out, std::uint64_t(n));
+                if (sh || left) sharers_count(sh ? sh : left, out, std::uint64_t(n));
                 else (out ? pre_tx : pre_rx) += std::uint64_t(n);
+                if (left) transport::bump(c->stat->rx_kernel, std::uint64_t(n));
             }
         }
         if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return done ? ssize_t(done) : -errno;
@@ -393,7 +453,7 @@ bool Stream::may_go_direct() const noexcept {
     if (p == Phase::fresh || p == Phase::listener || orphan.load(std::memory_order_acquire))
         return false;
     if (Conn *c = conn.load(std::memory_order_acquire))
-        return c->state.load(std::memory_order_acquire) != ConnState::final;
+        return c->state.load(std::memory_order_acquire) != ConnState::final || left_holders(c);
     if (counting()) return true;
     // Connected, not attached yet: another thread's first call attaches it
     // (an application thread polling while another sends).
@@ -482,7 +542,7 @@ ssize_t Stream::recv(const iovec *iov, int iovcnt, int flags) noexcept {
     }
     if (!claim_inherited()) return orphan_error(kfd());
     Conn *c = attached_conn();
-    if (!c && counting()) {
+    if ((!c && counting()) || (c && left_holders(c))) {
         std::size_t done = 0;
         ssize_t n = pending_io(iov, iovcnt, flags, false, done);
         if (n != -EALREADY) return n;
@@ -520,10 +580,16 @@ ssize_t Stream::recv(const iovec *iov, int iovcnt, int flags) noexcept {
     for (;;) {
         ssize_t r = try_recv(c, iov, iovcnt, done, total, flags, check_kernel);
         if (r == -ESTALE) {
-            // Off the fabric now: the kernel has the rest, and blocks as
-            // the application asked.
             iovec v[kMaxSlice];
             int k = slice(iov, iovcnt, done, total - done, v, kMaxSlice);
+            if (left_holders(c)) {
+                // Left for sharing: counted for the holders, never blocking
+                // in the kernel (this process may be left alone with it).
+                ssize_t n = recv(v, k, flags);
+                return n < 0 ? (done ? ssize_t(done) : n) : ssize_t(done) + n;
+            }
+            // Off the fabric now: the kernel has the rest, and blocks as
+            // the application asked.
             msghdr mh{};
             mh.msg_iov = v;
             mh.msg_iovlen = std::size_t(k);
@@ -547,6 +613,23 @@ ssize_t Stream::recv(const iovec *iov, int iovcnt, int flags) noexcept {
         std::uint64_t now = monotonic_ns();
         if (!spin_until) spin_until = now + std::uint64_t(transport::settings().spin_us) * 1000;
         if (deadline && now >= deadline) return done ? ssize_t(done) : -EAGAIN;
+        // Write zero-copy: nothing to read, and a large buffer waits.
+        const std::uint32_t sink_min = transport::settings().sink_min;
+        if (!(flags & MSG_PEEK) && c->is_direct() && engine->sink_ok()) {
+            iovec piece{};
+            slice(iov, iovcnt, done, total - done, &piece, 1);
+            if (piece.iov_len >= sink_min) {
+                ssize_t n = recv_sink(c, piece, deadline, tmo);
+                if (n > 0) {
+                    done += std::size_t(n);
+                    if (!(flags & MSG_WAITALL) || done == total) return ssize_t(done);
+                    spin_until = 0;
+                    continue;
+                }
+                if (n == -EINTR) return done ? ssize_t(done) : -EINTR;
+                if (n == -EAGAIN) continue;  // look again, the usual way
+            }
+        }
         if (now < spin_until && c->is_direct()) {
             check_kernel = false;  // spin on the fabric only: no syscalls
             continue;
@@ -641,6 +724,63 @@ ssize_t Stream::try_recv(Conn *c, const iovec *iov, int iovcnt, std::size_t skip
         return -EAGAIN;
     }
     return -EAGAIN;
+}
+
+ssize_t Stream::recv_sink(Conn *c, const iovec &piece, std::uint64_t deadline,
+                          std::int64_t tmo) noexcept {
+    const auto len = std::uint32_t(std::min<std::size_t>(piece.iov_len, 1u << 30));
+    // A bad buffer: the usual way reports EFAULT when bytes come.
+    if (!transport::writable(piece.iov_base, len)) return -EALREADY;
+    if (engine->advertise_sink(c, piece.iov_base, len) != 0) return -EALREADY;
+    const std::uint64_t spin_until =
+        monotonic_ns() + std::uint64_t(transport::settings().spin_us) * 1000;
+    bool claimed = false;  // the peer is writing it: only its word ends it
+    for (;;) {
+        engine->progress();
+        bool other;
+        {
+            std::lock_guard lock(c->rx_lock);
+            if (c->sink.done) {
+                std::uint32_t got = transport::Engine::finish_sink_locked(c);
+                c->wake_locked();  // other readers: the offsets moved
+                return got ? ssize_t(got) : -EAGAIN;
+            }
+            other = c->ring_bytes() || c->zc.active || c->fin_off != kNoOffset ||
+                    c->peer_end != kNoOffset || c->gone() || !c->is_direct() ||
+                    c->rx_expect() != c->sink.off;
+        }
+        if (claimed) {
+            if (!c->gone() && engine->peer_alive(c->peer)) {
+                (void)transport::sleep_once(engine, c, -1, 0, sink_over, c, 10);
+                continue;
+            }
+            // Its writer died before its word: nothing of it counts.
+            std::lock_guard lock(c->rx_lock);
+            (void)transport::Engine::finish_sink_locked(c);
+            return -EAGAIN;
+        }
+        const std::uint64_t now = monotonic_ns();
+        if (other || (deadline && now >= deadline)) {
+            if (engine->cancel_sink(c) == 0) return -EAGAIN;
+            claimed = true;
+            continue;
+        }
+        if (now < spin_until) continue;
+        // The companion socket too: its EOF or error (the peer died) is
+        // for the usual way to sort out.
+        pollfd p{kfd(), POLLIN | POLLRDHUP, 0};
+        if (sys.poll(&p, 1, 0) > 0) {
+            if (engine->cancel_sink(c) == 0) return -EAGAIN;
+            claimed = true;
+            continue;
+        }
+        int w = transport::sleep_once(engine, c, kfd(), POLLIN | POLLRDHUP, sink_over, c,
+                                      ms_until(deadline));
+        if (w == -EINTR && !keep_going_after_eintr(tmo)) {
+            if (engine->cancel_sink(c) == 0) return -EINTR;
+            claimed = true;
+        }
+    }
 }
 
 ssize_t Stream::read_advert(Conn *c, std::unique_lock<std::mutex> &lock, const iovec *iov,
@@ -781,6 +921,10 @@ ssize_t Stream::send(const iovec *iov, int iovcnt, int flags) noexcept {
                 if (rc == -EPIPE || rc == -ECONNRESET) return done ? ssize_t(done) : epipe(flags);
                 if (rc) return done ? ssize_t(done) : rc;
             }
+            if (Sharers *h = left_holders(c)) {
+                std::lock_guard pend(pend_lock);
+                (void)rejoin_locked(c, h);  // alone: kernel mode, counted by c
+            }
             ssize_t r = kernel_send(v, k, flags, c);
             // Left for sharing: the holders count past our offsets (added
             // under this lock when the mark was set).
@@ -892,6 +1036,20 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
     // Combining: MSG_MORE and TCP_CORK keep small writes in the stage
     // until it fills or a write without them comes.
     const bool more = (flags & MSG_MORE) || cork.load(std::memory_order_relaxed);
+    // Write zero-copy: the peer's recv waits on its own buffer for these
+    // bytes; the rest (if any) goes the usual way.
+    if (!more && !c->staged && c->psink_valid.load(std::memory_order_acquire)) {
+        long r = engine->take_sink(c, iov, iovcnt, total);
+        if (r == -EPIPE) return epipe(flags);
+        if (r < 0) return r;
+        if (std::size_t(r) == total) return r;
+        if (r > 0) {
+            iovec rest[kMaxSlice];
+            int k = slice(iov, iovcnt, std::size_t(r), total - std::size_t(r), rest, kMaxSlice);
+            ssize_t more_sent = direct_send(c, rest, k, sliced(rest, k), flags, left);
+            return more_sent > 0 ? r + more_sent : r;
+        }
+    }
     if (!more && !c->staged && total <= chunk && c->credits.load(std::memory_order_acquire) >=
                                                      std::int64_t(total)) {
         // The common small write: straight from the caller's buffer.
@@ -946,6 +1104,20 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
         if (leave_requested(c)) {
             rc = -ESTALE;
             break;
+        }
+        // The peer's recv advertised its buffer meanwhile: straight into it.
+        if (c->psink_valid.load(std::memory_order_acquire) && !c->staged) {
+            iovec rest[kMaxSlice];
+            int k = slice(iov, iovcnt, sent, total - sent, rest, kMaxSlice);
+            long r = engine->take_sink(c, rest, k, sliced(rest, k));
+            if (r < 0) {
+                rc = int(r);
+                break;
+            }
+            if (r > 0) {
+                sent += std::size_t(r);
+                continue;
+            }
         }
         if (zc_ok) {
             // The rest of the iov piece we are in.
@@ -1018,8 +1190,12 @@ void Stream::flush() noexcept {
 int Stream::shutdown(int how) noexcept {
     // A half-closed shared socket stays on TCP (the switch would not know
     // of the kernel's FIN).
-    if (share.load(std::memory_order_acquire)) drop_share();
+    if (Sharers *sh = share.load(std::memory_order_acquire)) {
+        sharers_stick(sh);
+        drop_share();
+    }
     (void)claim_inherited();
+    if (Sharers *h = holders.load(std::memory_order_acquire)) sharers_stick(h);
     Conn *c = conn.load(std::memory_order_acquire);
     int kernel_how = how;
     if (c && (how == SHUT_WR || how == SHUT_RDWR)) {

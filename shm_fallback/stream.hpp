@@ -143,9 +143,18 @@ class Stream {
     bool adopt_share(Sharers *sh) noexcept;
     // Gives the return to direct mode up: the socket stays on TCP.
     void drop_share() noexcept;
-    // Pending or shared: -EALREADY when the connection got attached (or
-    // this process became the only holder) meanwhile; `done` then says how
-    // many bytes already went through the kernel.
+    // Our connection left the fabric because a process we forked uses the
+    // socket (final, reason shared): its holders count together, as for a
+    // socket shared before its upgrade. The holders, or nullptr.
+    Sharers *left_holders(transport::Conn *c) const noexcept;
+    // This process holds it alone now (tx_lock and pend_lock held): the
+    // connection waits in kernel mode for the peer again, from the
+    // holders' counts. True when it is no longer counted for the holders.
+    bool rejoin_locked(transport::Conn *c, Sharers *h) noexcept;
+    // Pending, shared, or left for sharing (reads only): -EALREADY when
+    // the connection got attached (or this process became the only
+    // holder) meanwhile; `done` then says how many bytes already went
+    // through the kernel.
     ssize_t pending_io(const iovec *iov, int iovcnt, int flags, bool out,
                        std::size_t &done) noexcept;
     ssize_t kernel_recv(const iovec *iov, int iovcnt, int flags, transport::Conn *c) noexcept;
@@ -173,6 +182,13 @@ class Stream {
                         int iovcnt, std::size_t skip, std::size_t total, int flags) noexcept;
     long send_zcopy(transport::Conn *c, const char *buf, std::uint32_t len,
                     bool *interrupted) noexcept;
+    // Write zero-copy, receive side: nothing to read, so `piece` (one
+    // buffer of the caller's) is advertised and the peer's next send
+    // writes into it. Bytes written, -EAGAIN (over without bytes: other
+    // bytes came first, or the deadline), -EINTR, or -EALREADY (not
+    // possible now: the usual wait).
+    ssize_t recv_sink(transport::Conn *c, const iovec &piece, std::uint64_t deadline,
+                      std::int64_t tmo) noexcept;
 };
 
 }  // namespace sd::fallback

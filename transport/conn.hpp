@@ -68,6 +68,26 @@ struct SrcAvail {
     std::uint32_t len = 0, done = 0;
 };
 
+// Write zero-copy (SDP SinkAvail), receive side: our application's recv
+// buffer, advertised to the peer while the recv waits (under rx_lock). At
+// most one per connection; the recv that made it returns only once it is
+// over: written (done, `got` bytes) or cancelled through the claim word.
+struct SinkAvail {
+    bool active = false;
+    bool done = false;
+    std::uint64_t seq = 0;  // its number in the claim word
+    std::uint64_t off = 0;  // stream offset of its first byte
+    std::uint32_t len = 0, got = 0;
+};
+
+// The peer's advertised recv buffer, as the send side knows it (written
+// by deliveries and taken by senders, both under rx_lock; Conn::psink_valid
+// says whether there is one).
+struct PeerSink {
+    std::uint64_t seq = 0, off = 0, addr = 0;
+    std::uint32_t len = 0;
+};
+
 struct Conn {
     std::uint32_t id = 0;
     std::uint32_t gen = 0;
@@ -126,6 +146,11 @@ struct Conn {
     std::uint64_t ring_tail = 0;    // delivered fabric bytes
     SrcAvail zc;                    // the peer's advertisement being read
     std::uint64_t zc_total = 0;     // stream bytes of finished advertisements
+    SinkAvail sink;                 // our recv buffer, advertised
+    std::uint64_t sink_seq = 0;     // the last sink's number
+    std::uint64_t sink_total = 0;   // stream bytes the peer wrote into our buffers
+    PeerSink psink;                 // the peer's recv buffer (send side)
+    std::atomic<bool> psink_valid{false};
     WaiterList waiters;
     std::atomic<std::uint32_t> unreturned{0};  // consumed, credits not yet returned
 
@@ -203,7 +228,7 @@ struct Conn {
     }
     // Stream offset the next fabric message must start at (rx_lock held).
     std::uint64_t rx_expect() const noexcept {
-        return switch_off + ring_tail + zc_total + (zc.active ? zc.len : 0);
+        return switch_off + ring_tail + zc_total + sink_total + (zc.active ? zc.len : 0);
     }
     bool gone() const noexcept {
         return peer_closed.load(std::memory_order_relaxed) || broken.load(std::memory_order_relaxed);

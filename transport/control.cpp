@@ -372,9 +372,12 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
     } else {
         char path[300];
         std::snprintf(path, sizeof path, "%s/p%d", settings().registry, int(pid));
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        // Writable for the claim words of its advertised recv buffers
+        // (write zero-copy); everything else in it we only read.
+        int fd = open(path, O_RDWR | O_CLOEXEC);
         void *map = fd < 0 ? MAP_FAILED
-                           : mmap(nullptr, sizeof(ProcPage), PROT_READ, MAP_SHARED, fd, 0);
+                           : mmap(nullptr, sizeof(ProcPage), PROT_READ | PROT_WRITE, MAP_SHARED,
+                                  fd, 0);
         if (fd >= 0) sys.close(fd);
         if (map == MAP_FAILED || static_cast<ProcPage *>(map)->header.pid != pid) {
             if (map != MAP_FAILED) munmap(map, sizeof(ProcPage));
@@ -384,7 +387,7 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
             if (doorbell >= 0) sys.close(doorbell);
             return nullptr;
         }
-        p->page = static_cast<const ProcPage *>(map);
+        p->page = static_cast<ProcPage *>(map);
         p->doorbell = doorbell;
         p->pidfd = int(syscall(SYS_pidfd_open, pid, 0));
     }

@@ -541,6 +541,12 @@ void Engine::deliver(const char *buf, std::size_t len) noexcept {
         if (c->zc.busy) c->zc.cancel = true;  // the reader answers when its read is done
         else finish_advert_locked(c, &answer_off, &answer_len);
         break;
+    case MsgType::sink_avail:
+        on_sink_avail(c, h, buf + sizeof h);
+        break;
+    case MsgType::sink_done:
+        on_sink_done(c, h, buf + sizeof h);
+        break;
     case MsgType::fin:
     case MsgType::close:
         if (c->switch_off == kNoOffset) c->switch_off = h.offset;

@@ -22,7 +22,7 @@ struct Peer {
     fi_addr_t addr = FI_ADDR_UNSPEC;
     int doorbell = -1;                 // its eventfd, passed with SCM_RIGHTS
     int pidfd = -1;                    // readable once it has exited
-    const ProcPage *page = nullptr;    // its process page, read-only
+    ProcPage *page = nullptr;  // its process page: read, but for the sink claim words
     std::uint32_t conns = 0;           // connections using it (under conn lock)
 };
 
@@ -108,6 +108,12 @@ class Engine {
     // staged ones, into the kernel socket, before anything new. Waits until
     // `deadline_ns` (0: no limit) when `blocking`. 0, -EAGAIN or -errno.
     int leave_flush_locked(Conn *c, bool blocking, std::uint64_t deadline_ns) noexcept;
+    // A connection of ours that left for sharing, and this process is its
+    // last holder (tx_lock held): kernel mode again at the holders' counts
+    // `sent` and `received`, waiting for the peer (rearmed when it saw our
+    // leave) to upgrade it with us. False when it cannot come back (either
+    // side half-closed, an error): it stays final.
+    bool rejoin_locked(Conn *c, std::uint64_t sent, std::uint64_t received) noexcept;
 
     // Progress the CQ if no other thread does (try-lock), or wait for it.
     void progress() noexcept;
@@ -138,6 +144,22 @@ class Engine {
     // answers with answer_advert() after releasing rx_lock.
     static void finish_advert_locked(Conn *c, std::uint64_t *off, std::uint32_t *done) noexcept;
     void answer_advert(Conn *c, std::uint64_t off, std::uint32_t done) noexcept;
+    // Write zero-copy (sink.cpp). Receive side: sinks are possible here
+    // (one host, SDIRECT_SINK_MIN set).
+    bool sink_ok() const noexcept;
+    // Advertises `len` bytes at `buf` for the stream bytes from rx_off (no
+    // lock of c held): 0, or -EAGAIN when the queue is not empty (or the
+    // message could not go).
+    int advertise_sink(Conn *c, void *buf, std::uint32_t len) noexcept;
+    // Ends our sink: 0 (cancelled, or over) or 1 (the peer claimed it:
+    // wait for its sink_done).
+    int cancel_sink(Conn *c) noexcept;
+    // The sink is over (rx_lock held): the bytes the peer wrote into it
+    // (already counted in rx_off).
+    static std::uint32_t finish_sink_locked(Conn *c) noexcept;
+    // Send side (tx_lock held): writes up to `len` bytes of iov into the
+    // peer's sink if it waits at tx_off. Bytes written, 0 (none), -errno.
+    long take_sink(Conn *c, const iovec *iov, int iovcnt, std::size_t len) noexcept;
     // One host: copies between our iov and the peer's memory with
     // process_vm_readv/writev. 0, -EPIPE (gone), -EIO, or -ENOSYS when the
     // kernel refuses (the caller then uses the provider's RMA).
@@ -193,6 +215,8 @@ class Engine {
     // without blocking (tx_lock held): 0 done, -EAGAIN not yet, -errno.
     void on_leave(Conn *c, const MsgHeader &h) noexcept;
     void on_give_back(Conn *c, const MsgHeader &h, const char *payload) noexcept;
+    void on_sink_avail(Conn *c, const MsgHeader &h, const char *payload) noexcept;
+    void on_sink_done(Conn *c, const MsgHeader &h, const char *payload) noexcept;
     void send_leave_locked(Conn *c, bool first, Reason why) noexcept;
     int leave_work_locked(Conn *c) noexcept;
     // The peer left for sharing and everything of the fabric is done here

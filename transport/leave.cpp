@@ -235,6 +235,10 @@ void Engine::rearm_locked(Conn *c) noexcept {
     c->ring_head = c->ring_tail = 0;
     c->zc = SrcAvail{};
     c->zc_total = 0;
+    c->sink = SinkAvail{};
+    c->sink_total = 0;
+    c->psink = PeerSink{};
+    c->psink_valid.store(false, std::memory_order_relaxed);
     c->tx_fabric = false;
     c->tx_ring = 0;
     c->credits.store(0, std::memory_order_relaxed);
@@ -263,6 +267,22 @@ void Engine::rearm_locked(Conn *c) noexcept {
     SD_LOG(info, "fd %d: back in kernel mode at offsets %llu sent, %llu received; it may be "
                  "upgraded again", c->stat->fd, (unsigned long long)c->tx_off,
            (unsigned long long)c->rx_off);
+}
+
+bool Engine::rejoin_locked(Conn *c, std::uint64_t sent, std::uint64_t received) noexcept {
+    std::lock_guard rx(c->rx_lock);
+    if (c->state.load(std::memory_order_acquire) != ConnState::final || c->gone() ||
+        c->tx_fin.load(std::memory_order_relaxed) || c->fin_off != kNoOffset ||
+        c->shut_wr_deferred.load(std::memory_order_acquire) || c->staged ||
+        c->tx_owed.load(std::memory_order_acquire) || c->peer_reset.load(std::memory_order_acquire))
+        return false;
+    c->tx_off = sent;
+    c->rx_off = received;
+    c->leave_wanted.store(false, std::memory_order_release);
+    c->holder_counts.store(nullptr, std::memory_order_release);
+    c->held.store(false, std::memory_order_release);
+    rearm_locked(c);
+    return true;
 }
 
 int Engine::leave_flush_locked(Conn *c, bool blocking, std::uint64_t deadline_ns) noexcept {

@@ -60,7 +60,8 @@ std::string format_conn(int pid, const char *comm, const ConnStat &s) {
         "pid=%d comm=%s fd=%d state=%s mode=%s reason=%s local=%s peer=%s peer_pid=%d "
         "tx_kernel=%llu rx_kernel=%llu tx_fabric=%llu rx_fabric=%llu tx_msgs=%llu rx_msgs=%llu "
         "tx_window=%lld rx_queued=%u rx_owed=%u tx_inline=%llu tx_ring=%llu tx_zcopy=%llu "
-        "rx_zcopy=%llu adverts=%u cancels=%u upgrades=%u leaves=%u",
+        "rx_zcopy=%llu tx_sink=%llu rx_sink=%llu adverts=%u cancels=%u sinks=%u sink_cancels=%u "
+        "upgrades=%u leaves=%u",
         pid, comm, s.fd, state_name(s.state.load(std::memory_order_acquire)),
         mode_name(Mode(s.mode.load(std::memory_order_relaxed))),
         reason_name(Reason(s.reason.load(std::memory_order_relaxed))),
@@ -79,8 +80,12 @@ std::string format_conn(int pid, const char *comm, const ConnStat &s) {
         (unsigned long long)s.tx_ring.load(std::memory_order_relaxed),
         (unsigned long long)s.tx_zcopy.load(std::memory_order_relaxed),
         (unsigned long long)s.rx_zcopy.load(std::memory_order_relaxed),
+        (unsigned long long)s.tx_sink.load(std::memory_order_relaxed),
+        (unsigned long long)s.rx_sink.load(std::memory_order_relaxed),
         unsigned(s.adverts.load(std::memory_order_relaxed)),
         unsigned(s.cancels.load(std::memory_order_relaxed)),
+        unsigned(s.sinks.load(std::memory_order_relaxed)),
+        unsigned(s.sink_cancels.load(std::memory_order_relaxed)),
         unsigned(s.upgrades.load(std::memory_order_relaxed)),
         unsigned(s.leaves.load(std::memory_order_relaxed)));
     return line;

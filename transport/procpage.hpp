@@ -2,7 +2,7 @@
 // direct connections, <registry>/p<pid>. Peers map it to read the sleep
 // count (doorbell protocol); sdirect-stat maps it to list connections.
 //
-// Layout (version 3), all little-endian host order:
+// Layout (version 4), all little-endian host order:
 //   0   ProcHeader   (128 bytes)
 //   128 ConnStat[kSlots] (256 bytes each)
 // A slot is written only by the owning process; readers tolerate torn
@@ -17,7 +17,7 @@
 namespace sd::transport {
 
 inline constexpr std::uint32_t kPageMagic = 0x53445047;  // "SDPG"
-inline constexpr std::uint32_t kPageVersion = 3;
+inline constexpr std::uint32_t kPageVersion = 4;
 inline constexpr std::uint32_t kSlots = 4096;
 
 enum class Mode : std::uint32_t { kernel = 0, direct = 1, shared = 2 };
@@ -83,7 +83,8 @@ struct ConnStat {
     std::atomic<std::int64_t> tx_window;
     std::atomic<std::uint32_t> rx_queued;
     std::atomic<std::uint32_t> rx_owed;
-    // Fabric bytes by protocol (tx_fabric = tx_inline + tx_ring + tx_zcopy):
+    // Fabric bytes by protocol (tx_fabric = tx_inline + tx_ring + tx_zcopy
+    // + tx_sink):
     // copied inline in messages (buffered), written straight into the
     // peer's receive ring, read by the peer from our advertised buffers
     // (read zero-copy); rx_zcopy: what we read from the peer's.
@@ -95,7 +96,17 @@ struct ConnStat {
     std::atomic<std::uint32_t> cancels;    // ... of them ended early by us
     std::atomic<std::uint32_t> upgrades;   // times it went direct
     std::atomic<std::uint32_t> leaves;     // times it left the fabric (fork, exec)
-    std::uint8_t pad1[80];
+    // Write zero-copy: bytes the peer wrote into our recv buffers (rx_sink)
+    // and we into its (tx_sink); our buffers advertised, and those of
+    // them cancelled because other bytes came first.
+    std::atomic<std::uint64_t> tx_sink;
+    std::atomic<std::uint64_t> rx_sink;
+    std::atomic<std::uint32_t> sinks;
+    std::atomic<std::uint32_t> sink_cancels;
+    // The claim word of our advertised recv buffer (wire.hpp kSink*): the
+    // peer maps this page writable to claim it.
+    std::atomic<std::uint64_t> sink_word;
+    std::uint8_t pad1[48];
 };
 static_assert(sizeof(ConnStat) == 256);
 static_assert(offsetof(ConnStat, tx_kernel) == 64);

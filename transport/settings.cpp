@@ -33,6 +33,12 @@ constexpr Setting table[] = {
      "Smallest piece of a blocking send that goes by read zero-copy: the "
      "sender advertises its buffer and the receiver reads it straight into "
      "its own (one copy); the send returns once all was read. 0: never."},
+    {"SDIRECT_SINK_MIN", SettingKind::integer, "0",
+     "Smallest blocking recv buffer that goes by write zero-copy when "
+     "nothing is there to read (one host): the receiver advertises it and "
+     "the peer's next send writes straight into it (one copy; the sender "
+     "does not wait for the reader). 0 (the default, measured faster for "
+     "streams here): never."},
     {"SDIRECT_SPIN_US", SettingKind::integer, "50",
      "Microseconds a blocked call polls the fabric before it sleeps on the "
      "doorbell."},
@@ -142,6 +148,7 @@ void load_settings() noexcept {
     if (values.chunk < 64) values.chunk = 64;
     values.rma_min = integer(Key::rma_min);
     values.zcopy_min = integer(Key::zcopy_min);
+    values.sink_min = integer(Key::sink_min);
     if (values.zcopy_min && values.zcopy_min < values.chunk + 1) values.zcopy_min = values.chunk + 1;
     if (values.rma_min < values.chunk + 1) values.rma_min = values.chunk + 1;
     values.spin_us = integer(Key::spin_us);

@@ -26,6 +26,7 @@ enum class Key : std::uint8_t {
     chunk,
     rma_min,
     zcopy_min,
+    sink_min,
     spin_us,
     rx_buffers,
     rx_buffer_size,
@@ -47,6 +48,7 @@ struct Settings {
     std::uint32_t chunk;      // largest buffered message payload
     std::uint32_t rma_min;    // smallest piece written straight into the peer's ring
     std::uint32_t zcopy_min;  // smallest piece sent by read zero-copy (0: never)
+    std::uint32_t sink_min;   // smallest recv buffer advertised for write zero-copy (0: never)
     std::uint32_t spin_us;
     std::uint32_t rx_buffers;
     std::uint32_t rx_buffer_size;

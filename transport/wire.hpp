@@ -36,6 +36,14 @@ enum class MsgType : std::uint8_t {
     // `flags`: why (a Reason), for the peer's counters.
     leave = 9,
     give_back = 10,  // the receiver's own bytes at `offset`, returned; kGiveBackLast ends them
+    // Write zero-copy (SDP SinkAvail), one host: the receiver's recv waits
+    // with an empty queue on a buffer of `flags` bytes for the stream bytes
+    // from `offset` (payload: SinkAvailBody). The sender may claim it (the
+    // word in the receiver's page: open to taken), write into it and say
+    // how much with sink_done (`flags` bytes at `offset`); the receiver
+    // cancels it one-sidedly (open to cancelled) when other bytes come.
+    sink_avail = 11,
+    sink_done = 12,
 };
 
 inline constexpr std::uint32_t kLeaveFirst = 1;
@@ -49,6 +57,16 @@ struct SrcAvailBody {
     std::uint64_t addr;
     std::uint64_t key;
 };
+
+struct SinkAvailBody {
+    std::uint64_t addr;  // in the receiver's address space
+    std::uint64_t seq;   // its number: the claim word holds it
+};
+
+// The claim word of a sink (ConnStat::sink_word): seq << 2 | state.
+inline constexpr std::uint64_t kSinkOpen = 1;
+inline constexpr std::uint64_t kSinkTaken = 2;
+inline constexpr std::uint64_t kSinkCancelled = 3;
 
 struct MsgHeader {
     std::uint16_t magic;

@@ -77,7 +77,8 @@ TEST_CASE("the process page layout is versioned and fixed") {
     STATIC_REQUIRE(sizeof(ProcHeader) == 128);
     STATIC_REQUIRE(sizeof(ConnStat) == 256);
     STATIC_REQUIRE(sizeof(ProcPage) == 128 + 256 * kSlots);
-    STATIC_REQUIRE(kPageVersion == 3);
+    STATIC_REQUIRE(kPageVersion == 4);
+    STATIC_REQUIRE(offsetof(ConnStat, sink_word) == 200);
 }
 
 TEST_CASE("a connection record prints in the sdirect-stat format") {
@@ -101,6 +102,8 @@ TEST_CASE("a connection record prints in the sdirect-stat format") {
     s->tx_ring.store(1000);
     s->rx_zcopy.store(3);
     s->adverts.store(2);
+    s->tx_sink.store(5);
+    s->sinks.store(4);
     s->upgrades.store(1);
     s->leaves.store(1);
     std::string line = format_conn(12, "iperf3", *s);
@@ -108,7 +111,8 @@ TEST_CASE("a connection record prints in the sdirect-stat format") {
           "pid=12 comm=iperf3 fd=7 state=live mode=direct reason=none local=127.0.0.1:5201 "
           "peer=127.0.0.2:40000 peer_pid=99 tx_kernel=0 rx_kernel=0 tx_fabric=1024 rx_fabric=0 "
           "tx_msgs=0 rx_msgs=0 tx_window=-5 rx_queued=300 rx_owed=7 tx_inline=24 tx_ring=1000 "
-          "tx_zcopy=0 rx_zcopy=3 adverts=2 cancels=0 upgrades=1 leaves=1");
+          "tx_zcopy=0 rx_zcopy=3 tx_sink=5 rx_sink=0 adverts=2 cancels=0 sinks=4 "
+          "sink_cancels=0 upgrades=1 leaves=1");
     s->family = AF_INET6;
     inet_pton(AF_INET6, "::1", s->local_addr);
     inet_pton(AF_INET6, "::1", s->peer_addr);
