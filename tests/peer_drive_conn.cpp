@@ -108,12 +108,16 @@ void read_until_close(int fd, const Options &opt) {
 
 void drive_close_epipe(int *fd, const Options &opt) {
     read_until_close(*fd, opt);
-    // TCP accepts the first send(s) until the peer's RST arrives.
+    // TCP accepts the first send(s) until the peer's RST arrives. Now and
+    // then the kernel itself does not take that RST (seen without the
+    // library too: 1 run in 30 here); the unacknowledged byte then holds
+    // the next ones back (Nagle) until its retransmission, at least 200 ms
+    // later, draws another RST. So the bound is time (1 s), not a count.
     int accepted = 0;
     for (int i = 0; i < 100; ++i) {
         ssize_t n = send(*fd, "x", 1, MSG_NOSIGNAL);
         if (n == 1) {
-            if (++accepted > 2) fail("send to a closed peer succeeded %d times", accepted);
+            ++accepted;
             sleep_us(10000);
             continue;
         }
