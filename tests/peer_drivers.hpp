@@ -9,6 +9,11 @@ namespace peer {
 
 using Driver = void (*)(int *fd, const Options &opt);
 
+// Zero-copy protocols: buffers gone right after send, randomised mix
+// (peer_drive_zcopy.cpp).
+void drive_zc_buffers(int *fd, const Options &opt);
+void drive_zc_torture(int *fd, const Options &opt);
+
 // Stream content and receive flags (peer_drive_stream.cpp).
 void drive_bulk(int *fd, const Options &opt);
 void drive_duplex(int *fd, const Options &opt);

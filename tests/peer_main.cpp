@@ -41,6 +41,8 @@ struct Entry {
 constexpr Entry drivers[] = {
     {"bulk", drive_bulk},
     {"duplex", drive_duplex},
+    {"zc-buffers", drive_zc_buffers},
+    {"zc-torture", drive_zc_torture},
     {"pingpong", drive_pingpong},
     {"peek", drive_peek},
     {"waitall", drive_waitall},

@@ -1,0 +1,133 @@
+// The zero-copy protocols under stress: read zero-copy (the receiver reads
+// the sender's buffer), write zero-copy (the sender writes the receiver's)
+// and the buffered ones they fall back to, with buffers that vanish right
+// after send, random sizes, call families, flags and directions, and both
+// kinds of advertisement crossing. Every byte is checked by the peers; the
+// statistics must show the protocol under test carried bytes.
+#include <catch2/catch.hpp>
+
+#include "harness.hpp"
+
+#include <string>
+#include <vector>
+
+using namespace sdt;
+
+namespace {
+
+std::uint64_t sum_over(const Pair &pair, const char *key) {
+    std::uint64_t total = 0;
+    for (const Proc *p : {&pair.server, &pair.client}) {
+        const auto stats = read_stats(p->stats);
+        for (const ConnLine &c : conns_of(*p)) {
+            const StatLine *s = find_stat(stats, c.pid, c.local, c.peer);
+            REQUIRE(s != nullptr);
+            INFO(s->text);
+            // Every fabric byte is counted under exactly one protocol.
+            CHECK(s->num("tx_sink") + s->num("tx_zcopy") + s->num("tx_ring") +
+                      s->num("tx_inline") ==
+                  s->num("tx_fabric"));
+            total += s->num(key);
+        }
+    }
+    return total;
+}
+
+// In the direct configuration, `key` (a counter) moved bytes.
+auto expect_used(const char *key) {
+    return [key](Pair &pair, const Placement &pl) {
+        if (!(pl.server_preload && pl.client_preload)) return;
+        INFO("counter " << key);
+        CHECK(sum_over(pair, key) > 0);
+    };
+}
+
+PairSpec zc(const std::string &scenario, const std::vector<std::string> &env,
+            const std::vector<std::string> &args = {}) {
+    PairSpec spec;
+    spec.env = env;
+    spec.args = {"--scenario", scenario};
+    spec.args.insert(spec.args.end(), args.begin(), args.end());
+    spec.timeout = 120;
+    return spec;
+}
+
+}  // namespace
+
+TEST_CASE("large sends from buffers freed, unmapped or remapped right after send() returns "
+          "arrive byte-exact",
+          "[zcopy]") {
+    // malloc/free, mmap/munmap, MAP_FIXED over the same address, and one
+    // buffer scribbled on after each send; read zero-copy from 64 KiB on.
+    const std::vector<std::string> env = {"SDIRECT_ZCOPY_MIN=65536"};
+    if (!run_pair(zc("zc-buffers", env), expect_used("tx_zcopy"))) return;
+    // No lockable memory at all: the protocols must not need pinning.
+    run_pair(zc("zc-buffers", env, {"--memlock0", "1", "--seed", "2"}), expect_used("tx_zcopy"));
+}
+
+TEST_CASE("a randomised mix of sizes, call families, flags and directions stays byte-exact "
+          "under every protocol setting",
+          "[zcopy]") {
+    struct Variant {
+        const char *what;
+        std::vector<std::string> env;
+        const char *counter;
+    };
+    const Variant variants[] = {
+        {"defaults", {}, "tx_zcopy"},
+        {"read zero-copy from 4 KiB, write zero-copy from 1 KiB",
+         {"SDIRECT_ZCOPY_MIN=4097", "SDIRECT_SINK_MIN=1024"},
+         "tx_sink"},
+        {"buffered only, small window", {"SDIRECT_ZCOPY_MIN=0", "SDIRECT_WINDOW=65536"},
+         "tx_ring"},
+    };
+    for (const Variant &v : variants) {
+        INFO("variant: " << v.what);
+        for (const char *seed : {"1", "2"}) {
+            INFO("seed " << seed);
+            if (!run_pair(zc("zc-torture", v.env, {"--seed", seed, "--rounds", "24"}),
+                          expect_used(v.counter)))
+                return;
+        }
+    }
+}
+
+namespace {
+
+// Write zero-copy was used: some recv buffer of one end was written by
+// the other (direct configuration only).
+void expect_sinks(Pair &pair, const Placement &pl) {
+    if (!(pl.server_preload && pl.client_preload)) return;
+    const std::uint64_t advertised = sum_over(pair, "sinks");
+    const std::uint64_t written = sum_over(pair, "rx_sink");
+    INFO("sinks advertised " << advertised << ", bytes written into them " << written);
+    CHECK(advertised > 0);
+    CHECK(written > 0);
+}
+
+}  // namespace
+
+TEST_CASE("write zero-copy (recv buffers written by the sender) keeps every stream byte-exact",
+          "[zcopy]") {
+    // Every recv of 1 KiB or more that finds nothing to read advertises its
+    // buffer; the sender's read zero-copy off and on, so both kinds of
+    // advertisement cross.
+    for (const char *zcopy : {"0", "16384"}) {
+        INFO("SDIRECT_ZCOPY_MIN=" << zcopy);
+        const std::vector<std::string> env = {"SDIRECT_SINK_MIN=1024",
+                                              std::string("SDIRECT_ZCOPY_MIN=") + zcopy};
+        PairSpec spec;
+        spec.env = env;
+        spec.args = {"--scenario", "pingpong", "--rounds", "3000", "--max-msg", "65536"};
+        if (!run_pair(spec, expect_sinks)) return;
+        spec = zc("bulk", env, {"--size", std::to_string(8u << 20)});
+        if (!run_pair(spec, expect_used("tx_fabric"))) return;
+        spec.args = {"--scenario", "duplex", "--size", std::to_string(4u << 20)};
+        if (!run_pair(spec)) return;
+        spec = zc("bulk", env, {"--size", "1000003"});
+        spec.args.insert(spec.args.end(),
+                         {"--combos", "write:recv,writev-many:readv-many,sendmsg:recvmsg,write:read",
+                          "--chunk", "65536"});
+        if (!run_pair(spec)) return;
+    }
+}

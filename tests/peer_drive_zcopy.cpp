@@ -1,0 +1,257 @@
+// Drivers for the zero-copy protocols: large sends from buffers that are
+// freed, unmapped or remapped the moment send() returns, and a randomised
+// mix of sizes, call families, flags and directions. Every byte is checked
+// against the pattern; a library that read a buffer after send() returned,
+// or reordered an advertisement, delivers a wrong byte here.
+#include "peer_drivers.hpp"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+namespace peer {
+namespace {
+
+// A small deterministic generator (the seed makes a run repeatable).
+struct Rng {
+    std::uint64_t state;
+    std::uint64_t next() { return state = mix(state, 0x9e3779b97f4a7c15ull); }
+    std::uint64_t below(std::uint64_t n) { return n ? next() % n : 0; }
+    // Sizes spread over orders of magnitude, 1 .. max.
+    std::uint64_t size(std::uint64_t max) {
+        std::uint64_t bits = 1 + below(64 - __builtin_clzll(max));
+        std::uint64_t top = bits >= 64 ? max : std::min<std::uint64_t>(max, (1ull << bits) - 1);
+        return 1 + below(top);
+    }
+};
+
+// Sends all `len` bytes of buf with the chosen family; with MSG_DONTWAIT
+// it waits in poll for room, as a non-blocking sender does.
+void send_all(int fd, Tx api, const char *buf, std::size_t len, bool dontwait) {
+    for (std::size_t done = 0; done < len;) {
+        ssize_t n = tx_once(fd, api, buf + done, len - done, dontwait ? MSG_DONTWAIT : 0);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && dontwait) {
+            pollfd p{fd, POLLOUT, 0};
+            if (poll(&p, 1, 10000) <= 0) fail("poll(POLLOUT) found no room in 10 s");
+            continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0)
+            fail("%s of %zu bytes returned %zd (%s)", tx_name(api), len - done, n,
+                 n < 0 ? errno_name(errno) : "0");
+        count_tx(fd, std::uint64_t(n));
+        done += std::size_t(n);
+    }
+}
+
+void set_memlock_zero() {
+    rlimit none{0, 0};
+    if (setrlimit(RLIMIT_MEMLOCK, &none) != 0) fail("setrlimit(RLIMIT_MEMLOCK): %s", errno_name(errno));
+}
+
+}  // namespace
+
+// Large blocking sends, each from a buffer that is gone or rewritten as
+// soon as send() returns: malloc + free, mmap + munmap, a mapping replaced
+// at the same address (MAP_FIXED, new pages, new contents: a stale
+// registration keyed by address would read old bytes), and one buffer
+// overwritten with garbage right after each send.
+void drive_zc_buffers(int *fd, const Options &opt) {
+    const int s = *fd;
+    if (opt.num("memlock0", 0)) set_memlock_zero();
+    const auto pieces = std::uint32_t(opt.num("pieces", 48));
+    const std::uint64_t max = opt.num("max", 2u << 20);
+    Rng rng{seed_of(opt, 40)};
+    std::vector<std::uint64_t> sizes(pieces);
+    std::uint64_t total = 0;
+    for (auto &z : sizes) total += z = 65536 + rng.below(max - 65536);
+    Cmd cmd;
+    cmd.op = Op::recv;
+    cmd.api = std::uint32_t(Rx::recv);
+    cmd.size = total;
+    cmd.seed = seed_of(opt, 41);
+    cmd.chunk = 1 << 20;
+    send_cmd(s, cmd);
+
+    const std::size_t span = std::size_t(max);
+    void *fixed = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (fixed == MAP_FAILED) fail("mmap: %s", errno_name(errno));
+    std::vector<char> reused(span);
+    std::uint64_t off = 0;
+    for (std::uint32_t i = 0; i < pieces; ++i) {
+        const std::size_t len = std::size_t(sizes[i]);
+        char *buf = nullptr;
+        switch (i % 4) {
+        case 0:
+            buf = static_cast<char *>(std::malloc(len));
+            if (!buf) fail("malloc(%zu) failed", len);
+            break;
+        case 1: {
+            void *m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (m == MAP_FAILED) fail("mmap: %s", errno_name(errno));
+            buf = static_cast<char *>(m);
+            break;
+        }
+        case 2: {
+            // New pages at the old address.
+            if (munmap(fixed, span) != 0) fail("munmap: %s", errno_name(errno));
+            void *m = mmap(fixed, span, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+            if (m != fixed) fail("mmap(MAP_FIXED): %s", errno_name(errno));
+            buf = static_cast<char *>(fixed);
+            break;
+        }
+        default:
+            buf = reused.data();
+            break;
+        }
+        pattern_fill(cmd.seed, off, buf, len);
+        send_all(s, Tx::send, buf, len, false);
+        off += len;
+        switch (i % 4) {
+        case 0:
+            std::memset(buf, 0xa5, len);
+            std::free(buf);
+            break;
+        case 1:
+            if (munmap(buf, len) != 0) fail("munmap: %s", errno_name(errno));
+            break;
+        case 2:
+        default:
+            std::memset(buf, 0x5a, len);
+            break;
+        }
+    }
+    munmap(fixed, span);
+    expect_ack(s, "buffers: responder's ack");
+    send_exit(s);
+}
+
+namespace {
+
+// One receive of the torture mix: `want` bytes at stream offset `off`,
+// by a randomly chosen way. Returns the bytes consumed.
+std::size_t torture_recv(int fd, Rng &rng, std::uint64_t seed, std::uint64_t off,
+                         std::size_t want, std::vector<char> &buf) {
+    if (buf.size() < want) buf.resize(want);
+    const std::uint64_t how = rng.below(6);
+    ssize_t n = -1;
+    for (int tries = 0; tries < 100000; ++tries) {
+        switch (how) {
+        case 0:  // plain
+            n = recv(fd, buf.data(), want, 0);
+            break;
+        case 1: {  // peek, then the same bytes for real
+            n = recv(fd, buf.data(), want, MSG_PEEK);
+            if (n > 0) {
+                pattern_expect(seed, off, buf.data(), std::size_t(n), "torture: peeked bytes");
+                std::size_t peeked = std::size_t(n);
+                n = recv(fd, buf.data(), peeked, MSG_WAITALL);
+                if (n != ssize_t(peeked))
+                    fail("torture: recv after a peek of %zu returned %zd (%s)", peeked, n,
+                         n < 0 ? errno_name(errno) : "short");
+            }
+            break;
+        }
+        case 2:  // all of it
+            n = recv(fd, buf.data(), want, MSG_WAITALL);
+            if (n >= 0 && n != ssize_t(want))
+                fail("torture: MSG_WAITALL of %zu returned %zd", want, n);
+            break;
+        case 3:  // many pieces
+            n = rx_once(fd, Rx::readv_many, buf.data(), want, 0);
+            break;
+        case 4:  // non-blocking, poll for more
+            n = recv(fd, buf.data(), want, MSG_DONTWAIT);
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+                pollfd p{fd, POLLIN, 0};
+                if (poll(&p, 1, 10000) <= 0) fail("torture: poll(POLLIN) saw nothing in 10 s");
+                continue;
+            }
+            break;
+        default:
+            n = rx_once(fd, Rx::recvmsg, buf.data(), want, 0);
+            break;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        break;
+    }
+    if (n <= 0)
+        fail("torture: receive way %llu of %zu bytes returned %zd (%s) at offset %llu",
+             (unsigned long long)how, want, n, n < 0 ? errno_name(errno) : "EOF",
+             (unsigned long long)off);
+    pattern_expect(seed, off, buf.data(), std::size_t(n), "torture: received bytes");
+    count_rx(fd, std::uint64_t(n));
+    return std::size_t(n);
+}
+
+}  // namespace
+
+// Rounds of three kinds, each chosen at random: we send (random piece
+// sizes and call families, blocking or not, every buffer freed or
+// scribbled on right after), we receive (the responder sends with a
+// random chunk, we read with random sizes and ways: peek, waitall, many
+// pieces, non-blocking), or both at once (duplex, zero-copy both ways).
+void drive_zc_torture(int *fd, const Options &opt) {
+    const int s = *fd;
+    const auto rounds = std::uint32_t(opt.num("rounds", 30));
+    const std::uint64_t max = opt.num("max", 4u << 20);
+    Rng rng{seed_of(opt, 50)};
+    const std::uint32_t chunks[] = {4096, 65536, 300000, 1u << 20, 4u << 20};
+    std::vector<char> rbuf;
+    for (std::uint32_t r = 0; r < rounds; ++r) {
+        const std::uint64_t kind = rng.below(3);
+        const std::uint64_t size = rng.size(max);
+        Cmd cmd;
+        cmd.size = size;
+        cmd.seed = seed_of(opt, 100 + r);
+        cmd.chunk = chunks[rng.below(5)];
+        if (kind == 0) {
+            cmd.op = Op::recv;
+            cmd.api = std::uint32_t(rng.below(std::uint64_t(Rx::count)));
+            send_cmd(s, cmd);
+            for (std::uint64_t off = 0; off < size;) {
+                const std::size_t len = std::size_t(std::min(size - off, rng.size(2u << 20)));
+                char *buf = static_cast<char *>(std::malloc(len));
+                if (!buf) fail("malloc(%zu) failed", len);
+                pattern_fill(cmd.seed, off, buf, len);
+                const auto api = Tx(rng.below(std::uint64_t(Tx::count)));
+                send_all(s, api, buf, len, rng.below(4) == 0);
+                std::memset(buf, 0xee, len);  // too late to matter
+                std::free(buf);
+                off += len;
+            }
+            expect_ack(s, "torture send: responder's ack");
+        } else if (kind == 1) {
+            cmd.op = Op::send;
+            cmd.api = std::uint32_t(rng.below(std::uint64_t(Tx::count)));
+            send_cmd(s, cmd);
+            for (std::uint64_t off = 0; off < size;)
+                off += torture_recv(s, rng, cmd.seed, off,
+                                    std::size_t(std::min(size - off, rng.size(2u << 20))), rbuf);
+        } else {
+            cmd.op = Op::duplex;
+            cmd.size2 = rng.size(max);
+            cmd.seed2 = seed_of(opt, 1000 + r);
+            send_cmd(s, cmd);
+            const auto api = Tx(rng.below(std::uint64_t(Tx::count)));
+            std::thread sender([&] { send_pattern(s, api, cmd.seed, cmd.size, cmd.chunk, 0); });
+            recv_pattern(s, Rx(rng.below(std::uint64_t(Rx::count))), cmd.seed2, cmd.size2,
+                         std::uint32_t(std::min<std::uint64_t>(rng.size(2u << 20), 4u << 20)),
+                         "torture duplex");
+            sender.join();
+            expect_ack(s, "torture duplex: responder's ack");
+        }
+    }
+    send_exit(s);
+}
+
+}  // namespace peer
