@@ -840,8 +840,16 @@ long Stream::send_zcopy(Conn *c, const char *buf, std::uint32_t len, bool *inter
         }
         engine->maybe_return_credits(c);
         if (c->gone() || !engine->peer_alive(c->peer)) {
-            // The reader is gone: whatever it read no longer matters.
-            result = -EPIPE;
+            // The reader is gone. What it read of the buffer was sent, as
+            // by a TCP send cut short (its counters say how much: every
+            // fabric byte of ours before the advertisement was read
+            // first); if nothing, the send fails.
+            const std::uint64_t read = engine->peer_read(c);
+            const std::uint64_t before =
+                c->stat->tx_fabric.load(std::memory_order_relaxed) - c->tx_fabric_base;
+            result = read != kNoOffset && read > before
+                         ? long(std::min<std::uint64_t>(read - before, len))
+                         : -EPIPE;
             break;
         }
         if (!cancelled && zcopy_should_yield(c)) {

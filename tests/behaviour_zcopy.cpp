@@ -8,6 +8,7 @@
 
 #include "harness.hpp"
 
+#include <csignal>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,29 @@ TEST_CASE("large sends from buffers freed, unmapped or remapped right after send
     if (!run_pair(zc("zc-buffers", env), expect_used("tx_zcopy"))) return;
     // No lockable memory at all: the protocols must not need pinning.
     run_pair(zc("zc-buffers", env, {"--memlock0", "1", "--seed", "2"}), expect_used("tx_zcopy"));
+}
+
+TEST_CASE("a peer killed in the middle of zero-copy transfers leaves a correct prefix, then "
+          "EOF, ECONNRESET or EPIPE, without a hang",
+          "[zcopy]") {
+    // Large pieces (read zero-copy), recv buffers advertised (write
+    // zero-copy) or neither; the peer dies while sending, or while
+    // reading our sends.
+    const std::vector<std::vector<std::string>> envs = {
+        {}, {"SDIRECT_SINK_MIN=65536"}, {"SDIRECT_ZCOPY_MIN=0"}};
+    for (const auto &env : envs) {
+        for (const char *way : {"in", "out"}) {
+            INFO("way " << way << ", settings " << (env.empty() ? "defaults" : env[0]));
+            for (const char *seed : {"1", "2", "3"}) {
+                PairSpec spec = zc("zc-peer-dies", env, {"--way", way, "--seed", seed});
+                spec.client_args = {"--driver", "client"};
+                spec.server_signal = SIGKILL;
+                spec.check_modes = false;
+                spec.timeout = 30;
+                if (!run_pair(spec)) return;
+            }
+        }
+    }
 }
 
 TEST_CASE("a randomised mix of sizes, call families, flags and directions stays byte-exact "

@@ -502,7 +502,8 @@ bool run_pair(const PairSpec &spec, const std::function<void(Pair &, const Place
         INFO(describe(pair.server));
         INFO(describe(pair.client));
         REQUIRE(exited_with(pair.client, 0));
-        REQUIRE(exited_with(pair.server, 0));
+        if (spec.server_signal) REQUIRE(killed_by(pair.server, spec.server_signal));
+        else REQUIRE(exited_with(pair.server, 0));
         if (spec.check_modes) {
             check_modes(pair.server, pl.expect(true));
             check_modes(pair.client, pl.expect(false));

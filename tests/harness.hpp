@@ -152,6 +152,9 @@ struct PairSpec {
     std::vector<std::string> env;          // extra env for preloaded ends
     double timeout = 60;
     bool check_modes = true;
+    // The server ends by this signal instead of exit 0 (a responder told
+    // to kill itself); 0: it must exit 0.
+    int server_signal = 0;
 };
 
 struct Pair {

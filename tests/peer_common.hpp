@@ -91,6 +91,8 @@ enum class Op : std::uint32_t {
     records_out,  // send size records while reading size2 replies (peer_records.hpp); ack
     echo_eof,     // send size of seed, then shutdown(SHUT_WR), while reading the same
                   // back; expect EOF after it; close
+    send_die,     // a thread sends size of seed (chunk); SIGKILL self after size2 us
+    recv_die,     // receive size2 bytes of seed, then SIGKILL self (size: the whole)
 };
 
 inline constexpr std::uint32_t kCmdMagic = 0x53445443;  // "SDTC"

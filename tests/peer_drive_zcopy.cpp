@@ -254,4 +254,69 @@ void drive_zc_torture(int *fd, const Options &opt) {
     send_exit(s);
 }
 
+// The responder kills itself (SIGKILL) in the middle of a transfer:
+// --way in: while it sends us large pieces (read zero-copy advertisements,
+// or our advertised recv buffers, in flight); --way out: while it reads
+// our large sends. The survivor gets a correct prefix of the stream, then
+// EOF or ECONNRESET (in) or EPIPE/ECONNRESET (out), within a few seconds,
+// and never touches memory that went away with the dead process.
+void drive_zc_peer_dies(int *fd, const Options &opt) {
+    const int s = *fd;
+    const bool in = opt.get("way", "in") == "in";
+    Rng rng{seed_of(opt, 60)};
+    Cmd cmd;
+    cmd.seed = seed_of(opt, 61);
+    cmd.chunk = std::uint32_t(opt.num("chunk", 4u << 20));
+    cmd.size = 1ull << 40;  // never finishes
+    const std::uint64_t start = now_ns();
+    const std::uint64_t limit_ns = 10'000'000'000ull;
+    std::uint64_t moved = 0;
+    if (in) {
+        cmd.op = Op::send_die;
+        cmd.api = std::uint32_t(Tx::send);
+        cmd.size2 = 20000 + rng.below(60000);  // it dies 20 to 80 ms from now
+        send_cmd(s, cmd);
+        std::vector<char> buf;
+        for (;;) {
+            const std::size_t want = std::size_t(rng.size(4u << 20));
+            if (buf.size() < want) buf.resize(want);
+            ssize_t n = recv(s, buf.data(), want, rng.below(2) ? MSG_WAITALL : 0);
+            if (n < 0 && errno == EINTR) continue;
+            if (n == 0 || (n < 0 && errno == ECONNRESET)) {
+                note("zc-peer-dies in: %llu bytes, then %s", (unsigned long long)moved,
+                     n == 0 ? "EOF" : "ECONNRESET");
+                break;
+            }
+            if (n < 0) fail("recv while the peer dies: %s", errno_name(errno));
+            pattern_expect(cmd.seed, moved, buf.data(), std::size_t(n), "bytes of the dying peer");
+            count_rx(s, std::uint64_t(n));
+            moved += std::uint64_t(n);
+            if (now_ns() - start > limit_ns) fail("no end of stream 10 s after the peer's death");
+        }
+    } else {
+        cmd.op = Op::recv_die;
+        cmd.size2 = 1 + rng.below(8u << 20);  // it reads this much, then dies
+        send_cmd(s, cmd);
+        std::vector<char> buf(std::size_t(cmd.chunk));
+        for (;;) {
+            pattern_fill(cmd.seed, moved, buf.data(), buf.size());
+            ssize_t n = send(s, buf.data(), buf.size(), MSG_NOSIGNAL);
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) {
+                note("zc-peer-dies out: %llu bytes accepted, then %s", (unsigned long long)moved,
+                     errno_name(errno));
+                break;
+            }
+            if (n <= 0) fail("send while the peer dies returned %zd (%s)", n,
+                             n < 0 ? errno_name(errno) : "0");
+            std::memset(buf.data(), 0x77, buf.size());
+            count_tx(s, std::uint64_t(n));
+            moved += std::uint64_t(n);
+            if (now_ns() - start > limit_ns) fail("sends still accepted 10 s after the peer's death");
+        }
+        if (moved < cmd.size2) fail("only %llu bytes accepted before EPIPE; the peer read %llu",
+                                    (unsigned long long)moved, (unsigned long long)cmd.size2);
+    }
+}
+
 }  // namespace peer

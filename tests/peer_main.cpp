@@ -43,6 +43,7 @@ constexpr Entry drivers[] = {
     {"duplex", drive_duplex},
     {"zc-buffers", drive_zc_buffers},
     {"zc-torture", drive_zc_torture},
+    {"zc-peer-dies", drive_zc_peer_dies},
     {"pingpong", drive_pingpong},
     {"peek", drive_peek},
     {"waitall", drive_waitall},

@@ -6,6 +6,7 @@
 #include "peer_records.hpp"
 
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <sys/socket.h>
 #include <thread>
@@ -129,6 +130,22 @@ void respond(int *fd) {
             return;
         case Op::hang:
             hang();
+        case Op::send_die: {
+            // Dies in the middle of its sends (a zero-copy one may be
+            // advertised or being written right then).
+            int out = *fd;
+            std::thread sender([&] {
+                send_pattern(out, Tx(cmd.api), cmd.seed, cmd.size, cmd.chunk, 0);
+            });
+            sender.detach();
+            sleep_us(cmd.size2);
+            kill(getpid(), SIGKILL);
+            for (;;) pause();
+        }
+        case Op::recv_die:
+            recv_pattern(*fd, Rx::recv, cmd.seed, cmd.size2, cmd.chunk, "before dying");
+            kill(getpid(), SIGKILL);
+            for (;;) pause();
         case Op::sockinfo:
             send_sockinfo(*fd);
             break;

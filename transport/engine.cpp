@@ -836,15 +836,19 @@ void Engine::maybe_return_credits(Conn *c) noexcept {
     c->show_flow(false);
 }
 
+std::uint64_t Engine::peer_read(const Conn *c) const noexcept {
+    const ProcPage *pg = c->peer ? c->peer->page : nullptr;
+    if (!pg || c->peer_id >= kSlots) return kNoOffset;
+    const ConnStat &s = pg->slots[c->peer_id];
+    return s.rx_fabric.load(std::memory_order_acquire) - s.rx_queued.load(std::memory_order_acquire);
+}
+
 void Engine::peer_died(Conn *c) noexcept {
     if (c->peer_closed.exchange(true)) return;
     // Its counters outlive it in its process page: bytes we sent that it
     // never read make the kernel's close a reset.
-    const ProcPage *pg = c->peer ? c->peer->page : nullptr;
-    if (!pg || c->peer_id >= kSlots) return;
-    const ConnStat &s = pg->slots[c->peer_id];
-    std::uint64_t read = s.rx_fabric.load(std::memory_order_acquire) -
-                         s.rx_queued.load(std::memory_order_acquire);
+    const std::uint64_t read = peer_read(c);
+    if (read == kNoOffset) return;
     if (c->stat->tx_fabric.load(std::memory_order_relaxed) - c->tx_fabric_base > read)
         c->note_reset();
 }

@@ -193,6 +193,9 @@ class Engine {
     // The peer process of `c` is gone: no more reading on its side; a
     // reset if it left bytes of ours unread.
     void peer_died(Conn *c) noexcept;
+    // Fabric bytes of ours the peer's application has read, from its
+    // process page (its counters outlive it); kNoOffset if unknown.
+    std::uint64_t peer_read(const Conn *c) const noexcept;
     // Waits up to `ms` for the peer process to end; true if it has.
     bool peer_exit_wait(const Peer *p, int ms) const noexcept;
 
