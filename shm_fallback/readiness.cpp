@@ -369,14 +369,16 @@ int wait_loop(Check check, pollfd *kfds, nfds_t nk, int timeout_ms, const sigset
     const std::uint64_t deadline = deadline_of(timeout_ms);
     const std::uint64_t spin_ns = std::uint64_t(transport::settings().spin_us) * 1000;
     std::uint64_t spin_until = 0;
+    transport::SpinSlot slot;
     for (;;) {
         if (engine) engine->progress();
         int n = check();
         if (n != 0 || timeout_ms == 0) return n;
         std::uint64_t now = monotonic_ns();
         if (deadline && now >= deadline) return 0;
-        if (!spin_until) spin_until = now + spin_ns;
+        if (!spin_until) spin_until = slot.start(now, spin_ns);
         if (!mask && now < spin_until) continue;
+        slot.release();
         int left = ms_left(deadline, timeout_ms);
         if (!engine) {
             // Connections wait for the engine being built: look again soon.

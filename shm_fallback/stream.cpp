@@ -575,6 +575,7 @@ ssize_t Stream::recv(const iovec *iov, int iovcnt, int flags) noexcept {
     const std::int64_t tmo = rcvtimeo_ns.load(std::memory_order_relaxed);
     std::uint64_t deadline = tmo ? monotonic_ns() + std::uint64_t(tmo) : 0;
     std::uint64_t spin_until = 0;
+    transport::SpinSlot slot;
     std::size_t done = 0;
     bool check_kernel = true;
     for (;;) {
@@ -611,7 +612,8 @@ ssize_t Stream::recv(const iovec *iov, int iovcnt, int flags) noexcept {
         if (r != -EAGAIN) return done ? ssize_t(done) : r;
         if (nb) return done ? ssize_t(done) : -EAGAIN;
         std::uint64_t now = monotonic_ns();
-        if (!spin_until) spin_until = now + std::uint64_t(transport::settings().spin_us) * 1000;
+        if (!spin_until)
+            spin_until = slot.start(now, std::uint64_t(transport::settings().spin_us) * 1000);
         if (deadline && now >= deadline) return done ? ssize_t(done) : -EAGAIN;
         // Write zero-copy: nothing to read, and a large buffer waits.
         const std::uint32_t sink_min = transport::settings().sink_min;
@@ -634,6 +636,7 @@ ssize_t Stream::recv(const iovec *iov, int iovcnt, int flags) noexcept {
             check_kernel = false;  // spin on the fabric only: no syscalls
             continue;
         }
+        slot.release();
         check_kernel = true;
         const ConnState st = c->state.load(std::memory_order_acquire);
         const bool upgrading = st == ConnState::kernel || st == ConnState::initiating;
@@ -732,8 +735,9 @@ ssize_t Stream::recv_sink(Conn *c, const iovec &piece, std::uint64_t deadline,
     // A bad buffer: the usual way reports EFAULT when bytes come.
     if (!transport::writable(piece.iov_base, len)) return -EALREADY;
     if (engine->advertise_sink(c, piece.iov_base, len) != 0) return -EALREADY;
+    transport::SpinSlot slot;
     const std::uint64_t spin_until =
-        monotonic_ns() + std::uint64_t(transport::settings().spin_us) * 1000;
+        slot.start(monotonic_ns(), std::uint64_t(transport::settings().spin_us) * 1000);
     bool claimed = false;  // the peer is writing it: only its word ends it
     for (;;) {
         engine->progress();
@@ -766,6 +770,7 @@ ssize_t Stream::recv_sink(Conn *c, const iovec &piece, std::uint64_t deadline,
             continue;
         }
         if (now < spin_until) continue;
+        slot.release();
         // The companion socket too: its EOF or error (the peer died) is
         // for the usual way to sort out.
         pollfd p{kfd(), POLLIN | POLLRDHUP, 0};
@@ -834,8 +839,10 @@ long Stream::send_zcopy(Conn *c, const char *buf, std::uint32_t len, bool *inter
     // The reader copies our buffer now: spin for about as long as that
     // takes (len / 4 ns: 4 GB/s), not only the usual spin, so that the
     // answer does not find us asleep (a wake-up costs more than the spin).
-    std::uint64_t spin_until = monotonic_ns() +
-                               std::uint64_t(transport::settings().spin_us) * 1000 + len / 4;
+    transport::SpinSlot slot;
+    const std::uint64_t spin_until =
+        slot.start(monotonic_ns(), std::uint64_t(transport::settings().spin_us) * 1000 +
+                                       std::min<std::uint64_t>(len / 4, 2'000'000));
     for (;;) {
         engine->progress();
         if (c->zc_answer_off.load(std::memory_order_acquire) == off) {
@@ -861,6 +868,7 @@ long Stream::send_zcopy(Conn *c, const char *buf, std::uint32_t len, bool *inter
             continue;
         }
         if (monotonic_ns() < spin_until) continue;
+        slot.release();
         int w = transport::sleep_once(engine, c, -1, 0, zcopy_answered, c, -1);
         if (w == -EINTR && !cancelled && !keep_going_after_eintr(0)) {
             // As a TCP send hit by a signal: what was taken counts, the
@@ -967,7 +975,9 @@ ssize_t Stream::send(const iovec *iov, int iovcnt, int flags) noexcept {
 }
 
 int Stream::wait_credit(Conn *c, std::uint64_t deadline, std::int64_t need) noexcept {
-    std::uint64_t spin_until = monotonic_ns() + std::uint64_t(transport::settings().spin_us) * 1000;
+    transport::SpinSlot slot;
+    const std::uint64_t spin_until =
+        slot.start(monotonic_ns(), std::uint64_t(transport::settings().spin_us) * 1000);
     CreditWait want{c, need};
     for (;;) {
         engine->progress();
@@ -983,6 +993,7 @@ int Stream::wait_credit(Conn *c, std::uint64_t deadline, std::int64_t need) noex
         std::uint64_t now = monotonic_ns();
         if (deadline && now >= deadline) return -EAGAIN;
         if (now < spin_until) continue;
+        slot.release();
         int w = transport::sleep_once(engine, c, -1, 0, enough_credit, &want, ms_until(deadline));
         if (w == -EINTR && !keep_going_after_eintr(sndtimeo_ns.load(std::memory_order_relaxed)))
             return -EINTR;

@@ -1,15 +1,19 @@
 #include "wait.hpp"
 
+#include "settings.hpp"
 #include "sys.hpp"
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <csignal>
 #include <ctime>
+#include <fcntl.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 namespace sd::transport {
@@ -164,6 +168,64 @@ bool restart_after_signal() noexcept {
         if (!(sa.sa_flags & SA_RESTART)) return false;
     }
     return true;
+}
+
+namespace {
+
+inline constexpr int kMaxSpinSlots = 64;
+inline constexpr std::uint64_t kStaleSpinNs = 50'000'000;
+
+struct SpinTable {
+    std::atomic<std::uint64_t> *slots = nullptr;  // nullptr: no gate
+    int count = 0;
+};
+
+SpinTable map_spin_table() noexcept {
+    SpinTable t;
+    char path[300];
+    std::snprintf(path, sizeof path, "%s/spin", settings().registry);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) return t;
+    const std::size_t size = kMaxSpinSlots * sizeof(std::uint64_t);
+    void *m = ftruncate(fd, off_t(size)) == 0
+                  ? mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                  : MAP_FAILED;
+    sys.close(fd);
+    if (m == MAP_FAILED) return t;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    t.slots = static_cast<std::atomic<std::uint64_t> *>(m);
+    t.count = int(std::clamp<long>(cpus, 1, kMaxSpinSlots));
+    return t;
+}
+
+const SpinTable &spin_table() noexcept {
+    static const SpinTable table = map_spin_table();
+    return table;
+}
+
+}  // namespace
+
+std::uint64_t SpinSlot::start(std::uint64_t now, std::uint64_t ns) noexcept {
+    if (held_ || !ns) return now + ns;
+    const SpinTable &t = spin_table();
+    if (!t.slots) return now + ns;
+    for (int i = 0; i < t.count; ++i) {
+        std::uint64_t v = t.slots[i].load(std::memory_order_relaxed);
+        if ((v == 0 || now - v > kStaleSpinNs) &&
+            t.slots[i].compare_exchange_strong(v, now, std::memory_order_acq_rel)) {
+            held_ = &t.slots[i];
+            stamp_ = now;
+            return now + ns;
+        }
+    }
+    return now;
+}
+
+void SpinSlot::release() noexcept {
+    if (!held_) return;
+    std::uint64_t mine = stamp_;
+    held_->compare_exchange_strong(mine, 0, std::memory_order_acq_rel);
+    held_ = nullptr;
 }
 
 }  // namespace sd::transport

@@ -31,6 +31,29 @@ int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int tim
 // Wakes every thread in sleep_on_fds (called on each delivery).
 void wake_pollers() noexcept;
 
+// Spinning pays only while a CPU is free for it: on a host with more
+// waiters than CPUs (8 pgbench clients and their 8 servers on 2 CPUs) a
+// spinner takes the CPU the process it waits for needs. So a waiter spins
+// only while it holds one of the host's spin slots, one per online CPU, in
+// the registry file "spin" (shared by every process of this user). A slot
+// is a claim time; one older than 50 ms belongs to a waiter that died.
+// Without the file, everyone spins.
+class SpinSlot {
+  public:
+    SpinSlot() = default;
+    SpinSlot(const SpinSlot &) = delete;
+    SpinSlot &operator=(const SpinSlot &) = delete;
+    ~SpinSlot() { release(); }
+    // The end of a spin of `ns` starting at `now`: now + ns with a slot
+    // (kept until release), `now` (no spin) when every slot is taken.
+    std::uint64_t start(std::uint64_t now, std::uint64_t ns) noexcept;
+    void release() noexcept;
+
+  private:
+    std::atomic<std::uint64_t> *held_ = nullptr;
+    std::uint64_t stamp_ = 0;
+};
+
 // After EINTR from our own sleep: would the kernel have restarted the
 // call? True when every installed handler has SA_RESTART.
 bool restart_after_signal() noexcept;
