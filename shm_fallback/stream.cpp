@@ -5,6 +5,7 @@
 
 #include "transport/log.hpp"
 #include "transport/memguard.hpp"
+#include "transport/protocol.hpp"
 #include "transport/settings.hpp"
 #include "transport/sys.hpp"
 #include "transport/wait.hpp"
@@ -805,6 +806,20 @@ ssize_t Stream::read_advert(Conn *c, std::unique_lock<std::mutex> &lock, const i
     int rc = engine->read_remote(c, v, k, addr, key, n);
     lock.lock();
     c->zc.busy = false;
+    if (rc == -ENOKEY) {
+        // Not registered, and the kernel refuses to let us read it: the
+        // sender registers from now on; this advertisement ends unread
+        // (its send goes on buffered).
+        std::uint64_t answer_off = kNoOffset;
+        std::uint32_t answer_len = 0;
+        engine->need_key(c);
+        transport::Engine::finish_advert_locked(c, &answer_off, &answer_len);
+        c->wake_locked();
+        lock.unlock();
+        engine->answer_advert(c, answer_off, answer_len);
+        lock.lock();
+        return -EAGAIN;
+    }
     if (rc) {
         // The sender's memory is gone (it died, or the advert was torn
         // down under us): the stream cannot go on.
@@ -831,9 +846,9 @@ ssize_t Stream::read_advert(Conn *c, std::unique_lock<std::mutex> &lock, const i
 }
 
 long Stream::send_zcopy(Conn *c, const char *buf, std::uint32_t len, bool *interrupted) noexcept {
-    fid_mr *mr = nullptr;
+    transport::RegCache::Ref reg;
     const std::uint64_t off = c->tx_off;
-    if (int rc = engine->advertise(c, buf, len, &mr)) return rc;
+    if (int rc = engine->advertise(c, buf, len, &reg)) return rc;
     bool cancelled = false;
     long result = 0;
     // The reader copies our buffer now: spin for about as long as that
@@ -878,7 +893,7 @@ long Stream::send_zcopy(Conn *c, const char *buf, std::uint32_t len, bool *inter
             cancelled = engine->cancel_advert(c, off) == 0;
         }
     }
-    engine->release_advert(mr);
+    engine->release_advert(reg);
     if (result > 0) {
         c->tx_off += std::uint64_t(result);
         transport::bump(c->stat->tx_fabric, std::uint64_t(result));
@@ -1119,10 +1134,10 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
 
     std::size_t sent = 0;
     int rc = 0;
-    // Read zero-copy for large pieces of blocking sends without a send
-    // timeout (the peer reads them straight from the caller's buffer).
-    const std::uint32_t zc_min = transport::settings().zcopy_min;
-    bool zc_ok = zc_min && !nb && !tmo && total >= zc_min && engine->can_read();
+    // Read zero-copy only for blocking sends without a send timeout (the
+    // peer reads them straight from the caller's buffer while we wait);
+    // which pieces: transport/protocol.hpp.
+    bool zc_ok = !nb && !tmo && engine->can_read() && total > transport::settings().chunk;
     while (sent < total) {
         if (leave_requested(c)) {
             rc = -ESTALE;
@@ -1146,7 +1161,7 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
             // The rest of the iov piece we are in.
             iovec piece{};
             slice(iov, iovcnt, sent, total - sent, &piece, 1);
-            if (piece.iov_len >= zc_min) {
+            if (transport::use_zcopy(piece.iov_len)) {
                 const char *p = static_cast<const char *>(piece.iov_base);
                 std::uint32_t len = std::uint32_t(std::min<std::size_t>(piece.iov_len, 1u << 30));
                 if (!transport::readable(p, len)) {
@@ -1181,8 +1196,7 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
             continue;
         }
         std::size_t left = total - sent;
-        bool rma = c->peer_ring_addr && left >= transport::settings().rma_min &&
-                   std::size_t(credit) >= transport::settings().rma_min;
+        bool rma = c->peer_ring_addr && transport::use_ring(left, credit);
         std::size_t n = rma ? std::min<std::size_t>({left, std::size_t(credit), c->peer_ring_cap / 2})
                             : std::min<std::size_t>({left, chunk, std::size_t(credit)});
         iovec v[4];

@@ -66,6 +66,56 @@ TEST_CASE("large sends from buffers freed, unmapped or remapped right after send
     run_pair(zc("zc-buffers", env, {"--memlock0", "1", "--seed", "2"}), expect_used("tx_zcopy"));
 }
 
+namespace {
+// The "process" statistics line of the process that wrote `stats`.
+const StatLine *process_line(const std::vector<StatLine> &stats, int pid) {
+    for (const StatLine &s : stats)
+        if (s.pid == pid && s.text.rfind("process ", 0) == 0) return &s;
+    return nullptr;
+}
+}  // namespace
+
+TEST_CASE("the registration cache: a buffer sent again is not registered again, and memory "
+          "freed, unmapped or remapped never reuses a registration",
+          "[zcopy]") {
+    // SDIRECT_CMA=0: the reader uses the provider's RMA read, which needs
+    // the sender's buffer registered (on one host it needs nothing). The
+    // driver sends 48 pieces, 36 of them from memory that is freed,
+    // unmapped, or unmapped and mapped again at the same address right
+    // after; then 8 sends of one buffer that stays.
+    // Pieces of 64 to 256 KiB: 48 of them fit a cache of 4 MiB (half of
+    // the usual 8 MiB RLIMIT_MEMLOCK) without evictions.
+    const std::vector<std::string> env = {"SDIRECT_ZCOPY_MIN=65536", "SDIRECT_CMA=0"};
+    std::string off_why;
+    const auto args = std::vector<std::string>{"--reuse", "8", "--max", "262144"};
+    run_pair(zc("zc-buffers", env, args), [&](Pair &pair, const Placement &pl) {
+        if (!(pl.server_preload && pl.client_preload)) return;
+        CHECK(sum_over(pair, "tx_zcopy") > 0);
+        const auto stats = read_stats(pair.client.stats);
+        INFO("statistics file:\n" << read_text(pair.client.stats));
+        const StatLine *p = process_line(stats, pair.client.pid);
+        REQUIRE(p != nullptr);
+        if (p->kv.at("reg_cache") != "on") {
+            off_why = "the registration cache is off (memory hooks not first: a sanitizer "
+                      "build?)";
+            return;
+        }
+        if (p->num("reg_budget") < (4u << 20)) {
+            off_why = "RLIMIT_MEMLOCK allows a registration cache of only " +
+                      p->kv.at("reg_budget") + " bytes";
+            return;
+        }
+        // Each buffer registered once; the kept one found 7 times more.
+        CHECK(p->num("reg_hits") >= 7);
+        CHECK(p->num("reg_misses") <= 48 + 1);
+        // Every piece from memory that went away was dropped before it
+        // went (12 freed, 12 unmapped, 12 unmapped and replaced).
+        CHECK(p->num("reg_invalidated") >= 36);
+        CHECK(p->num("reg_evicted") == 0);
+    });
+    if (!off_why.empty()) note_skip(off_why);
+}
+
 TEST_CASE("a peer killed in the middle of zero-copy transfers leaves a correct prefix, then "
           "EOF, ECONNRESET or EPIPE, without a hang",
           "[zcopy]") {

@@ -73,6 +73,11 @@ void drive_zc_buffers(int *fd, const Options &opt) {
     std::vector<std::uint64_t> sizes(pieces);
     std::uint64_t total = 0;
     for (auto &z : sizes) total += z = 65536 + rng.below(max - 65536);
+    // Then, with --reuse N, N sends of one buffer that stays (256 KiB):
+    // a registration cache finds it registered from the second on.
+    const auto reuse = std::uint32_t(opt.num("reuse", 0));
+    const std::size_t reuse_len = 256 * 1024;
+    total += std::uint64_t(reuse) * reuse_len;
     Cmd cmd;
     cmd.op = Op::recv;
     cmd.api = std::uint32_t(Rx::recv);
@@ -131,6 +136,12 @@ void drive_zc_buffers(int *fd, const Options &opt) {
         }
     }
     munmap(fixed, span);
+    std::vector<char> kept(reuse_len);
+    for (std::uint32_t i = 0; i < reuse; ++i) {
+        pattern_fill(cmd.seed, off, kept.data(), reuse_len);
+        send_all(s, Tx::send, kept.data(), reuse_len, false);
+        off += reuse_len;
+    }
     expect_ack(s, "buffers: responder's ack");
     send_exit(s);
 }

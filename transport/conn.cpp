@@ -126,6 +126,10 @@ void Engine::shutdown_at_exit() noexcept {
                 line += '\n';
                 (void)sys.write(fd, line.data(), line.size());
             }
+            e->publish_regstats();
+            std::string line = format_process(e->page_->header);
+            line += '\n';
+            (void)sys.write(fd, line.data(), line.size());
             sys.close(fd);
         }
     }

@@ -123,6 +123,8 @@ struct Conn {
     // (src_done): its offset, then how many bytes were read.
     std::atomic<std::uint64_t> zc_answer_off{kNoOffset};
     std::atomic<std::uint32_t> zc_answer_len{0};
+    // The peer cannot read our unregistered buffers (src_need_key).
+    std::atomic<bool> zc_need_key{false};
     std::uint64_t peer_ring_addr = 0;  // the peer's ring, for RMA writes
     std::uint64_t peer_ring_key = 0;
     std::uint32_t peer_ring_cap = 0;

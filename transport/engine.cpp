@@ -179,6 +179,7 @@ void Engine::forget_after_fork(bool settled) noexcept {
     // parent: closing the endpoint here would unlink the parent's region.
     // Leave every object as it is and start afresh when needed.
     the_engine.store(nullptr, std::memory_order_relaxed);
+    regcache().forget();  // the parent's registrations, in the parent's domain
     new (&create_lock) std::mutex();
     unusable = !settled;
     starting = building = false;  // the builder thread, if any, stayed in the parent
@@ -232,7 +233,10 @@ int Engine::init() noexcept {
     if (doorbell_ < 0) return -errno;
     rc = open_fabric();
     fabric_ok_ = rc == 0;
-    if (fabric_ok_) memguard_install();
+    if (fabric_ok_) {
+        memguard_install();
+        start_regcache();
+    }
     if (!fabric_ok_)
         SD_LOG(info, "no fabric (%s); connections of this process stay on TCP",
                fabric_strerror(rc));
@@ -280,9 +284,9 @@ int Engine::open_fabric() noexcept {
     int rc = endpoint_open(ep_, settings().provider, unique);
     if (rc) return rc;
     chunk_ = settings().chunk;
-    can_read_ = ep_.can_read && settings().zcopy_min != 0;
+    can_read_ = ep_.can_read;  // whether to: protocol.hpp
     rma_iov_limit_ = ep_.rma_iov_limit;
-    cma_ok_ = !std::strcmp(settings().provider, "shm");
+    cma_ok_ = settings().cma && !std::strcmp(settings().provider, "shm");
     if (cma_ok_) rma_iov_limit_ = kMaxRmaIov;
     if (ep_.inject_size < sizeof(MsgHeader) + 64) {
         SD_LOG(error, "provider inject size %zu too small", ep_.inject_size);
@@ -536,6 +540,9 @@ void Engine::deliver(const char *buf, std::size_t len) noexcept {
         c->zc_answer_len.store(h.flags, std::memory_order_relaxed);
         c->zc_answer_off.store(h.offset, std::memory_order_release);
         break;
+    case MsgType::src_need_key:
+        c->zc_need_key.store(true, std::memory_order_relaxed);
+        break;
     case MsgType::src_cancel:
         if (!c->zc.active || c->zc.off != h.offset) break;  // over already: answered
         if (c->zc.busy) c->zc.cancel = true;  // the reader answers when its read is done
@@ -574,27 +581,86 @@ void Engine::answer_advert(Conn *c, std::uint64_t off, std::uint32_t done) noexc
     if (post(c, MsgType::src_done, nullptr, 0, 0, off, 0, done) == 0) ring(c->peer);
 }
 
-int Engine::advertise(Conn *c, const char *buf, std::uint32_t len, fid_mr **mr) noexcept {
+namespace {
+// The registration cache's provider side (regcache.hpp).
+struct RegCtx {
+    fid_domain *domain;
+    std::atomic<std::uint64_t> *keys;
+};
+RegCtx reg_ctx;
+
+int register_buffer(void *ctx, const void *buf, std::size_t len, void **handle,
+                    std::uint64_t *key) {
+    auto *r = static_cast<RegCtx *>(ctx);
     Guard guard;
-    int rc = fi_mr_reg(ep_.domain, buf, len, FI_REMOTE_READ, 0,
-                       zc_keys_.fetch_add(1, std::memory_order_relaxed), 0, mr, nullptr);
-    if (rc) {
-        SD_LOG(debug, "conn %u: registering a send buffer failed: %s", c->id, fabric_strerror(rc));
-        *mr = nullptr;
-        return -EIO;
+    fid_mr *mr = nullptr;
+    int rc = fi_mr_reg(r->domain, buf, len, FI_REMOTE_READ, 0,
+                       r->keys->fetch_add(1, std::memory_order_relaxed), 0, &mr, nullptr);
+    if (rc) return rc;
+    *handle = mr;
+    *key = fi_mr_key(mr);
+    return 0;
+}
+
+void release_buffer(void *, void *handle) {
+    Guard guard;
+    fi_close(&static_cast<fid_mr *>(handle)->fid);
+}
+}  // namespace
+
+void Engine::start_regcache() noexcept {
+    reg_ctx = RegCtx{ep_.domain, &zc_keys_};
+    const std::size_t budget =
+        memhooks_active() ? regcache_budget(std::size_t(settings().reg_cache_mb) << 20) : 0;
+    regcache().configure(register_buffer, release_buffer, &reg_ctx, budget,
+                         RegCache::kMaxEntries);
+    page_->header.reg_budget = budget;
+    page_->header.reg_cache_on.store(budget != 0, std::memory_order_relaxed);
+    if (!memhooks_active() && settings().reg_cache_mb)
+        SD_LOG(info, "registration cache off: this process's free/munmap are not ours "
+                     "(defined before the library), so freed memory could not be noticed");
+}
+
+void Engine::publish_regstats() noexcept {
+    const RegCacheStats s = regcache().stats();
+    ProcHeader &h = page_->header;
+    h.reg_hits.store(s.hits, std::memory_order_relaxed);
+    h.reg_misses.store(s.misses, std::memory_order_relaxed);
+    h.reg_invalidated.store(s.invalidated, std::memory_order_relaxed);
+    h.reg_evicted.store(s.evicted, std::memory_order_relaxed);
+    h.reg_bytes.store(s.bytes, std::memory_order_relaxed);
+}
+
+int Engine::advertise(Conn *c, const char *buf, std::uint32_t len, RegCache::Ref *ref) noexcept {
+    // On one host the reader copies with process_vm_readv: no registration
+    // (unless it told us the kernel refuses it there).
+    *ref = RegCache::Ref{};
+    std::uint64_t key = kSrcNoKey;
+    if (!cma_ok_.load(std::memory_order_relaxed) || c->zc_need_key.load(std::memory_order_relaxed)) {
+        int rc = regcache().acquire(buf, len, ref);
+        if (rc) {
+            SD_LOG(debug, "conn %u: registering a send buffer failed: %s", c->id,
+                   fabric_strerror(rc));
+            return -EIO;
+        }
+        key = ref->key;
     }
-    SrcAvailBody body{reinterpret_cast<std::uint64_t>(buf), fi_mr_key(*mr)};
+    SrcAvailBody body{reinterpret_cast<std::uint64_t>(buf), key};
     iovec v{&body, sizeof body};
     c->zc_answer_off.store(kNoOffset, std::memory_order_relaxed);
-    rc = post(c, MsgType::src_avail, &v, 1, sizeof body, c->tx_off, 0, len);
+    int rc = post(c, MsgType::src_avail, &v, 1, sizeof body, c->tx_off, 0, len);
     if (rc == 0) c->stat->adverts.fetch_add(1, std::memory_order_relaxed);
     if (rc) {
-        fi_close(&(*mr)->fid);
-        *mr = nullptr;
+        release_advert(*ref);
+        *ref = RegCache::Ref{};
         return rc;
     }
     ring(c->peer);
     return 0;
+}
+
+void Engine::need_key(Conn *c) noexcept {
+    if (post(c, MsgType::src_need_key, nullptr, 0, 0, c->zc.off, 0) == 0) ring(c->peer);
 }
 
 int Engine::cancel_advert(Conn *c, std::uint64_t off) noexcept {
@@ -604,10 +670,10 @@ int Engine::cancel_advert(Conn *c, std::uint64_t off) noexcept {
     return rc;
 }
 
-void Engine::release_advert(fid_mr *mr) noexcept {
-    if (!mr) return;
-    Guard guard;
-    fi_close(&mr->fid);
+void Engine::release_advert(const RegCache::Ref &ref) noexcept {
+    if (!ref.handle) return;
+    regcache().release(ref);
+    publish_regstats();
 }
 
 namespace {
@@ -665,6 +731,7 @@ int Engine::read_remote(Conn *c, const iovec *iov, int iovcnt, std::uint64_t add
         int rc = cma_copy(c->peer->pid, iov, iovcnt, &remote, 1, false);
         if (rc != -ENOSYS) return rc;
     }
+    if (key == kSrcNoKey) return -ENOKEY;  // unregistered: only process_vm_readv could
     fi_rma_iov src{addr, len, key};
     return rma(c, iov, iovcnt, &src, 1, false);
 }

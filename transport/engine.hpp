@@ -7,6 +7,7 @@
 #include "conn.hpp"
 #include "fabric.hpp"
 #include "procpage.hpp"
+#include "regcache.hpp"
 
 #include <atomic>
 #include <cstdint>
@@ -130,14 +131,20 @@ class Engine {
                   std::uint64_t deadline_ns) noexcept;
     // Read zero-copy, send side (tx_lock held): registers `len` bytes at
     // `buf` for the peer to read and advertises them at offset tx_off.
-    // 0 or -errno; `*mr` is what release_advert() takes back.
-    int advertise(Conn *c, const char *buf, std::uint32_t len, fid_mr **mr) noexcept;
+    // One host: not registered (the peer reads with process_vm_readv);
+    // otherwise through the registration cache. 0 or -errno; `*ref` is
+    // what release_advert() takes back.
+    int advertise(Conn *c, const char *buf, std::uint32_t len, RegCache::Ref *ref) noexcept;
     // Asks the peer to end our advertisement at `off` early.
     int cancel_advert(Conn *c, std::uint64_t off) noexcept;
-    void release_advert(fid_mr *mr) noexcept;
+    void release_advert(const RegCache::Ref &ref) noexcept;
+    // The receiver could not read an unregistered advertisement: asks the
+    // sender to register from now on (src_need_key).
+    void need_key(Conn *c) noexcept;
     // Read zero-copy, receive side: reads `len` bytes of the peer's
     // registered memory at `addr` into iov (rx_lock not held). 0 or -errno
-    // (-EIO: the peer's memory is gone).
+    // (-EIO: the peer's memory is gone; -ENOKEY: the buffer is not
+    // registered and the kernel refuses process_vm_readv).
     int read_remote(Conn *c, const iovec *iov, int iovcnt, std::uint64_t addr,
                     std::uint64_t key, std::size_t len) noexcept;
     // Ends the advertisement being read (rx_lock held); the caller then
@@ -212,6 +219,9 @@ class Engine {
     int init() noexcept;
     int open_page() noexcept;
     int open_fabric() noexcept;
+    void start_regcache() noexcept;
+    // The cache's counters into our process page.
+    void publish_regstats() noexcept;
     void post_rx(RxBuffer *b) noexcept;
     void deliver(const char *buf, std::size_t len) noexcept;
     // leave.cpp: the messages (rx_lock held), and the send side's work

@@ -91,6 +91,22 @@ std::string format_conn(int pid, const char *comm, const ConnStat &s) {
     return line;
 }
 
+std::string format_process(const ProcHeader &h) {
+    char line[320];
+    std::snprintf(line, sizeof line,
+                  "process pid=%d comm=%s reg_cache=%s reg_budget=%llu reg_hits=%llu reg_misses=%llu "
+                  "reg_invalidated=%llu reg_evicted=%llu reg_bytes=%llu",
+                  int(h.pid), h.comm,
+                  h.reg_cache_on.load(std::memory_order_relaxed) ? "on" : "off",
+                  (unsigned long long)h.reg_budget,
+                  (unsigned long long)h.reg_hits.load(std::memory_order_relaxed),
+                  (unsigned long long)h.reg_misses.load(std::memory_order_relaxed),
+                  (unsigned long long)h.reg_invalidated.load(std::memory_order_relaxed),
+                  (unsigned long long)h.reg_evicted.load(std::memory_order_relaxed),
+                  (unsigned long long)h.reg_bytes.load(std::memory_order_relaxed));
+    return line;
+}
+
 int scan_pages(const char *dir, bool with_closed,
                void (*fn)(void *ctx, int pid, const char *comm, const ConnStat &s),
                void *ctx) noexcept {

@@ -33,12 +33,30 @@ constexpr Setting table[] = {
      "Smallest piece of a blocking send that goes by read zero-copy: the "
      "sender advertises its buffer and the receiver reads it straight into "
      "its own (one copy); the send returns once all was read. 0: never."},
+    {"SDIRECT_PROTOCOLS", SettingKind::text, "thresholds",
+     "How a send's bytes pick their protocol: thresholds (by size: "
+     "SDIRECT_RMA_MIN, SDIRECT_ZCOPY_MIN), auto (per size, the fastest "
+     "measured on this host by sdirect-tune, read from SDIRECT_TUNE_FILE; "
+     "the thresholds if there is none), or buffered, ring, zcopy (that "
+     "protocol wherever it applies)."},
+    {"SDIRECT_TUNE_FILE", SettingKind::text, "HOME/.config/sdirect/protocols",
+     "The table sdirect-tune writes and SDIRECT_PROTOCOLS=auto reads; HOME "
+     "is replaced by $HOME."},
     {"SDIRECT_SINK_MIN", SettingKind::integer, "0",
      "Smallest blocking recv buffer that goes by write zero-copy when "
      "nothing is there to read (one host): the receiver advertises it and "
      "the peer's next send writes straight into it (one copy; the sender "
      "does not wait for the reader). 0 (the default, measured faster for "
      "streams here): never."},
+    {"SDIRECT_CMA", SettingKind::boolean, "1",
+     "One host: copy straight between the two processes with "
+     "process_vm_readv/writev (ring writes, read zero-copy, write "
+     "zero-copy). 0: the provider's RMA, as between hosts (advertised send "
+     "buffers are then registered, through the registration cache)."},
+    {"SDIRECT_REG_CACHE_MB", SettingKind::integer, "64",
+     "Registrations of advertised send buffers kept between sends (the "
+     "pin-down cache), in MiB; at most half of RLIMIT_MEMLOCK. 0: register "
+     "for every send. Unused where process_vm_readv does the reads."},
     {"SDIRECT_SPIN_US", SettingKind::integer, "50",
      "Microseconds a blocked call polls the fabric before it sleeps on the "
      "doorbell."},
@@ -71,6 +89,7 @@ static_assert(sizeof(table) / sizeof(table[0]) == std::size_t(Key::count_));
 
 Settings values{};
 char registry_path[256];
+char tune_path[512];
 
 const char *raw(Key key) noexcept {
     const Setting &s = table[std::size_t(key)];
@@ -147,6 +166,8 @@ void load_settings() noexcept {
     values.chunk = integer(Key::chunk);
     if (values.chunk < 64) values.chunk = 64;
     values.rma_min = integer(Key::rma_min);
+    values.cma = boolean(Key::cma);
+    values.reg_cache_mb = integer(Key::reg_cache_mb);
     values.zcopy_min = integer(Key::zcopy_min);
     values.sink_min = integer(Key::sink_min);
     if (values.zcopy_min && values.zcopy_min < values.chunk + 1) values.zcopy_min = values.chunk + 1;
@@ -162,6 +183,14 @@ void load_settings() noexcept {
     values.leave_timeout_ms = integer(Key::leave_timeout_ms);
     values.engine_wait_ms = integer(Key::engine_wait_ms);
     values.stats_file = copy(raw(Key::stats_file));
+    values.protocols = copy(raw(Key::protocols));
+    const char *tune = raw(Key::tune_file);
+    const char *home = std::getenv("HOME");
+    if (!std::strncmp(tune, "HOME/", 5))
+        std::snprintf(tune_path, sizeof tune_path, "%s/%s", home && *home ? home : "/", tune + 5);
+    else
+        std::snprintf(tune_path, sizeof tune_path, "%s", tune);
+    values.tune_file = tune_path;
 }
 
 }  // namespace sd::transport

@@ -26,7 +26,11 @@ enum class Key : std::uint8_t {
     chunk,
     rma_min,
     zcopy_min,
+    protocols,
+    tune_file,
     sink_min,
+    cma,
+    reg_cache_mb,
     spin_us,
     rx_buffers,
     rx_buffer_size,
@@ -49,6 +53,8 @@ struct Settings {
     std::uint32_t rma_min;    // smallest piece written straight into the peer's ring
     std::uint32_t zcopy_min;  // smallest piece sent by read zero-copy (0: never)
     std::uint32_t sink_min;   // smallest recv buffer advertised for write zero-copy (0: never)
+    bool cma;                 // one host: process_vm_readv/writev copies
+    std::uint32_t reg_cache_mb;  // registration cache budget (0: off)
     std::uint32_t spin_us;
     std::uint32_t rx_buffers;
     std::uint32_t rx_buffer_size;
@@ -58,6 +64,8 @@ struct Settings {
     std::uint32_t leave_timeout_ms;  // longest wait for a peer to answer our leave
     std::uint32_t engine_wait_ms;  // connect/accept wait this long for the engine
     const char *stats_file;   // counters appended here at exit ("" = off)
+    const char *protocols;    // thresholds, auto, buffered, ring, zcopy (protocol.hpp)
+    const char *tune_file;    // sdirect-tune's table
 };
 
 // The table, for sdirect-info and the parser.

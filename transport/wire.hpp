@@ -44,6 +44,11 @@ enum class MsgType : std::uint8_t {
     // cancels it one-sidedly (open to cancelled) when other bytes come.
     sink_avail = 11,
     sink_done = 12,
+    // Read zero-copy: the receiver cannot read unregistered advertised
+    // buffers (key kSrcNoKey: the kernel refused process_vm_readv); the
+    // sender registers them from now on. Sent before the src_done that
+    // ends the advertisement it could not read.
+    src_need_key = 13,
 };
 
 inline constexpr std::uint32_t kLeaveFirst = 1;
@@ -52,6 +57,10 @@ inline constexpr std::uint32_t kGiveBackLast = 1;
 // Flags of a close message: the closer had bytes of ours unread, which
 // TCP answers with a reset (RST) instead of a FIN.
 inline constexpr std::uint32_t kCloseReset = 1;
+
+// The key of an advertised buffer that was not registered: on one host
+// the receiver reads it with process_vm_readv, which needs none.
+inline constexpr std::uint64_t kSrcNoKey = ~0ull;
 
 struct SrcAvailBody {
     std::uint64_t addr;

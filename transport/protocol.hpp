@@ -1,0 +1,61 @@
+// Which protocol a send's bytes go by (brief §5), decided here and only
+// here:
+//   buffered  copied inline into messages (the receiver copies them out of
+//             its receive buffer: two copies, no round trip)
+//   ring      written straight into the peer's receive ring with one RMA
+//             write, then announced (two copies, fewer messages)
+//   zcopy     read zero-copy: the buffer is advertised and the receiver
+//             reads it straight into its own (one copy; the send waits)
+// (Write zero-copy is the receiver's choice: sink.cpp.)
+//
+// SDIRECT_PROTOCOLS says how:
+//   thresholds  by size: SDIRECT_RMA_MIN and SDIRECT_ZCOPY_MIN (default)
+//   auto        per size class, the fastest protocol as measured on this
+//               host by sdirect-tune (its table file, SDIRECT_TUNE_FILE);
+//               the thresholds where no table was measured
+//   buffered, ring, zcopy
+//               that protocol wherever it can be used (measurements)
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace sd::transport {
+
+enum class Protocol : std::uint8_t { buffered, ring, zcopy };
+enum class Selection : std::uint8_t { thresholds, table, forced };
+
+const char *protocol_name(Protocol p) noexcept;
+// "buffered" -> Protocol::buffered; false if not a protocol name.
+bool parse_protocol(const char *name, Protocol *out) noexcept;
+
+// Builds the selection from the settings (after load_settings()); reads
+// the tune file for `auto`. A missing or unreadable file is one log line
+// (info) and the thresholds.
+void load_protocols() noexcept;
+Selection selection() noexcept;
+
+// A piece of `len` contiguous bytes of a blocking send without timeout
+// (the only sends that may wait for their reader): by read zero-copy?
+bool use_zcopy(std::size_t len) noexcept;
+// `len` bytes (as many as credits allow, `credit`) to go now: written into
+// the peer's ring rather than inline?
+bool use_ring(std::size_t len, std::int64_t credit) noexcept;
+
+// The tune file: one line per measured size, "SIZE best=PROTOCOL" followed
+// by the measurements ("buffered=MBPS ring=MBPS zcopy=MBPS"); '#' starts
+// a comment. A size's class reaches up to the next measured size.
+struct TuneTable {
+    static constexpr int kMax = 40;
+    std::uint64_t size[kMax];
+    Protocol best[kMax];
+    int n = 0;
+};
+// Parses the text of a tune file: the number of sizes read, or -1 (with
+// `*error` saying which line) if a line is malformed.
+int parse_tune(const std::string &text, TuneTable *out, std::string *error);
+// The table's protocol for `len` bytes (the class of the largest measured
+// size not above len; below the first: buffered).
+Protocol tune_lookup(const TuneTable &t, std::size_t len) noexcept;
+
+}  // namespace sd::transport
