@@ -329,6 +329,39 @@ EOF
 else
     echo "run.sh: gnuplot not installed; no plots" >&2
 fi
+
+# sdirect per protocol: sdirect-tune streams every size by buffered, ring
+# and zcopy (each forced; the library's counters prove it) and keeps the
+# median of BENCH_REPEATS runs; its table is what SDIRECT_PROTOCOLS=auto
+# would read.
+tune="$build/tools/sdirect-tune"
+if ((have_sdirect)) && [[ -x "$tune" ]]; then
+    if timeout 900 "$build/tools/sdirect-run" "$tune" --out "$results/protocols.txt" \
+        --repeats "$repeats" >/dev/null 2>"$tmp/tune.err"; then
+        awk '!/^#/ { printf "%s", $1; for (i = 3; i <= NF; ++i) { split($i, kv, "="); printf " %s", kv[2] } print "" }' \
+            "$results/protocols.txt" >"$tmp/proto.dat"
+        if command -v gnuplot >/dev/null 2>&1 && timeout 60 gnuplot 2>>"$tmp/tune.err" <<EOF; then
+set terminal pngcairo size 900,600 noenhanced
+set logscale xy
+set grid
+set key bottom right
+set xlabel "message size (bytes)"
+set ylabel "MB/s (10^6 B/s)"
+set title "sdirect stream bandwidth per protocol, each forced (median of $repeats run(s))"
+set output "$results/protocols.png"
+plot "$tmp/proto.dat" using 1:2 with linespoints lw 2 title "buffered (inline messages)", \
+     "" using 1:3 with linespoints lw 2 title "ring (RMA write into the receive ring)", \
+     "" using 1:4 with linespoints lw 2 title "zcopy (read zero-copy)"
+EOF
+            echo "plot: $results/protocols.png" >&2
+        fi
+        echo
+        echo "sdirect per protocol (stream MB/s, median of $repeats; best: what SDIRECT_PROTOCOLS=auto picks):"
+        grep -v '^# size' "$results/protocols.txt"
+    else
+        echo "run.sh: sdirect-tune failed: $(head -c 300 "$tmp/tune.err")" >&2
+    fi
+fi
 echo "results: $results/latest.tsv ($((SECONDS - started)) s)" >&2
 
 # Programs as they ship: sockperf, redis, idle connections.
