@@ -172,10 +172,17 @@ void memhooks_check() noexcept {
                     ours("mmap", reinterpret_cast<void *>(&sd_mmap)) &&
                     ours("madvise", reinterpret_cast<void *>(&sd_madvise)) &&
                     ours("mremap", reinterpret_cast<void *>(&sd_mremap));
+    // Resolved now, before any other thread exists, rather than at a first
+    // call that could come from anywhere.
     (void)next(next_free, "free");
     (void)next(next_realloc, "realloc");
     (void)next(next_munmap, "munmap");
     (void)next(next_mmap, "mmap");
+    (void)next(next_mremap, "mremap");
+    (void)next(next_madvise, "madvise");
+    (void)next(next_brk, "brk");
+    (void)next(next_sbrk, "sbrk");
+    (void)next(next_shmdt, "shmdt");
     sd::transport::set_memhooks_active(on);
 }
 
