@@ -845,11 +845,16 @@ ssize_t Stream::read_advert(Conn *c, std::unique_lock<std::mutex> &lock, const i
     return ssize_t(n);
 }
 
-long Stream::send_zcopy(Conn *c, const char *buf, std::uint32_t len, bool *interrupted) noexcept {
+long Stream::send_zcopy(Conn *c, const char *buf, std::uint32_t len, std::uint64_t deadline,
+                        int *cut) noexcept {
     transport::RegCache::Ref reg;
     const std::uint64_t off = c->tx_off;
     if (int rc = engine->advertise(c, buf, len, &reg)) return rc;
     bool cancelled = false;
+    // A cancellation for the caller (timeout, signal) not answered by then
+    // asks the reader's control thread: 1 ms, then every 100 ms.
+    constexpr std::uint64_t kKickAfterNs = 1'000'000, kKickAgainNs = 100'000'000;
+    std::uint64_t kick_at = 0;
     long result = 0;
     // The reader copies our buffer now: spin for about as long as that
     // takes (len / 4 ns: 4 GB/s), not only the usual spin, so that the
@@ -882,15 +887,35 @@ long Stream::send_zcopy(Conn *c, const char *buf, std::uint32_t len, bool *inter
             cancelled = engine->cancel_advert(c, off) == 0;
             continue;
         }
-        if (monotonic_ns() < spin_until) continue;
+        std::uint64_t now = monotonic_ns();
+        if (deadline && now >= deadline && !cancelled) {
+            // SO_SNDTIMEO: what was read counts; the rest goes buffered,
+            // as far as the window takes it (the kernel's send buffer
+            // would have taken it too), or the send times out there.
+            cancelled = engine->cancel_advert(c, off) == 0;
+            kick_at = now + kKickAfterNs;
+            continue;
+        }
+        if (kick_at && now >= kick_at) {
+            // No answer yet: the reader may be busy outside the library,
+            // so its control thread answers the cancellation.
+            (void)transport::kick(c->peer->pid);
+            kick_at = now + kKickAgainNs;
+        }
+        if (now < spin_until) continue;
         slot.release();
-        int w = transport::sleep_once(engine, c, -1, 0, zcopy_answered, c, -1);
-        if (w == -EINTR && !cancelled && !keep_going_after_eintr(0)) {
+        int w = transport::sleep_once(engine, c, -1, 0, zcopy_answered, c,
+                                      kick_at     ? ms_until(kick_at)
+                                      : cancelled ? -1
+                                                  : ms_until(deadline));
+        if (w == -EINTR && !cancelled &&
+            !keep_going_after_eintr(sndtimeo_ns.load(std::memory_order_relaxed))) {
             // As a TCP send hit by a signal: what was taken counts, the
             // rest is not sent. The reader may be copying right now, so the
             // answer (how much) must come before we return.
-            *interrupted = true;
+            *cut = -EINTR;
             cancelled = engine->cancel_advert(c, off) == 0;
+            kick_at = monotonic_ns() + kKickAfterNs;
         }
     }
     engine->release_advert(reg);
@@ -1134,10 +1159,11 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
 
     std::size_t sent = 0;
     int rc = 0;
-    // Read zero-copy only for blocking sends without a send timeout (the
-    // peer reads them straight from the caller's buffer while we wait);
-    // which pieces: transport/protocol.hpp.
-    bool zc_ok = !nb && !tmo && engine->can_read() && total > transport::settings().chunk;
+    bool interrupted = false;  // by a signal, in read zero-copy: no more waiting
+    // Read zero-copy only for blocking sends (the peer reads them straight
+    // from the caller's buffer while we wait, at most until SO_SNDTIMEO's
+    // deadline); which pieces: transport/protocol.hpp.
+    bool zc_ok = !nb && engine->can_read() && total > transport::settings().chunk;
     while (sent < total) {
         if (leave_requested(c)) {
             rc = -ESTALE;
@@ -1168,16 +1194,21 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
                     rc = -EFAULT;
                     break;
                 }
-                bool interrupted = false;
-                long r = send_zcopy(c, p, len, &interrupted);
+                int cut = 0;
+                long r = send_zcopy(c, p, len, deadline, &cut);
                 if (r < 0) {
                     rc = int(r);
                     break;
                 }
                 sent += std::size_t(r);
-                if (interrupted) {
-                    rc = -EINTR;
-                    break;
+                if (cut) {
+                    // A signal: what was read counts; if nothing was, what
+                    // the window takes now without waiting, as the
+                    // kernel's send buffer would have; else EINTR.
+                    if (r > 0) break;
+                    interrupted = true;
+                    zc_ok = false;
+                    continue;
                 }
                 // Cut short (the peer had to be let through): the rest of
                 // this send goes buffered.
@@ -1188,8 +1219,8 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
         std::int64_t credit = c->credits.load(std::memory_order_acquire);
         if (credit <= 0) {
             engine->ring(c->peer);
-            if (nb) {
-                rc = -EAGAIN;
+            if (nb || interrupted) {
+                rc = interrupted ? -EINTR : -EAGAIN;
                 break;
             }
             if ((rc = wait_credit(c, deadline))) break;

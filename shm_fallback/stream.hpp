@@ -176,12 +176,14 @@ class Stream {
     int wait_credit(transport::Conn *c, std::uint64_t deadline, std::int64_t need = 1) noexcept;
     // Read zero-copy: the receive side reads the peer's advertisement
     // (rx_lock held on entry, released on return); the send side
-    // advertises `len` bytes and waits until they were read. Bytes taken
-    // or -errno; `*interrupted`: a signal cut the send short.
+    // advertises `len` bytes and waits until they were read, at most
+    // until `deadline` (0: none; SO_SNDTIMEO: then the advertisement is
+    // cancelled and the caller goes on buffered). Bytes taken or -errno;
+    // `*cut`: -EINTR if a signal cut the send short, else 0.
     ssize_t read_advert(transport::Conn *c, std::unique_lock<std::mutex> &lock, const iovec *iov,
                         int iovcnt, std::size_t skip, std::size_t total, int flags) noexcept;
-    long send_zcopy(transport::Conn *c, const char *buf, std::uint32_t len,
-                    bool *interrupted) noexcept;
+    long send_zcopy(transport::Conn *c, const char *buf, std::uint32_t len, std::uint64_t deadline,
+                    int *cut) noexcept;
     // Write zero-copy, receive side: nothing to read, so `piece` (one
     // buffer of the caller's) is advertised and the peer's next send
     // writes into it. Bytes written, -EAGAIN (over without bytes: other

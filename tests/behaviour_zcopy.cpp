@@ -205,3 +205,13 @@ TEST_CASE("write zero-copy (recv buffers written by the sender) keeps every stre
         if (!run_pair(spec)) return;
     }
 }
+
+TEST_CASE("a large send cut short by SO_SNDTIMEO or a signal ends as a TCP send (part taken, "
+          "the rest left, or EINTR), also while its reader is busy outside the library",
+          "[zcopy]") {
+    // Read zero-copy waits for the reader; cut short, it gives up its
+    // advertisement (the reader's control thread answers if the reader
+    // itself does not call in) and takes what the window holds.
+    if (!run_pair(zc("zc-sndtimeo", {}), expect_used("tx_zcopy"))) return;
+    run_pair(zc("zc-eintr", {}), expect_used("tx_zcopy"));
+}

@@ -5,7 +5,10 @@
 // or reordered an advertisement, delivers a wrong byte here.
 #include "peer_drivers.hpp"
 
+#include <atomic>
 #include <cerrno>
+#include <csignal>
+#include <pthread.h>
 #include <cstdlib>
 #include <cstring>
 #include <poll.h>
@@ -264,6 +267,124 @@ void drive_zc_torture(int *fd, const Options &opt) {
     }
     send_exit(s);
 }
+
+namespace {
+
+std::atomic<int> cut_signals{0};
+void on_cut_signal(int) { cut_signals.fetch_add(1); }
+
+// One large blocking send to a responder that does not read yet, cut short
+// by SO_SNDTIMEO (`signal_us` 0) or by a signal without SA_RESTART after
+// `signal_us`. It must end like a TCP send: soon after the timeout or the
+// signal, with part of the bytes taken (the kernel's buffers, or read
+// zero-copy's advertisement given up and the window filled) or, for a
+// signal only, -1 EINTR with nothing taken. Then the rest goes, and with
+// the responder reading, whole sends of 8 MiB go through. Every byte is
+// checked by the responder.
+void drive_zc_cut(int fd, const Options &opt, std::uint64_t signal_us) {
+    const std::uint64_t seed = mix(opt.num("seed", 1), 0x5d7 + signal_us);
+    constexpr std::size_t kBig = 32u << 20;
+    constexpr std::size_t kWhole = 8u << 20;
+    constexpr int kWholeSends = 4;
+    std::vector<char> buf(kBig);
+    pattern_fill(seed, 0, buf.data(), kBig);
+
+    // The responder starts reading 1.5 s from now, in 64 KiB pieces.
+    Cmd cmd;
+    cmd.op = Op::recv;
+    cmd.api = std::uint32_t(Rx::recv);
+    cmd.size = kBig + std::uint64_t(kWhole) * kWholeSends;
+    cmd.seed = seed;
+    cmd.chunk = 65536;
+    cmd.pre_delay_us = 1500000;
+    cmd.flags = kSmallRcvbuf;
+    send_cmd(fd, cmd);
+
+    std::thread signaller;
+    std::atomic<std::uint64_t> signalled_ns{0};
+    if (signal_us) {
+        struct sigaction sa{};
+        sa.sa_handler = on_cut_signal;
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(SIGUSR1, &sa, nullptr) != 0) fail("sigaction: %s", errno_name(errno));
+        pthread_t target = pthread_self();
+        signaller = std::thread([&, target] {
+            sleep_us(signal_us);
+            signalled_ns.store(now_ns());
+            pthread_kill(target, SIGUSR1);
+        });
+    } else {
+        timeval tv{0, 200000};
+        if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0)
+            fail("setsockopt(SO_SNDTIMEO): %s", errno_name(errno));
+    }
+    const char *what = signal_us ? "a signal" : "SO_SNDTIMEO 200 ms";
+    const std::uint64_t start = now_ns();
+    ssize_t n = send(fd, buf.data(), kBig, 0);
+    const int err = errno;
+    const std::uint64_t end = now_ns();
+    if (signaller.joinable()) signaller.join();
+    const double took = double(end - start) / 1e9;
+    const bool eintr = signal_us && n == -1 && err == EINTR;
+    if (!eintr && (n <= 0 || std::size_t(n) >= kBig))
+        fail("a 32 MiB send cut short by %s, to a peer that does not read, returned %zd (%s) "
+             "after %.3f s; expected a part of it%s",
+             what, n, n < 0 ? errno_name(err) : "bytes", took, signal_us ? " or EINTR" : "");
+    const std::uint64_t cut_ns = signal_us ? signalled_ns.load() : start + 200000000ull;
+    const double late = (double(end) - double(cut_ns)) / 1e9;
+    if (late < -0.05 || late > 0.5)
+        fail("a 32 MiB send cut short by %s returned %.3f s after it (%.3f s after it began)",
+             what, late, took);
+    if (signal_us && cut_signals.load() != 1)
+        fail("the handler ran %d times, expected 1", cut_signals.load());
+    note("send cut short by %s: %zd of %zu bytes, %.3f s after it", what, n, kBig, late);
+    std::size_t done = 0;
+    if (n > 0) {
+        count_tx(fd, std::uint64_t(n));
+        done = std::size_t(n);
+    }
+
+    // The rest: later sends go on where it stopped.
+    for (int i = 0; done < kBig && i < 100000; ++i) {
+        ssize_t m = send(fd, buf.data() + done, kBig - done, 0);
+        if (m < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+        if (m <= 0) fail("send of the rest (%zu bytes) returned %zd (%s)", kBig - done, m,
+                         m < 0 ? errno_name(errno) : "0");
+        count_tx(fd, std::uint64_t(m));
+        done += std::size_t(m);
+    }
+    if (done != kBig) fail("the 32 MiB did not go in 100000 sends (%zu sent)", done);
+
+    // The responder reads now: whole sends.
+    for (int i = 0; i < kWholeSends; ++i) {
+        const std::uint64_t at = kBig + std::uint64_t(kWhole) * std::uint64_t(i);
+        pattern_fill(seed, at, buf.data(), kWhole);
+        std::size_t sent = 0;
+        for (int tries = 0; sent < kWhole && tries < 1000; ++tries) {
+            ssize_t m = send(fd, buf.data() + sent, kWhole - sent, 0);
+            if (m < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+            if (m <= 0) fail("8 MiB send %d returned %zd (%s)", i, m, m < 0 ? errno_name(errno) : "0");
+            count_tx(fd, std::uint64_t(m));
+            sent += std::size_t(m);
+        }
+        if (sent != kWhole) fail("8 MiB send %d: %zu bytes in 1000 calls", i, sent);
+    }
+    expect_ack(fd, "responder read every byte");
+    if (signal_us) signal(SIGUSR1, SIG_DFL);
+}
+
+}  // namespace
+
+void drive_zc_sndtimeo(int *fd, const Options &opt) {
+    drive_zc_cut(*fd, opt, 0);
+    send_exit(*fd);
+}
+
+void drive_zc_eintr(int *fd, const Options &opt) {
+    drive_zc_cut(*fd, opt, 100000);
+    send_exit(*fd);
+}
+
 
 // The responder kills itself (SIGKILL) in the middle of a transfer:
 // --way in: while it sends us large pieces (read zero-copy advertisements,

@@ -44,6 +44,8 @@ constexpr Entry drivers[] = {
     {"zc-buffers", drive_zc_buffers},
     {"zc-torture", drive_zc_torture},
     {"zc-peer-dies", drive_zc_peer_dies},
+    {"zc-sndtimeo", drive_zc_sndtimeo},
+    {"zc-eintr", drive_zc_eintr},
     {"pingpong", drive_pingpong},
     {"peek", drive_peek},
     {"waitall", drive_waitall},

@@ -47,8 +47,9 @@ static_assert(sizeof(Entry) == 128);
 // request/reply: an upgrade (below). leave: a process that holds one of
 // our direct sockets (a fork child, or a vfork child about to exec) asks
 // us to move it back to the kernel; one fd (the socket, as proof); the
-// reply's status says whether we did.
-enum class CtlType : std::uint16_t { request = 1, reply = 2, leave = 3 };
+// reply's status says whether we did. kick: a peer asks for one progress
+// pass (no fds, no reply; harmless from anyone).
+enum class CtlType : std::uint16_t { request = 1, reply = 2, leave = 3, kick = 4 };
 
 // Control message, one SEQPACKET datagram. A request carries two fds (the
 // initiator's TCP socket as proof, its doorbell); an accepting reply one
@@ -589,6 +590,26 @@ int ask_owner_to_leave(pid_t owner, int fd, Reason why) noexcept {
     return rc;
 }
 
+int kick(pid_t pid) noexcept {
+    Guard guard;
+    CtlMsg m = reply_to(getpid(), CtlType::kick);
+    char path[108];
+    ctl_path(path, sizeof path, pid);
+    int s = sys.socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (s < 0) return -errno;
+    timeval tv{0, 100000};
+    sys.setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    sockaddr_un sa{};
+    sa.sun_family = AF_UNIX;
+    std::memcpy(sa.sun_path, path, sizeof path);
+    int rc = 0;
+    if (sys.connect(s, reinterpret_cast<sockaddr *>(&sa), sizeof sa) != 0 ||
+        send_ctl(s, m, nullptr, 0) != sizeof m)
+        rc = -errno;
+    sys.close(s);
+    return rc;
+}
+
 void Engine::handle_leave(int fd, pid_t pid, const Tuple &tuple, int proof, Reason why) noexcept {
     CtlMsg rep = reply_to(pid_, CtlType::reply);
     Tuple proven;
@@ -611,6 +632,12 @@ void Engine::handle_request(int fd) noexcept {
     int fds[2];
     if (recv_ctl(fd, req, fds, 2) != 0) return;
     int proof = fds[0], bell = fds[1];
+    if (req.type == std::uint16_t(CtlType::kick)) {
+        for (int f : fds)
+            if (f >= 0) sys.close(f);
+        progress();
+        return;
+    }
     if (req.type == std::uint16_t(CtlType::leave)) {
         if (bell >= 0) sys.close(bell);
         return handle_leave(fd, req.pid, req.tuple, proof,

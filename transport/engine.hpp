@@ -55,6 +55,12 @@ Engine *the_engine_for_exit() noexcept;
 // -ESRCH (no such owner), -EIO (it could not), -ETIMEDOUT.
 int ask_owner_to_leave(pid_t owner, int fd, Reason why) noexcept;
 
+// Asks process `pid`'s control thread to progress its fabric once: for an
+// answer that must not wait until one of its threads calls in (an
+// advertisement cancelled at a send's timeout or signal, while the reader
+// is busy outside the library). 0, or -errno (no such process).
+int kick(pid_t pid) noexcept;
+
 class Engine {
   public:
     // This process's engine if it is built (else nullptr).
