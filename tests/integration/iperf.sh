@@ -3,7 +3,8 @@
 # server, two clients with CSV reports (-y C): 2 parallel streams
 # client -> server, then one stream server -> client (-R, reverse on the
 # same connection). Each must exit 0 and report bytes moved on every
-# stream. Then every connection must have run direct.
+# stream; then with 128 KiB and 1 MiB writes (-l). Every connection must
+# have run direct, the 1 MiB writes by read zero-copy.
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib.sh"
 it_need iperf:iperf
 it_preflight
@@ -47,6 +48,9 @@ run_client() {
 
 run_client forward 2 -P 2
 run_client reverse 1 -R
+# Large writes: 128 KiB (read zero-copy's threshold) and 1 MiB a call.
+run_client len128k 1 -l 128K
+run_client len1m 1 -l 1M
 
 # iperf's SIGTERM handler waits for its threads and exits 0.
 it_stop "$srv" TERM
@@ -55,4 +59,7 @@ it_check "$it_stop_rc" "iperf -s ended on SIGTERM: $it_stop_text"
 it_expect_direct "$port" 3 server
 it_expect_direct "$port" 2 client-forward
 it_expect_direct "$port" 1 client-reverse
+it_expect_direct "$port" 1 client-len128k client-len1m
+# 1 MiB blocking writes (iperf sets SO_SNDTIMEO) go by read zero-copy.
+it_expect_counter "$port" client-len1m tx_zcopy
 it_finish

@@ -3,7 +3,8 @@
 # both ends: one server, two clients with -J: 2 parallel streams
 # client -> server, then one stream server -> client (-R). Each must exit 0,
 # report no error, and move bytes (received > 0 and <= sent on every
-# stream). Then every connection must have run direct. The server listens
+# stream); then with 128 KiB and 1 MiB writes (-l). Then every connection
+# must have run direct. The server listens
 # as iperf3 does by default, on the dual-stack IPv6 socket: it sees its
 # IPv4 clients as IPv4-mapped addresses, the clients see plain IPv4.
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib.sh"
@@ -61,6 +62,9 @@ run_client() {
 
 run_client forward 2 -P 2
 run_client reverse 1 -R
+# Large writes: 128 KiB (read zero-copy's threshold) and 1 MiB a call.
+run_client len128k 1 -l 128K
+run_client len1m 1 -l 1M
 
 # iperf3 ends on SIGTERM through exit(1) ("interrupt - the server has
 # terminated"), which writes the stats.
@@ -71,4 +75,5 @@ it_check $((it_stop_rc != 0 && it_stop_rc != 1)) "iperf3 -s ended on SIGTERM: $i
 it_expect_direct "$port" 5 server
 it_expect_direct "$port" 3 client-forward
 it_expect_direct "$port" 2 client-reverse
+it_expect_direct "$port" 2 client-len128k client-len1m
 it_finish

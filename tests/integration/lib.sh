@@ -339,6 +339,37 @@ it_py_pair() {
     return 0
 }
 
+# it_stats_sum FILE PORT COUNTER: the sum of COUNTER (e.g. tx_zcopy) over
+# the connections to or from PORT in a stats file (0 without the file).
+it_stats_sum() {
+    [[ -f "$1" ]] || { echo 0; return; }
+    awk -v port="$2" -v key="$3" '
+        {
+            lp = ""; pp = ""; v = 0
+            for (i = 1; i <= NF; i++) {
+                if ($i ~ /^local=/) { lp = $i; sub(/.*:/, "", lp) }
+                else if ($i ~ /^peer=/) { pp = $i; sub(/.*:/, "", pp) }
+                else if (index($i, key "=") == 1) v = substr($i, length(key) + 2) + 0
+            }
+            if (pp != "0" && (lp == port || pp == port)) sum += v
+        }
+        END { printf "%.0f\n", sum }' "$1"
+}
+
+# it_expect_counter PORT ROLE COUNTER: in direct mode, the connections of
+# ROLE to or from PORT moved bytes by COUNTER (a protocol's byte counter,
+# e.g. tx_zcopy: read zero-copy ran). Skipped in kernel mode.
+it_expect_counter() {
+    local port="$1" role="$2" key="$3" sum
+    ((it_kernel)) && return 0
+    sum="$(it_stats_sum "$it_tmp/$role.stats" "$port" "$key")"
+    if ((sum > 0)); then
+        it_ok "$role: $key $sum B"
+    else
+        it_bad "$role: $key 0 B; expected the protocol to carry bytes"
+    fi
+}
+
 # it_expect_direct PORT MIN ROLE...: for each ROLE, the connections to or
 # from PORT in $it_tmp/ROLE.stats (idle ones aside) number at least MIN,
 # are all in direct mode, and sent bytes over the fabric (tx_fabric > 0 in
