@@ -14,14 +14,18 @@
 # ping-pong bandwidth (size / one-way latency), not a streaming figure.
 #
 # Output: the table on stdout, benchmarks/results/latest.{tsv,txt} and
-# latency.png / bandwidth.png next to them. Then benchmarks/apps.sh adds
-# its table (sockperf, redis, idle connections; results/apps.{tsv,txt}).
+# latency.png / bandwidth.png next to them; sdirect-tune's per-protocol
+# table and plot (protocols.{txt,png}). Then benchmarks/netpipe.sh adds
+# NetPIPE's curve (results/netpipe.{tsv,png}) and benchmarks/apps.sh its
+# table (sockperf, redis, pgbench, netperf, idle connections;
+# results/apps.{tsv,txt}).
 #
 # Environment: BENCH_REPEATS (5), BENCH_PORT (first port, 47100; up to 100
 # ports above it are used), BENCH_SIZES (space-separated, default below),
 # BENCH_PIN (split: server on CPU 0, client on CPU 1 [default]; same: both
 # on CPU 0; none: the scheduler decides), SDIRECT_BUILD_DIR (build),
-# BENCH_APPS (1; 0 skips apps.sh, whose own settings are listed there).
+# BENCH_NETPIPE (1; 0 skips netpipe.sh, NPtcp's full curve), BENCH_APPS
+# (1; 0 skips apps.sh, whose own settings are listed there).
 set -uo pipefail
 
 me=run.sh
@@ -363,6 +367,12 @@ EOF
     fi
 fi
 echo "results: $results/latest.tsv ($((SECONDS - started)) s)" >&2
+
+# NetPIPE's full curve, kernel TCP vs sdirect (results/netpipe.*).
+if [[ "${BENCH_NETPIPE:-1}" != 0 ]]; then
+    echo
+    bash "$bench_dir/netpipe.sh"
+fi
 
 # Programs as they ship: sockperf, redis, idle connections.
 if [[ "${BENCH_APPS:-1}" != 0 ]]; then
