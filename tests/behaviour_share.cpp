@@ -145,6 +145,13 @@ TEST_CASE("a forked child takes over the incoming stream while bytes are in flig
     run_pair(spec, [](Pair &pair, const Placement &pl) { check_back_direct(pair, pl, false); });
 }
 
+TEST_CASE("a forked child writes a shared connection at once while the peer is busy outside "
+          "the library for longer than the leave timeout, byte-exact, back to direct after",
+          "[fork]") {
+    PairSpec spec = driven_by("server", {"--scenario", "fork-peer-busy"});
+    run_pair(spec, [](Pair &pair, const Placement &pl) { check_back_direct(pair, pl); });
+}
+
 TEST_CASE("a forked sharer killed while blocked in recv leaves the connection to its parent, "
           "which goes back to direct mode, byte-exact",
           "[fork]") {

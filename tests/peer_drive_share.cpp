@@ -283,6 +283,37 @@ void drive_fork_share_read(int *fd, const Options &opt) {
     finish_alone(s, opt);
 }
 
+// The peer is busy outside the library (a plain sleep, longer than the
+// leave timeout) when a forked child first writes the socket: moving the
+// connection to the kernel needs the peer's answer, which its control
+// thread must give. The child's send must go through at once (the kernel
+// buffers it), and the peer reads every byte once it wakes.
+void drive_fork_peer_busy(int *fd, const Options &opt) {
+    const int s = *fd;
+    const std::uint64_t size = 100000;
+    rounds_before(s, opt);
+    Cmd cmd;
+    cmd.op = Op::recv;
+    cmd.api = std::uint32_t(Rx::recv);
+    cmd.size = size;
+    cmd.seed = seed_of(opt, 30);
+    cmd.pre_delay_us = std::uint32_t(opt.num("busy-us", 4500000));
+    send_cmd(s, cmd);
+    const pid_t child = fork_child([&] {
+        const std::uint64_t start = now_ns();
+        send_stream_at(s, cmd.seed, 0, size);
+        const double took = double(now_ns() - start) / 1e9;
+        if (took > 1.0)
+            fail("child: %llu bytes took %.3f s to send while the peer slept",
+                 (unsigned long long)size, took);
+        note("child sent %llu bytes in %.3f s while the peer slept", (unsigned long long)size,
+             took);
+    });
+    reap(child, "writing child");
+    expect_ack(s, "the child's bytes: responder's ack");
+    finish_alone(s, opt);
+}
+
 void drive_fork_inflight(int *fd, const Options &opt) {
     const int s = *fd;
     const std::uint64_t in = opt.num("in-size", 4 << 20);

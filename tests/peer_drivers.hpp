@@ -45,6 +45,7 @@ void drive_fork_loop(int *fd, const Options &opt);
 // (peer_drive_share.cpp).
 void drive_fork_share_write(int *fd, const Options &opt);
 void drive_fork_share_read(int *fd, const Options &opt);
+void drive_fork_peer_busy(int *fd, const Options &opt);
 void drive_fork_inflight(int *fd, const Options &opt);
 void drive_fork_sharer_killed(int *fd, const Options &opt);
 void drive_spawn_cat(int *fd, const Options &opt);

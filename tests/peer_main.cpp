@@ -66,6 +66,7 @@ constexpr Entry drivers[] = {
     {"fork-loop", drive_fork_loop},
     {"fork-share-write", drive_fork_share_write},
     {"fork-share-read", drive_fork_share_read},
+    {"fork-peer-busy", drive_fork_peer_busy},
     {"fork-inflight", drive_fork_inflight},
     {"fork-sharer-killed", drive_fork_sharer_killed},
     {"spawn-cat", drive_spawn_cat},

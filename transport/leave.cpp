@@ -18,6 +18,7 @@
 #include "sys.hpp"
 #include "wait.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -354,15 +355,25 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
     if (c->tx_owed.load(std::memory_order_acquire)) want_flush(c);
     tx.unlock();
 
+    // The peer answers at its next progress pass: at once if one of its
+    // threads is in the library, else its control thread's, kicked after
+    // 1 ms (and every 100 ms) without an answer.
+    std::uint64_t kick_at = monotonic_ns() + 1000000;
     for (;;) {
         if (answered(c) || !peer_alive(c->peer)) break;
-        if (monotonic_ns() >= deadline) {
+        const std::uint64_t now = monotonic_ns();
+        if (now >= deadline) {
             SD_LOG(error, "fd %d: peer pid %d did not answer our leave in %u ms: its bytes stay "
                           "on the fabric for this process", fd, int(c->peer->pid),
                    settings().leave_timeout_ms);
             return -ETIMEDOUT;
         }
-        (void)sleep_once(this, c, -1, 0, answered, c, 10);
+        if (now >= kick_at) {
+            (void)kick(c->peer->pid);
+            kick_at = now + 100000000;
+        }
+        const int ms = int(std::clamp<std::uint64_t>((kick_at - now) / 1000000, 1, 10));
+        (void)sleep_once(this, c, -1, 0, answered, c, ms);
     }
 
     // What we received and did not read goes back to where it came from.
