@@ -67,6 +67,22 @@ wait_listen() {
     return 1
 }
 
+# Modes of the connections on port $1 in the stats files that follow.
+modes_on_port() {
+    local port="$1"
+    shift
+    cat "$@" 2>/dev/null | awk -v port="$port" '
+        {
+            lp = ""; pp = ""; mode = ""
+            for (i = 1; i <= NF; i++) {
+                if ($i ~ /^local=/) { lp = $i; sub(/.*:/, "", lp) }
+                else if ($i ~ /^peer=/) { pp = $i; sub(/.*:/, "", pp) }
+                else if ($i ~ /^mode=/) { mode = substr($i, 6) }
+            }
+            if ((lp == port || pp == port) && pp != "0" && mode != "") print mode
+        }'
+}
+
 # Median of the numbers on stdin ("n/a" if none).
 median() {
     sort -g | awk '{ v[NR] = $1 } END {

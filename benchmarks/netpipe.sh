@@ -40,22 +40,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# Modes of the connections on port $1 in the stats files that follow.
-modes_on_port() {
-    local port="$1"
-    shift
-    cat "$@" 2>/dev/null | awk -v port="$port" '
-        {
-            lp = ""; pp = ""; mode = ""
-            for (i = 1; i <= NF; i++) {
-                if ($i ~ /^local=/) { lp = $i; sub(/.*:/, "", lp) }
-                else if ($i ~ /^peer=/) { pp = $i; sub(/.*:/, "", pp) }
-                else if ($i ~ /^mode=/) { mode = substr($i, 6) }
-            }
-            if ((lp == port || pp == port) && pp != "0" && mode != "") print mode
-        }'
-}
-
 # One NPtcp run; $1 kernel|sdirect, $2 run number. Its curve (NPtcp's -o
 # file: size, Mbit/s, seconds one-way) in $tmp/$1.$2; status 1 on failure.
 measure() {

@@ -98,22 +98,6 @@ reap_server() {
 # Value of key $2 in the key=value line $1.
 field() { tr ' ' '\n' <<<"$1" | awk -F= -v k="$2" '$1 == k { print $2; exit }'; }
 
-# Modes of the connections on port $1 in the stats files that follow.
-modes_on_port() {
-    local port="$1"
-    shift
-    cat "$@" 2>/dev/null | awk -v port="$port" '
-        {
-            lp = ""; pp = ""; mode = ""
-            for (i = 1; i <= NF; i++) {
-                if ($i ~ /^local=/) { lp = $i; sub(/.*:/, "", lp) }
-                else if ($i ~ /^peer=/) { pp = $i; sub(/.*:/, "", pp) }
-                else if ($i ~ /^mode=/) { mode = substr($i, 6) }
-            }
-            if ((lp == port || pp == port) && pp != "0" && mode != "") print mode
-        }'
-}
-
 # One sd_pingpong measurement. $1: kernel|sdirect. Sets `line` (the client's
 # output line, empty on failure) and appends the connection modes seen by
 # the library to $tmp/modes.
