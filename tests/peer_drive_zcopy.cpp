@@ -270,6 +270,23 @@ void drive_zc_torture(int *fd, const Options &opt) {
 
 namespace {
 
+// Sends all `len` bytes with blocking sends that a timeout (EAGAIN) or a
+// signal (EINTR) may cut short, going on where each stopped; at most
+// 100000 calls.
+void send_patiently(int fd, const char *buf, std::size_t len, const char *what) {
+    std::size_t done = 0;
+    for (int i = 0; done < len && i < 100000; ++i) {
+        ssize_t m = send(fd, buf + done, len - done, 0);
+        if (m < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+        if (m <= 0)
+            fail("%s: send of %zu bytes returned %zd (%s)", what, len - done, m,
+                 m < 0 ? errno_name(errno) : "0");
+        count_tx(fd, std::uint64_t(m));
+        done += std::size_t(m);
+    }
+    if (done != len) fail("%s: %zu of %zu bytes in 100000 sends", what, done, len);
+}
+
 std::atomic<int> cut_signals{0};
 void on_cut_signal(int) { cut_signals.fetch_add(1); }
 
@@ -345,29 +362,13 @@ void drive_zc_cut(int fd, const Options &opt, std::uint64_t signal_us) {
     }
 
     // The rest: later sends go on where it stopped.
-    for (int i = 0; done < kBig && i < 100000; ++i) {
-        ssize_t m = send(fd, buf.data() + done, kBig - done, 0);
-        if (m < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
-        if (m <= 0) fail("send of the rest (%zu bytes) returned %zd (%s)", kBig - done, m,
-                         m < 0 ? errno_name(errno) : "0");
-        count_tx(fd, std::uint64_t(m));
-        done += std::size_t(m);
-    }
-    if (done != kBig) fail("the 32 MiB did not go in 100000 sends (%zu sent)", done);
+    send_patiently(fd, buf.data() + done, kBig - done, "the rest of the 32 MiB");
 
     // The responder reads now: whole sends.
     for (int i = 0; i < kWholeSends; ++i) {
         const std::uint64_t at = kBig + std::uint64_t(kWhole) * std::uint64_t(i);
         pattern_fill(seed, at, buf.data(), kWhole);
-        std::size_t sent = 0;
-        for (int tries = 0; sent < kWhole && tries < 1000; ++tries) {
-            ssize_t m = send(fd, buf.data() + sent, kWhole - sent, 0);
-            if (m < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
-            if (m <= 0) fail("8 MiB send %d returned %zd (%s)", i, m, m < 0 ? errno_name(errno) : "0");
-            count_tx(fd, std::uint64_t(m));
-            sent += std::size_t(m);
-        }
-        if (sent != kWhole) fail("8 MiB send %d: %zu bytes in 1000 calls", i, sent);
+        send_patiently(fd, buf.data(), kWhole, "an 8 MiB send");
     }
     expect_ack(fd, "responder read every byte");
     if (signal_us) signal(SIGUSR1, SIG_DFL);
