@@ -120,8 +120,9 @@ void Engine::on_leave(Conn *c, const MsgHeader &h) noexcept {
         return;
     }
     c->peer_end = h.offset;
-    SD_LOG(debug, "conn %u/%u: the peer's fabric stream ends at %llu%s", c->id, c->gen,
-           (unsigned long long)h.offset, (h.flags & kLeaveFirst) ? " (it leaves first)" : "");
+    SD_LOG(debug, "conn %u/%u: the peer's fabric stream ends at %llu (%llu arrived)%s", c->id,
+           c->gen, (unsigned long long)h.offset, (unsigned long long)c->rx_expect(),
+           (h.flags & kLeaveFirst) ? " (it leaves first)" : "");
     // Why it left (its side's reason), for sdirect-stat here too.
     const std::uint32_t why = h.flags >> 8;
     if (why && why < std::uint32_t(Reason::count_) &&
@@ -372,9 +373,21 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
     for (;;) {
         if (answered(c) || !peer_alive(c->peer)) break;
         if (monotonic_ns() >= deadline) {
-            SD_LOG(error, "fd %d: peer pid %d did not answer our leave in %u ms: its bytes stay "
-                          "on the fabric for this process", fd, int(c->peer->pid),
-                   settings().leave_timeout_ms);
+            std::uint64_t end, arrived;
+            {
+                std::lock_guard rx(c->rx_lock);
+                end = c->peer_end;
+                arrived = c->rx_expect();
+            }
+            if (end == kNoOffset)
+                SD_LOG(error, "fd %d: peer pid %d did not answer our leave in %u ms: its bytes "
+                              "stay on the fabric for this process", fd, int(c->peer->pid),
+                       settings().leave_timeout_ms);
+            else
+                SD_LOG(error, "fd %d: peer pid %d ended its fabric stream at %llu, but its bytes "
+                              "from %llu did not arrive in %u ms: they stay on the fabric for "
+                              "this process", fd, int(c->peer->pid), (unsigned long long)end,
+                       (unsigned long long)arrived, settings().leave_timeout_ms);
             return -ETIMEDOUT;
         }
         (void)sleep_once(this, c, -1, 0, answered, c, 10);
