@@ -7,11 +7,14 @@
 //
 // They work only if they are the process's: a program that defines free
 // itself, or a sanitizer preloaded first, comes before us, and then the
-// cache stays off (sdirect_memhooks_check).
+// cache stays off (memhooks_check). ThreadSanitizer's runtime, preloaded
+// after us (tests/meson.build), frees through our hooks where no
+// instrumented code may run yet (while it starts, and in each new thread
+// before the thread's state exists): the hooks are not instrumented, and
+// in such a process they only forward (the cache stays off too).
 #undef _FILE_OFFSET_BITS
 #include "transport/regcache.hpp"
 
-#include <atomic>
 #include <cstdarg>
 #include <cstdint>
 #include <dlfcn.h>
@@ -29,34 +32,49 @@ namespace {
 // cannot be forwarded yet and is dropped (a few bytes, once).
 __attribute__((tls_model("initial-exec"))) thread_local bool resolving = false;
 
+// The hooks and what they touch before they look at the cache are not
+// instrumented: plain variables with __atomic builtins (std::atomic's
+// members are functions of their own, instrumented).
+#define SD_UNINSTRUMENTED __attribute__((no_sanitize_thread))
+
+// Set by our constructor when the hooks are the process's and no
+// sanitizer runtime frees through them: the cache may be looked at.
+bool armed = false;
+
+SD_UNINSTRUMENTED inline bool is_armed() noexcept {
+    return __atomic_load_n(&armed, __ATOMIC_RELAXED);
+}
+
 template <typename F>
-F next(std::atomic<F> &slot, const char *name) noexcept {
-    F f = slot.load(std::memory_order_acquire);
+SD_UNINSTRUMENTED F next(F &slot, const char *name) noexcept {
+    F f = __atomic_load_n(&slot, __ATOMIC_ACQUIRE);
     if (f || resolving) return f;
     resolving = true;
     f = reinterpret_cast<F>(dlsym(RTLD_NEXT, name));
     resolving = false;
-    slot.store(f, std::memory_order_release);
+    __atomic_store_n(&slot, f, __ATOMIC_RELEASE);
     return f;
 }
 
-std::atomic<void (*)(void *)> next_free{nullptr};
-std::atomic<void *(*)(void *, size_t)> next_realloc{nullptr};
-std::atomic<void *(*)(void *, size_t, int, int, int, off_t)> next_mmap{nullptr};
-std::atomic<int (*)(void *, size_t)> next_munmap{nullptr};
-std::atomic<void *(*)(void *, size_t, size_t, int, ...)> next_mremap{nullptr};
-std::atomic<int (*)(void *, size_t, int)> next_madvise{nullptr};
-std::atomic<int (*)(void *)> next_brk{nullptr};
-std::atomic<void *(*)(intptr_t)> next_sbrk{nullptr};
-std::atomic<int (*)(const void *)> next_shmdt{nullptr};
+void (*next_free)(void *) = nullptr;
+void *(*next_realloc)(void *, size_t) = nullptr;
+void *(*next_mmap)(void *, size_t, int, int, int, off_t) = nullptr;
+int (*next_munmap)(void *, size_t) = nullptr;
+void *(*next_mremap)(void *, size_t, size_t, int, ...) = nullptr;
+int (*next_madvise)(void *, size_t, int) = nullptr;
+int (*next_brk)(void *) = nullptr;
+void *(*next_sbrk)(intptr_t) = nullptr;
+int (*next_shmdt)(const void *) = nullptr;
 
-inline void drop(const void *addr, size_t len) noexcept {
+SD_UNINSTRUMENTED inline void drop(const void *addr, size_t len) noexcept {
+    if (!is_armed()) return;
     auto &cache = regcache();
     if (cache.on()) cache.invalidate(addr, len);
 }
 
 // A heap chunk about to be freed or moved.
-inline void drop_chunk(void *p) noexcept {
+SD_UNINSTRUMENTED inline void drop_chunk(void *p) noexcept {
+    if (!is_armed()) return;
     auto &cache = regcache();
     if (!p || !cache.on()) return;
     if (!cache.may_hold(reinterpret_cast<uintptr_t>(p), UINTPTR_MAX)) return;
@@ -67,30 +85,32 @@ inline void drop_chunk(void *p) noexcept {
 
 extern "C" {
 
-void sd_free(void *p) noexcept {
+SD_UNINSTRUMENTED void sd_free(void *p) noexcept {
     drop_chunk(p);
     if (auto f = next(next_free, "free")) f(p);
 }
 
-void *sd_realloc(void *p, size_t n) noexcept {
+SD_UNINSTRUMENTED void *sd_realloc(void *p, size_t n) noexcept {
     drop_chunk(p);
     auto f = next(next_realloc, "realloc");
     return f ? f(p, n) : nullptr;
 }
 
-void *sd_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off) noexcept {
+SD_UNINSTRUMENTED void *sd_mmap(void *addr, size_t len, int prot, int flags, int fd,
+                                off_t off) noexcept {
     if (flags & MAP_FIXED) drop(addr, len);
     if (auto f = next(next_mmap, "mmap")) return f(addr, len, prot, flags, fd, off);
     return reinterpret_cast<void *>(syscall(SYS_mmap, addr, len, prot, flags, fd, off));
 }
 
-int sd_munmap(void *addr, size_t len) noexcept {
+SD_UNINSTRUMENTED int sd_munmap(void *addr, size_t len) noexcept {
     drop(addr, len);
     if (auto f = next(next_munmap, "munmap")) return f(addr, len);
     return int(syscall(SYS_munmap, addr, len));
 }
 
-void *sd_mremap(void *old, size_t old_len, size_t new_len, int flags, ...) noexcept {
+SD_UNINSTRUMENTED void *sd_mremap(void *old, size_t old_len, size_t new_len, int flags,
+                                  ...) noexcept {
     void *to = nullptr;
     if (flags & MREMAP_FIXED) {
         va_list ap;
@@ -104,7 +124,7 @@ void *sd_mremap(void *old, size_t old_len, size_t new_len, int flags, ...) noexc
     return reinterpret_cast<void *>(syscall(SYS_mremap, old, old_len, new_len, flags, to));
 }
 
-int sd_madvise(void *addr, size_t len, int advice) noexcept {
+SD_UNINSTRUMENTED int sd_madvise(void *addr, size_t len, int advice) noexcept {
     // The advice that replaces pages (they read back as zeroes or anew).
     switch (advice) {
     case MADV_DONTNEED:
@@ -122,7 +142,7 @@ int sd_madvise(void *addr, size_t len, int advice) noexcept {
     return int(syscall(SYS_madvise, addr, len, advice));
 }
 
-void *sd_sbrk(intptr_t incr) noexcept {
+SD_UNINSTRUMENTED void *sd_sbrk(intptr_t incr) noexcept {
     auto f = next(next_sbrk, "sbrk");
     if (!f) return reinterpret_cast<void *>(-1);
     if (incr < 0) {
@@ -132,7 +152,7 @@ void *sd_sbrk(intptr_t incr) noexcept {
     return f(incr);
 }
 
-int sd_brk(void *addr) noexcept {
+SD_UNINSTRUMENTED int sd_brk(void *addr) noexcept {
     if (auto s = next(next_sbrk, "sbrk")) {
         char *end = static_cast<char *>(s(0));
         if (static_cast<char *>(addr) < end) drop(addr, size_t(end - static_cast<char *>(addr)));
@@ -141,7 +161,7 @@ int sd_brk(void *addr) noexcept {
     return f ? f(addr) : -1;
 }
 
-int sd_shmdt(const void *addr) noexcept {
+SD_UNINSTRUMENTED int sd_shmdt(const void *addr) noexcept {
     // Its size is the kernel's to know: everything from addr on goes.
     drop(addr, UINTPTR_MAX - reinterpret_cast<uintptr_t>(addr));
     auto f = next(next_shmdt, "shmdt");
@@ -171,7 +191,8 @@ void memhooks_check() noexcept {
                     ours("munmap", reinterpret_cast<void *>(&sd_munmap)) &&
                     ours("mmap", reinterpret_cast<void *>(&sd_mmap)) &&
                     ours("madvise", reinterpret_cast<void *>(&sd_madvise)) &&
-                    ours("mremap", reinterpret_cast<void *>(&sd_mremap));
+                    ours("mremap", reinterpret_cast<void *>(&sd_mremap)) &&
+                    !dlsym(RTLD_DEFAULT, "__tsan_init");
     // Resolved now, before any other thread exists, rather than at a first
     // call that could come from anywhere.
     (void)next(next_free, "free");
@@ -183,6 +204,7 @@ void memhooks_check() noexcept {
     (void)next(next_brk, "brk");
     (void)next(next_sbrk, "sbrk");
     (void)next(next_shmdt, "shmdt");
+    __atomic_store_n(&armed, on, __ATOMIC_RELAXED);
     sd::transport::set_memhooks_active(on);
 }
 

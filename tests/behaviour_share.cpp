@@ -123,6 +123,23 @@ TEST_CASE("a forked child and its parent reading a shared connection in turns ge
     run_shared(driven_by("server", {"--scenario", "fork-share-read", "--turns", "40"}));
 }
 
+TEST_CASE("a peer sending while a forked child's first read moves the connection to the kernel "
+          "delivers every record once, in order",
+          "[fork]") {
+    // The peer's writer keeps sending (MSG_DONTWAIT, sleeping while the
+    // window is full) and never waits inside the library, so its reading
+    // thread takes the parent's leave when the child's claim makes the
+    // parent leave the fabric. That delivery pauses 20 ms once the writer
+    // can see the connection leaving (SDIRECT_LEAVE_PAUSE_US): the writer
+    // must end the peer's fabric stream (its own leave) before any of its
+    // bytes go to the kernel, or the parent waits for fabric bytes that
+    // never come and the child's reads fail with EIO.
+    PairSpec spec = driven_by("server", {"--scenario", "fork-share-read", "--turns", "40",
+                                         "--passive-writer", "1"});
+    spec.env = {"SDIRECT_LEAVE_PAUSE_US=20000"};
+    run_shared(spec);
+}
+
 TEST_CASE("a connection shared with a forked child goes back to direct mode, exact, once "
           "the child has exited",
           "[fork]") {

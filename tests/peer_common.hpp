@@ -102,6 +102,10 @@ inline constexpr std::uint32_t kWhole = 2;  // send: all in one call (one arriva
 // receive autotuning (up to tcp_rmem max, 32 MiB on recent kernels) cannot
 // absorb a stream that is meant to fill up.
 inline constexpr std::uint32_t kSmallRcvbuf = 4;
+// records_out: the writer thread sends with MSG_DONTWAIT and sleeps while
+// the socket is full, never waiting inside the library, so every arrival
+// (credits, the peer's leave) is taken by the reading thread.
+inline constexpr std::uint32_t kPassiveWriter = 8;
 
 // Layout: magic, op, api, chunk (4 x u32), size, seed, size2, seed2
 // (4 x u64), pre_delay_us, gap_us, flags, pad (4 x u32) = 64 bytes.

@@ -249,6 +249,7 @@ void drive_fork_share_read(int *fd, const Options &opt) {
     cmd.size2 = turns;
     cmd.seed = seed_of(opt, 11);
     cmd.chunk = std::uint32_t(opt.num("max-len", 4096));
+    if (opt.num("passive-writer", 0)) cmd.flags |= kPassiveWriter;
     send_cmd(s, cmd);
     // The parent reads the even turns, the child the odd ones; the
     // reader of the last turn (the child) ends the exchange.

@@ -1,6 +1,8 @@
 #include "peer_records.hpp"
 
+#include <cerrno>
 #include <cstring>
+#include <sys/socket.h>
 #include <thread>
 #include <unistd.h>
 
@@ -10,6 +12,26 @@ namespace {
 
 std::uint64_t record_seed(std::uint64_t seed, std::uint32_t writer, std::uint32_t seq) {
     return mix(seed, (std::uint64_t(writer) << 32) | seq);
+}
+
+// Sends all of `len` bytes with MSG_DONTWAIT, sleeping 1 ms whenever the
+// socket takes nothing (up to a minute without progress).
+void send_all_passive(int fd, const std::uint8_t *buf, std::size_t len) {
+    int idle = 0;
+    for (std::size_t done = 0; done < len;) {
+        ssize_t n = send(fd, buf + done, len - done, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n > 0) {
+            done += std::size_t(n);
+            count_tx(fd, std::uint64_t(n));
+            idle = 0;
+            continue;
+        }
+        const bool later = n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR);
+        if (!later || ++idle > 60000)
+            fail("records_out: send of %zu bytes (MSG_DONTWAIT): %s", len - done,
+                 n < 0 ? errno_name(errno) : "0");
+        sleep_us(1000);
+    }
 }
 
 }  // namespace
@@ -104,11 +126,13 @@ void stream_records(int fd, const Cmd &cmd) {
     if (turns == 0 || total == 0 || total % turns != 0 || cmd.chunk == 0)
         fail("records_out: %u records in %u turns, up to %u bytes", total, turns, cmd.chunk);
     const std::uint32_t per_turn = total / turns;
+    const bool passive = cmd.flags & kPassiveWriter;
     std::thread sender([&] {
         std::vector<std::uint8_t> rec;
         for (std::uint32_t seq = 0; seq < total; ++seq) {
             record_build(cmd.seed, 0, seq, cmd.chunk, &rec);
-            write_all(fd, rec.data(), rec.size());
+            if (passive) send_all_passive(fd, rec.data(), rec.size());
+            else write_all(fd, rec.data(), rec.size());
         }
     });
     std::vector<std::uint8_t> rec;

@@ -54,7 +54,8 @@ void record_expect(std::uint64_t seed, std::uint32_t writer, std::uint32_t seq,
 // Responder side. Op::records_in: cmd.size writers each send cmd.size2
 // records; checks each one, each writer's order and the total, then acks.
 // Op::records_out: streams cmd.size records of writer 0 while it reads
-// cmd.size2 replies, one per turn, readers alternating from 0; then acks.
+// cmd.size2 replies, one per turn, readers alternating from 0; then acks
+// (kPassiveWriter: its writer never waits inside the library).
 void receive_records(int fd, const Cmd &cmd);
 void stream_records(int fd, const Cmd &cmd);
 

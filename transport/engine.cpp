@@ -618,7 +618,8 @@ void Engine::start_regcache() noexcept {
     page_->header.reg_cache_on.store(budget != 0, std::memory_order_relaxed);
     if (!memhooks_active() && settings().reg_cache_mb)
         SD_LOG(info, "registration cache off: this process's free/munmap are not ours "
-                     "(defined before the library), so freed memory could not be noticed");
+                     "(defined before the library, or ThreadSanitizer's), so freed memory "
+                     "could not be noticed");
 }
 
 void Engine::publish_regstats() noexcept {

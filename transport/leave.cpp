@@ -46,6 +46,13 @@ void nap_us(long us) noexcept {
     nanosleep(&ts, nullptr);
 }
 
+// SDIRECT_LEAVE_PAUSE_US (tests): the whole pause, signals or not.
+void pause_us(std::uint32_t us) noexcept {
+    timespec ts{time_t(us / 1000000), long(us % 1000000) * 1000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
 // Writes what it can of buf[*done, len) into the kernel socket without
 // blocking. 0 when all is written, -EAGAIN, or -errno.
 int write_some(int fd, const char *buf, std::uint32_t len, std::uint32_t *done) noexcept {
@@ -114,8 +121,9 @@ void Engine::on_leave(Conn *c, const MsgHeader &h) noexcept {
         return;
     }
     c->peer_end = h.offset;
-    SD_LOG(debug, "conn %u/%u: the peer's fabric stream ends at %llu%s", c->id, c->gen,
-           (unsigned long long)h.offset, (h.flags & kLeaveFirst) ? " (it leaves first)" : "");
+    SD_LOG(debug, "conn %u/%u: the peer's fabric stream ends at %llu (%llu arrived)%s", c->id,
+           c->gen, (unsigned long long)h.offset, (unsigned long long)c->rx_expect(),
+           (h.flags & kLeaveFirst) ? " (it leaves first)" : "");
     // Why it left (its side's reason), for sdirect-stat here too.
     const std::uint32_t why = h.flags >> 8;
     if (why && why < std::uint32_t(Reason::count_) &&
@@ -131,11 +139,19 @@ void Engine::on_leave(Conn *c, const MsgHeader &h) noexcept {
     c->rearm = why == std::uint32_t(Reason::shared) && c->fin_off == kNoOffset &&
                !c->tx_fin.load(std::memory_order_relaxed) && !c->broken &&
                c->tx_end.load(std::memory_order_acquire) == kNoOffset;
+    // Our own leave is owed (a no-op if we sent ours already): the next
+    // holder of the send lock, or the flush pass, sends it. Owed before
+    // the state says leaving, never after: a send that holds the send lock
+    // (it does not take rx_lock) and finds the connection not direct
+    // writes to the kernel at once unless it sees our leave owed, and our
+    // leave sent after such bytes would end our fabric stream past them,
+    // so the peer would wait for fabric bytes that went to the kernel.
+    // The flush pass may send the leave before the state below changes:
+    // everything above is set by then (rearm looks at tx_end).
+    c->leave_due.store(true, std::memory_order_release);
     ConnState expect = ConnState::direct;
     c->state.compare_exchange_strong(expect, ConnState::leaving);
-    // Our own leave is owed (a no-op if we sent ours already): the next
-    // holder of the send lock, or the flush pass, sends it.
-    c->leave_due.store(true, std::memory_order_release);
+    if (const std::uint32_t us = settings().leave_pause_us) pause_us(us);
     want_flush(c);
     c->settle_left_locked();
 }
@@ -363,9 +379,21 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
         if (answered(c) || !peer_alive(c->peer)) break;
         const std::uint64_t now = monotonic_ns();
         if (now >= deadline) {
-            SD_LOG(error, "fd %d: peer pid %d did not answer our leave in %u ms: its bytes stay "
-                          "on the fabric for this process", fd, int(c->peer->pid),
-                   settings().leave_timeout_ms);
+            std::uint64_t end, arrived;
+            {
+                std::lock_guard rx(c->rx_lock);
+                end = c->peer_end;
+                arrived = c->rx_expect();
+            }
+            if (end == kNoOffset)
+                SD_LOG(error, "fd %d: peer pid %d did not answer our leave in %u ms: its bytes "
+                              "stay on the fabric for this process", fd, int(c->peer->pid),
+                       settings().leave_timeout_ms);
+            else
+                SD_LOG(error, "fd %d: peer pid %d ended its fabric stream at %llu, but its bytes "
+                              "from %llu did not arrive in %u ms: they stay on the fabric for "
+                              "this process", fd, int(c->peer->pid), (unsigned long long)end,
+                       (unsigned long long)arrived, settings().leave_timeout_ms);
             return -ETIMEDOUT;
         }
         if (now >= kick_at) {

@@ -76,6 +76,10 @@ constexpr Setting table[] = {
      "Longest wait for a peer to answer when a direct connection goes back "
      "to the kernel (shared after fork, exec): on expiry the process that "
      "asked gets EIO on it and the log says why."},
+    {"SDIRECT_LEAVE_PAUSE_US", SettingKind::integer, "0",
+     "For tests: microseconds the delivery of a peer's leave pauses once "
+     "this side's senders can see the connection leaving, which widens the "
+     "window in which a send of ours races our answer. 0: no pause."},
     {"SDIRECT_ENGINE_WAIT_MS", SettingKind::integer, "1000",
      "How long connect() and accept() may wait for the process's fabric "
      "engine while it is first built (libfabric takes a few hundred ms to "
@@ -181,6 +185,7 @@ void load_settings() noexcept {
     values.same_process = boolean(Key::same_process);
     values.upgrade_timeout_ms = integer(Key::upgrade_timeout_ms);
     values.leave_timeout_ms = integer(Key::leave_timeout_ms);
+    values.leave_pause_us = integer(Key::leave_pause_us);
     values.engine_wait_ms = integer(Key::engine_wait_ms);
     values.stats_file = copy(raw(Key::stats_file));
     values.protocols = copy(raw(Key::protocols));

@@ -38,6 +38,7 @@ enum class Key : std::uint8_t {
     same_process,
     upgrade_timeout_ms,
     leave_timeout_ms,
+    leave_pause_us,
     engine_wait_ms,
     stats_file,
     count_
@@ -62,6 +63,7 @@ struct Settings {
     bool same_process;        // accelerate connections within one process
     std::uint32_t upgrade_timeout_ms;
     std::uint32_t leave_timeout_ms;  // longest wait for a peer to answer our leave
+    std::uint32_t leave_pause_us;    // tests: a peer's leave is delivered this much slower
     std::uint32_t engine_wait_ms;  // connect/accept wait this long for the engine
     const char *stats_file;   // counters appended here at exit ("" = off)
     const char *protocols;    // thresholds, auto, buffered, ring, zcopy (protocol.hpp)
