@@ -12,6 +12,7 @@
 #include <csignal>
 #include <ctime>
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -205,27 +206,51 @@ const SpinTable &spin_table() noexcept {
 
 }  // namespace
 
+namespace {
+
+// This thread's record of its spins: failures in a row, and how many
+// waits still go without spinning.
+struct SpinHistory {
+    unsigned fails = 0;
+    unsigned skip = 0;
+};
+thread_local SpinHistory spin_history;
+
+inline constexpr unsigned kMaxSpinSkip = 64;
+
+}  // namespace
+
 std::uint64_t SpinSlot::start(std::uint64_t now, std::uint64_t ns) noexcept {
     if (held_ || !ns) return now + ns;
     const SpinTable &t = spin_table();
     if (!t.slots) return now + ns;
-    for (int i = 0; i < t.count; ++i) {
-        std::uint64_t v = t.slots[i].load(std::memory_order_relaxed);
-        if ((v == 0 || now - v > kStaleSpinNs) &&
-            t.slots[i].compare_exchange_strong(v, now, std::memory_order_acq_rel)) {
-            held_ = &t.slots[i];
-            stamp_ = now;
-            return now + ns;
-        }
+    if (spin_history.skip) {
+        --spin_history.skip;
+        return now;
+    }
+    const int cpu = sched_getcpu();
+    std::atomic<std::uint64_t> &slot = t.slots[cpu < 0 ? 0 : cpu % t.count];
+    std::uint64_t v = slot.load(std::memory_order_relaxed);
+    if ((v == 0 || now - v > kStaleSpinNs) &&
+        slot.compare_exchange_strong(v, now, std::memory_order_acq_rel)) {
+        held_ = &slot;
+        stamp_ = now;
+        return now + ns;
     }
     return now;
 }
 
-void SpinSlot::release() noexcept {
+void SpinSlot::drop(bool satisfied) noexcept {
     if (!held_) return;
     std::uint64_t mine = stamp_;
     held_->compare_exchange_strong(mine, 0, std::memory_order_acq_rel);
     held_ = nullptr;
+    SpinHistory &h = spin_history;
+    if (satisfied) {
+        h.fails = 0;
+    } else if (++h.fails >= 2) {
+        h.skip = std::min(1u << std::min(h.fails - 2, 6u), kMaxSpinSkip);
+    }
 }
 
 }  // namespace sd::transport

@@ -31,25 +31,34 @@ int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int tim
 // Wakes every thread in sleep_on_fds (called on each delivery).
 void wake_pollers() noexcept;
 
-// Spinning pays only while a CPU is free for it: on a host with more
-// waiters than CPUs (8 pgbench clients and their 8 servers on 2 CPUs) a
-// spinner takes the CPU the process it waits for needs. So a waiter spins
-// only while it holds one of the host's spin slots, one per online CPU, in
-// the registry file "spin" (shared by every process of this user). A slot
-// is a claim time; one older than 50 ms belongs to a waiter that died.
-// Without the file, everyone spins.
+// Spinning pays only while a CPU is free for it and the answer comes
+// within the spin. So a waiter spins only while it holds the spin slot of
+// the CPU it runs on (the registry file "spin", shared by every process of
+// this user; a slot is a claim time, one older than 50 ms belongs to a
+// waiter that died): on a host with more waiters than CPUs (8 pgbench
+// clients and their 8 servers on 2 CPUs) at most one waiter per CPU burns
+// it, and a lone process on its CPU always may. And a thread whose spins
+// keep ending in a sleep stops spinning for a while (1, 2, 4 ... 64 waits
+// after the second failure in a row, probing between), so a waiter whose
+// peer shares its CPU does not spin away the time that peer needs. A spin
+// fails when release() is called (the waiter goes to sleep), succeeds
+// when the slot is dropped with the wait over. Without the file, everyone
+// spins.
 class SpinSlot {
   public:
     SpinSlot() = default;
     SpinSlot(const SpinSlot &) = delete;
     SpinSlot &operator=(const SpinSlot &) = delete;
-    ~SpinSlot() { release(); }
-    // The end of a spin of `ns` starting at `now`: now + ns with a slot
-    // (kept until release), `now` (no spin) when every slot is taken.
+    ~SpinSlot() { drop(true); }
+    // The end of a spin of `ns` starting at `now`: now + ns with the slot
+    // (kept until release), `now` (no spin) when the slot is taken or this
+    // thread's spins have been failing.
     std::uint64_t start(std::uint64_t now, std::uint64_t ns) noexcept;
-    void release() noexcept;
+    // The spin is over without what it waited for: the caller sleeps.
+    void release() noexcept { drop(false); }
 
   private:
+    void drop(bool satisfied) noexcept;
     std::atomic<std::uint64_t> *held_ = nullptr;
     std::uint64_t stamp_ = 0;
 };
