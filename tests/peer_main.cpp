@@ -44,6 +44,7 @@ constexpr Entry drivers[] = {
     {"zc-buffers", drive_zc_buffers},
     {"zc-torture", drive_zc_torture},
     {"zc-peer-dies", drive_zc_peer_dies},
+    {"zc-sink-cancel", drive_zc_sink_cancel},
     {"pingpong", drive_pingpong},
     {"peek", drive_peek},
     {"waitall", drive_waitall},

@@ -47,8 +47,10 @@ static_assert(sizeof(Entry) == 128);
 // request/reply: an upgrade (below). leave: a process that holds one of
 // our direct sockets (a fork child, or a vfork child about to exec) asks
 // us to move it back to the kernel; one fd (the socket, as proof); the
-// reply's status says whether we did.
-enum class CtlType : std::uint16_t { request = 1, reply = 2, leave = 3 };
+// reply's status says whether we did. progress: a peer waits for our
+// answer on the fabric (a sink_cancel) while none of our threads may be
+// in the library: the control thread progresses once; no fd, no reply.
+enum class CtlType : std::uint16_t { request = 1, reply = 2, leave = 3, progress = 4 };
 
 // Control message, one SEQPACKET datagram. A request carries two fds (the
 // initiator's TCP socket as proof, its doorbell); an accepting reply one
@@ -589,6 +591,26 @@ int ask_owner_to_leave(pid_t owner, int fd, Reason why) noexcept {
     return rc;
 }
 
+void Engine::kick(const Peer *p) noexcept {
+    if (!p || p->pid == pid_) {
+        progress();
+        return;
+    }
+    CtlMsg req = reply_to(pid_, CtlType::progress);
+    char path[108];
+    ctl_path(path, sizeof path, p->pid);
+    // Non-blocking: a full backlog means its control thread is busy, and
+    // the next kick tries again.
+    int s = sys.socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (s < 0) return;
+    sockaddr_un sa{};
+    sa.sun_family = AF_UNIX;
+    std::memcpy(sa.sun_path, path, sizeof path);
+    if (sys.connect(s, reinterpret_cast<sockaddr *>(&sa), sizeof sa) == 0)
+        (void)send_ctl(s, req, nullptr, 0);
+    sys.close(s);
+}
+
 void Engine::handle_leave(int fd, pid_t pid, const Tuple &tuple, int proof, Reason why) noexcept {
     CtlMsg rep = reply_to(pid_, CtlType::reply);
     Tuple proven;
@@ -611,6 +633,12 @@ void Engine::handle_request(int fd) noexcept {
     int fds[2];
     if (recv_ctl(fd, req, fds, 2) != 0) return;
     int proof = fds[0], bell = fds[1];
+    if (req.type == std::uint16_t(CtlType::progress)) {
+        for (int f : fds)
+            if (f >= 0) sys.close(f);
+        if (peer_cred_ok(fd, req.pid)) progress();
+        return;
+    }
     if (req.type == std::uint16_t(CtlType::leave)) {
         if (bell >= 0) sys.close(bell);
         return handle_leave(fd, req.pid, req.tuple, proof,

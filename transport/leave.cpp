@@ -239,6 +239,7 @@ void Engine::rearm_locked(Conn *c) noexcept {
     c->sink_total = 0;
     c->psink = PeerSink{};
     c->psink_valid.store(false, std::memory_order_relaxed);
+    c->psink_last = c->psink_busy = 0;  // the next peer numbers its sinks afresh
     c->tx_fabric = false;
     c->tx_ring = 0;
     c->credits.store(0, std::memory_order_relaxed);
