@@ -628,7 +628,10 @@ ssize_t Stream::recv(const iovec *iov, int iovcnt, int flags) noexcept {
             iovec piece{};
             slice(iov, iovcnt, done, total - done, &piece, 1);
             if (piece.iov_len >= sink_min) {
-                ssize_t n = recv_sink(c, piece, deadline, tmo);
+                // The sink's wait spins on our slot (one waiter, one of
+                // the host's slots), in a window of its own.
+                ssize_t n = recv_sink(c, piece, deadline, tmo, slot);
+                if (n != -EALREADY) spin_until = 0;
                 if (n > 0) {
                     done += std::size_t(n);
                     if (!(flags & MSG_WAITALL) || done == total) return ssize_t(done);
@@ -737,12 +740,11 @@ ssize_t Stream::try_recv(Conn *c, const iovec *iov, int iovcnt, std::size_t skip
 }
 
 ssize_t Stream::recv_sink(Conn *c, const iovec &piece, std::uint64_t deadline,
-                          std::int64_t tmo) noexcept {
+                          std::int64_t tmo, transport::SpinSlot &slot) noexcept {
     const auto len = std::uint32_t(std::min<std::size_t>(piece.iov_len, transport::kMaxSink));
     // A bad buffer: the usual way reports EFAULT when bytes come.
     if (!transport::writable(piece.iov_base, len)) return -EALREADY;
     if (engine->advertise_sink(c, piece.iov_base, len) != 0) return -EALREADY;
-    transport::SpinSlot slot;
     const std::uint64_t spin_until =
         slot.start(monotonic_ns(), std::uint64_t(transport::settings().spin_us) * 1000);
     // Waiting for the peer's word: it claimed the sink (one host) or was
@@ -1076,7 +1078,12 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
     // until it fills or a write without them comes.
     const bool more = (flags & MSG_MORE) || cork.load(std::memory_order_relaxed);
     // Write zero-copy: the peer's recv waits on its own buffer for these
-    // bytes; the rest (if any) goes the usual way.
+    // bytes; the rest (if any) goes the usual way. To a peer that
+    // advertises, a large send looks at the fabric first: an advertisement
+    // that came while the caller was busy (copying what it read) would
+    // otherwise be found only after our own bytes had crossed it.
+    if (!more && !c->staged && total > chunk && c->psink_seen.load(std::memory_order_relaxed))
+        engine->progress();
     if (!more && !c->staged && c->psink_valid.load(std::memory_order_acquire)) {
         long r = engine->take_sink(c, iov, iovcnt, total);
         if (r == -EPIPE) return epipe(flags);

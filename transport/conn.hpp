@@ -166,6 +166,7 @@ struct Conn {
     std::uint64_t sink_total = 0;   // stream bytes the peer wrote into our buffers
     PeerSink psink;                 // the peer's recv buffer (send side)
     std::atomic<bool> psink_valid{false};
+    std::atomic<bool> psink_seen{false};  // the peer has advertised sinks (read without a lock)
     std::uint64_t psink_last = 0;   // the highest sink number the peer advertised
     std::uint64_t psink_busy = 0;   // the registered sink a sender is writing (its seq)
     fid_mr *sink_mr = nullptr;      // our sink's registration (rma)

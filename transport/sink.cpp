@@ -380,6 +380,7 @@ void Engine::on_sink_avail(Conn *c, const MsgHeader &h, const char *payload) noe
         return;
     }
     c->psink_last = body.seq;
+    c->psink_seen.store(true, std::memory_order_relaxed);
     c->psink = PeerSink{body.seq, h.offset, body.addr, body.key, h.flags};
     c->psink_valid.store(true, std::memory_order_release);
 }
