@@ -755,7 +755,11 @@ namespace {
 // operation given up while pending (its peer died) is left to its
 // completion, which may come later or never, and the thread takes a new
 // one (complete_write deletes the old one if it ever completes).
-thread_local WriteOp *rma_slot = nullptr;
+struct RmaSlot {
+    WriteOp *op = nullptr;
+    ~RmaSlot() { delete op; }  // never pending outside rma()
+};
+thread_local RmaSlot rma_slot;
 }  // namespace
 
 void Engine::complete_write(WriteOp *op, int state) noexcept {
@@ -764,8 +768,8 @@ void Engine::complete_write(WriteOp *op, int state) noexcept {
 
 int Engine::rma(Conn *c, const iovec *iov, int iovcnt, const fi_rma_iov *remote, int nremote,
                 bool write, std::uint64_t flags) noexcept {
-    if (!rma_slot) rma_slot = new (std::nothrow) WriteOp;
-    WriteOp *op = rma_slot;
+    if (!rma_slot.op) rma_slot.op = new (std::nothrow) WriteOp;
+    WriteOp *op = rma_slot.op;
     if (!op) return -ENOMEM;
     op->state.store(0, std::memory_order_relaxed);
     fi_msg_rma msg{};
@@ -811,7 +815,7 @@ int Engine::rma(Conn *c, const iovec *iov, int iovcnt, const fi_rma_iov *remote,
         // The peer died with the operation pending (shm reports a failed
         // copy of its fast path on the receive CQ, without our context):
         // nothing of it counts; the slot goes with it.
-        rma_slot = nullptr;
+        rma_slot.op = nullptr;
         const int was = op->state.exchange(kOpAbandoned, std::memory_order_acq_rel);
         if (was == 0) return write ? -EPIPE : -EIO;
         delete op;  // it completed meanwhile
