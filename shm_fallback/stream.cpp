@@ -123,13 +123,19 @@ bool zcopy_answered(void *ctx) noexcept {
            zcopy_should_yield(c);
 }
 
+// Something arrived or changed that ends a recv's sink or needs the recv to
+// end it (rx_lock held).
+bool sink_event_locked(Conn *c) noexcept {
+    return c->sink.done || c->sink.over || !c->sink.active || c->ring_bytes() || c->zc.active ||
+           c->fin_off != kNoOffset || c->peer_end != kNoOffset || c->gone() || !c->is_direct() ||
+           c->rx_expect() != c->sink.off;
+}
+
 // A recv waiting on its sink: written, or something else to look at.
 bool sink_over(void *ctx) noexcept {
     auto *c = static_cast<Conn *>(ctx);
     std::lock_guard lock(c->rx_lock);
-    return c->sink.done || c->ring_bytes() || c->zc.active || c->fin_off != kNoOffset ||
-           c->peer_end != kNoOffset || c->gone() || !c->is_direct() ||
-           c->rx_expect() != c->sink.off;
+    return sink_event_locked(c);
 }
 
 bool state_changed(void *ctx) noexcept {
@@ -622,7 +628,10 @@ ssize_t Stream::recv(const iovec *iov, int iovcnt, int flags) noexcept {
             iovec piece{};
             slice(iov, iovcnt, done, total - done, &piece, 1);
             if (piece.iov_len >= sink_min) {
-                ssize_t n = recv_sink(c, piece, deadline, tmo);
+                // The sink's wait spins on our slot (one waiter, one of
+                // the host's slots), in a window of its own.
+                ssize_t n = recv_sink(c, piece, deadline, tmo, slot);
+                if (n != -EALREADY) spin_until = 0;
                 if (n > 0) {
                     done += std::size_t(n);
                     if (!(flags & MSG_WAITALL) || done == total) return ssize_t(done);
@@ -731,61 +740,55 @@ ssize_t Stream::try_recv(Conn *c, const iovec *iov, int iovcnt, std::size_t skip
 }
 
 ssize_t Stream::recv_sink(Conn *c, const iovec &piece, std::uint64_t deadline,
-                          std::int64_t tmo) noexcept {
-    const auto len = std::uint32_t(std::min<std::size_t>(piece.iov_len, 1u << 30));
+                          std::int64_t tmo, transport::SpinSlot &slot) noexcept {
+    const auto len = std::uint32_t(std::min<std::size_t>(piece.iov_len, transport::kMaxSink));
     // A bad buffer: the usual way reports EFAULT when bytes come.
     if (!transport::writable(piece.iov_base, len)) return -EALREADY;
     if (engine->advertise_sink(c, piece.iov_base, len) != 0) return -EALREADY;
-    transport::SpinSlot slot;
     const std::uint64_t spin_until =
         slot.start(monotonic_ns(), std::uint64_t(transport::settings().spin_us) * 1000);
-    bool claimed = false;  // the peer is writing it: only its word ends it
+    // Waiting for the peer's word: it claimed the sink (one host) or was
+    // asked to end it (registered); only that word, or its loss, ends it.
+    bool asked = false;
+    std::uint64_t asked_at = 0;
+    bool interrupted = false;
+    // Every way out: the sink is over (deregistered), its bytes counted.
+    auto over = [&]() -> ssize_t {
+        const std::uint32_t got = engine->finish_sink(c);
+        return got ? ssize_t(got) : interrupted ? -EINTR : -EAGAIN;
+    };
     for (;;) {
         engine->progress();
-        bool other;
+        bool ended, other;
         {
             std::lock_guard lock(c->rx_lock);
-            if (c->sink.done) {
-                std::uint32_t got = transport::Engine::finish_sink_locked(c);
-                c->wake_locked();  // other readers: the offsets moved
-                return got ? ssize_t(got) : -EAGAIN;
-            }
-            other = c->ring_bytes() || c->zc.active || c->fin_off != kNoOffset ||
-                    c->peer_end != kNoOffset || c->gone() || !c->is_direct() ||
-                    c->rx_expect() != c->sink.off;
+            ended = c->sink.done || c->sink.over || !c->sink.active;
+            other = sink_event_locked(c);
         }
-        if (claimed) {
-            if (!c->gone() && engine->peer_alive(c->peer)) {
-                (void)transport::sleep_once(engine, c, -1, 0, sink_over, c, 10);
-                continue;
-            }
-            // Its writer died before its word: nothing of it counts.
-            std::lock_guard lock(c->rx_lock);
-            (void)transport::Engine::finish_sink_locked(c);
-            return -EAGAIN;
+        if (ended) return over();
+        if (asked) {
+            if (engine->sink_writer_lost(c, asked_at)) return over();
+            (void)transport::sleep_once(engine, c, -1, 0, sink_over, c, 10);
+            continue;
         }
         const std::uint64_t now = monotonic_ns();
-        if (other || (deadline && now >= deadline)) {
-            if (engine->cancel_sink(c) == 0) return -EAGAIN;
-            claimed = true;
-            continue;
-        }
-        if (now < spin_until) continue;
-        slot.release();
         // The companion socket too: its EOF or error (the peer died) is
         // for the usual way to sort out.
-        pollfd p{kfd(), POLLIN | POLLRDHUP, 0};
-        if (sys.poll(&p, 1, 0) > 0) {
-            if (engine->cancel_sink(c) == 0) return -EAGAIN;
-            claimed = true;
-            continue;
+        bool end = other || (deadline && now >= deadline);
+        if (!end && now >= spin_until) {
+            slot.release();
+            pollfd p{kfd(), POLLIN | POLLRDHUP, 0};
+            end = sys.poll(&p, 1, 0) > 0;
+            if (!end) {
+                int w = transport::sleep_once(engine, c, kfd(), POLLIN | POLLRDHUP, sink_over, c,
+                                              ms_until(deadline));
+                end = interrupted = w == -EINTR && !keep_going_after_eintr(tmo);
+            }
         }
-        int w = transport::sleep_once(engine, c, kfd(), POLLIN | POLLRDHUP, sink_over, c,
-                                      ms_until(deadline));
-        if (w == -EINTR && !keep_going_after_eintr(tmo)) {
-            if (engine->cancel_sink(c) == 0) return -EINTR;
-            claimed = true;
-        }
+        if (!end) continue;
+        if (engine->cancel_sink(c) == 0) return over();
+        asked = true;
+        asked_at = monotonic_ns();
     }
 }
 
@@ -899,7 +902,7 @@ long Stream::send_zcopy(Conn *c, const char *buf, std::uint32_t len, std::uint64
         if (kick_at && now >= kick_at) {
             // No answer yet: the reader may be busy outside the library,
             // so its control thread answers the cancellation.
-            (void)transport::kick(c->peer->pid);
+            engine->kick(c->peer);
             kick_at = now + kKickAgainNs;
         }
         if (now < spin_until) continue;
@@ -1100,7 +1103,12 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
     // until it fills or a write without them comes.
     const bool more = (flags & MSG_MORE) || cork.load(std::memory_order_relaxed);
     // Write zero-copy: the peer's recv waits on its own buffer for these
-    // bytes; the rest (if any) goes the usual way.
+    // bytes; the rest (if any) goes the usual way. To a peer that
+    // advertises, a large send looks at the fabric first: an advertisement
+    // that came while the caller was busy (copying what it read) would
+    // otherwise be found only after our own bytes had crossed it.
+    if (!more && !c->staged && total > chunk && c->psink_seen.load(std::memory_order_relaxed))
+        engine->progress();
     if (!more && !c->staged && c->psink_valid.load(std::memory_order_acquire)) {
         long r = engine->take_sink(c, iov, iovcnt, total);
         if (r == -EPIPE) return epipe(flags);

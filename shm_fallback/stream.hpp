@@ -8,6 +8,7 @@
 #include "sharers.hpp"
 #include "transport/conn.hpp"
 #include "transport/engine.hpp"
+#include "transport/wait.hpp"
 
 #include <atomic>
 #include <cstdint>
@@ -188,9 +189,9 @@ class Stream {
     // buffer of the caller's) is advertised and the peer's next send
     // writes into it. Bytes written, -EAGAIN (over without bytes: other
     // bytes came first, or the deadline), -EINTR, or -EALREADY (not
-    // possible now: the usual wait).
+    // possible now: the usual wait). It spins on the caller's `slot`.
     ssize_t recv_sink(transport::Conn *c, const iovec &piece, std::uint64_t deadline,
-                      std::int64_t tmo) noexcept;
+                      std::int64_t tmo, transport::SpinSlot &slot) noexcept;
 };
 
 }  // namespace sd::fallback

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -386,6 +387,98 @@ void drive_zc_eintr(int *fd, const Options &opt) {
     send_exit(*fd);
 }
 
+namespace {
+
+std::atomic<int> sink_signals{0};
+void on_sink_signal(int) { sink_signals.fetch_add(1, std::memory_order_relaxed); }
+
+}  // namespace
+
+// Large receives (advertised recv buffers) that end in their SO_RCVTIMEO
+// or in a signal without SA_RESTART while the responder's bytes are on
+// their way: the responder sends each round after a random pause, with
+// random gaps, and a helper thread signals us every few milliseconds
+// while we receive. Every byte must arrive once, in order: a recv that
+// returns EAGAIN or EINTR took nothing, one that returns data took
+// exactly the next bytes. With --silent, one round's responder pauses
+// longer than the library's bound on a cancel's answer (1 s).
+void drive_zc_sink_cancel(int *fd, const Options &opt) {
+    const int s = *fd;
+    const auto rounds = std::uint32_t(opt.num("rounds", 24));
+    const auto timeout_ms = std::uint32_t(opt.num("timeout-ms", 10));
+    const bool silent = opt.num("silent", 0) != 0;
+    Rng rng{seed_of(opt, 70)};
+    struct sigaction sa{};
+    sa.sa_handler = on_sink_signal;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGUSR1, &sa, nullptr) != 0) fail("sigaction: %s", errno_name(errno));
+    timeval tv{0, suseconds_t(timeout_ms) * 1000};
+    if (setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0)
+        fail("setsockopt(SO_RCVTIMEO): %s", errno_name(errno));
+    std::atomic<bool> receiving{false}, stop{false};
+    const pthread_t self = pthread_self();
+    std::thread signaller([&] {
+        Rng r{seed_of(opt, 71)};
+        while (!stop.load()) {
+            sleep_us(8000 + r.below(32000));
+            if (receiving.load()) pthread_kill(self, SIGUSR1);
+        }
+    });
+    const std::uint32_t pauses_us[] = {0, 5000, 20000, 40000};
+    const std::uint32_t gaps_us[] = {0, 0, 3000, 10000};
+    std::uint64_t timeouts = 0, interrupts = 0, moved = 0;
+    std::vector<char> buf;
+    for (std::uint32_t r = 0; r < rounds; ++r) {
+        Cmd cmd;
+        cmd.op = Op::send;
+        cmd.api = std::uint32_t(Tx::send);
+        cmd.size = 65536 + rng.below(2u << 20);
+        cmd.seed = seed_of(opt, 200 + r);
+        cmd.chunk = std::uint32_t(16384 + rng.below(1u << 20));
+        cmd.pre_delay_us = silent && r == rounds / 2 ? 1300000 : pauses_us[rng.below(4)];
+        cmd.gap_us = gaps_us[rng.below(4)];
+        send_cmd(s, cmd);
+        receiving.store(true);
+        for (std::uint64_t off = 0, calls = 0; off < cmd.size; ++calls) {
+            if (calls > 100000) fail("sink-cancel: no progress after %llu calls", (unsigned long long)calls);
+            const std::size_t want = std::size_t(65536 + rng.below(2u << 20));
+            if (buf.size() < want) buf.resize(want);
+            const std::uint64_t start = now_ns();
+            ssize_t n = recv(s, buf.data(), want, rng.below(4) == 0 ? MSG_WAITALL : 0);
+            const int err = errno;
+            const double took = double(now_ns() - start) / 1e9;
+            if (n < 0 && (err == EAGAIN || err == EWOULDBLOCK || err == EINTR)) {
+                // The timeout plus, at worst, the wait for a silent
+                // responder's answer, on a loaded host.
+                if (took > double(timeout_ms) / 1000 + 3.0)
+                    fail("recv returned %s after %.3f s (SO_RCVTIMEO %u ms)", errno_name(err),
+                         took, timeout_ms);
+                ++(err == EINTR ? interrupts : timeouts);
+                continue;
+            }
+            if (n <= 0)
+                fail("sink-cancel: recv of %zu at offset %llu returned %zd (%s)", want,
+                     (unsigned long long)off, n, n < 0 ? errno_name(err) : "EOF");
+            pattern_expect(cmd.seed, off, buf.data(), std::size_t(n), "sink-cancel: received bytes");
+            count_rx(s, std::uint64_t(n));
+            off += std::uint64_t(n);
+            moved += std::uint64_t(n);
+        }
+        receiving.store(false);
+    }
+    stop.store(true);
+    signaller.join();
+    // Signals still on their way land here, with nothing blocked.
+    sleep_us(20000);
+    signal(SIGUSR1, SIG_IGN);
+    note("sink-cancel: %llu bytes, %llu timeouts, %llu interrupted, %d signals",
+         (unsigned long long)moved, (unsigned long long)timeouts, (unsigned long long)interrupts,
+         sink_signals.load());
+    if (!timeouts || !interrupts)
+        fail("sink-cancel: the scenario saw %llu timeouts and %llu interrupted receives; it "
+             "needs both", (unsigned long long)timeouts, (unsigned long long)interrupts);
+    send_exit(s);
+}
 
 // The responder kills itself (SIGKILL) in the middle of a transfer:
 // --way in: while it sends us large pieces (read zero-copy advertisements,

@@ -16,6 +16,7 @@ void drive_zc_torture(int *fd, const Options &opt);
 void drive_zc_peer_dies(int *fd, const Options &opt);
 void drive_zc_sndtimeo(int *fd, const Options &opt);
 void drive_zc_eintr(int *fd, const Options &opt);
+void drive_zc_sink_cancel(int *fd, const Options &opt);
 
 // Stream content and receive flags (peer_drive_stream.cpp).
 void drive_bulk(int *fd, const Options &opt);

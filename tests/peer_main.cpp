@@ -46,6 +46,7 @@ constexpr Entry drivers[] = {
     {"zc-peer-dies", drive_zc_peer_dies},
     {"zc-sndtimeo", drive_zc_sndtimeo},
     {"zc-eintr", drive_zc_eintr},
+    {"zc-sink-cancel", drive_zc_sink_cancel},
     {"pingpong", drive_pingpong},
     {"peek", drive_peek},
     {"waitall", drive_waitall},

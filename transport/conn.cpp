@@ -104,6 +104,13 @@ void Engine::detach(Conn *c) noexcept {
         Guard guard;
         fi_close(&c->ring_mr->fid);
     }
+    // A sink's recv holds the socket until its sink is over: none is left
+    // registered here, but a registration must not outlive the connection.
+    if (c->sink_mr) {
+        Guard guard;
+        fi_close(&c->sink_mr->fid);
+        sink_bytes_.fetch_sub(c->sink_held, std::memory_order_relaxed);
+    }
     std::free(c->ring);
     std::free(c->stage);
     std::free(c->back);

@@ -71,10 +71,17 @@ struct SrcAvail {
 // Write zero-copy (SDP SinkAvail), receive side: our application's recv
 // buffer, advertised to the peer while the recv waits (under rx_lock). At
 // most one per connection; the recv that made it returns only once it is
-// over: written (done, `got` bytes) or cancelled through the claim word.
+// over: written (done, `got` bytes), cancelled through the claim word (one
+// host), or, registered (`rma`), once the peer can no longer write it:
+// `over` (a stream message of the peer came after it, or the peer's
+// answer of 0 to our sink_cancel), or deregistered (peer gone, no answer).
 struct SinkAvail {
     bool active = false;
     bool done = false;
+    bool rma = false;       // registered, written by the provider's RMA
+    bool over = false;      // rma: the peer will never write it
+    bool asked = false;     // rma: our sink_cancel is sent
+    std::uint64_t kicked_ns = 0;  // rma: when we last made the peer progress
     std::uint64_t seq = 0;  // its number in the claim word
     std::uint64_t off = 0;  // stream offset of its first byte
     std::uint32_t len = 0, got = 0;
@@ -85,8 +92,10 @@ struct SinkAvail {
 // says whether there is one).
 struct PeerSink {
     std::uint64_t seq = 0, off = 0, addr = 0;
+    std::uint64_t key = 0;  // kSrcNoKey: one host, the claim word
     std::uint32_t len = 0;
 };
+
 
 struct Conn {
     std::uint32_t id = 0;
@@ -119,6 +128,10 @@ struct Conn {
     // sent) but credits were short: progress() sends them when credits come.
     std::atomic<bool> flush_due{false};
     std::uint64_t tx_ring = 0;      // fabric bytes sent = the peer's ring tail
+    // Offset of our last stream message (wire.hpp is_stream_msg), set by
+    // post(): a registered sink of the peer at or before it is never
+    // written (the peer reads that message as the sink's end).
+    std::atomic<std::uint64_t> tx_mark{kNoOffset};
     // Read zero-copy, send side: the peer's answer to our advertisement
     // (src_done): its offset, then how many bytes were read.
     std::atomic<std::uint64_t> zc_answer_off{kNoOffset};
@@ -153,6 +166,11 @@ struct Conn {
     std::uint64_t sink_total = 0;   // stream bytes the peer wrote into our buffers
     PeerSink psink;                 // the peer's recv buffer (send side)
     std::atomic<bool> psink_valid{false};
+    std::atomic<bool> psink_seen{false};  // the peer has advertised sinks (read without a lock)
+    std::uint64_t psink_last = 0;   // the highest sink number the peer advertised
+    std::uint64_t psink_busy = 0;   // the registered sink a sender is writing (its seq)
+    fid_mr *sink_mr = nullptr;      // our sink's registration (rma)
+    std::uint32_t sink_held = 0;    // bytes of the sink budget it holds
     WaiterList waiters;
     std::atomic<std::uint32_t> unreturned{0};  // consumed, credits not yet returned
 

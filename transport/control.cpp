@@ -47,8 +47,10 @@ static_assert(sizeof(Entry) == 128);
 // request/reply: an upgrade (below). leave: a process that holds one of
 // our direct sockets (a fork child, or a vfork child about to exec) asks
 // us to move it back to the kernel; one fd (the socket, as proof); the
-// reply's status says whether we did. kick: a peer asks for one progress
-// pass (no fds, no reply; harmless from anyone).
+// reply's status says whether we did. kick: a peer waits for our answer
+// on the fabric (a cancelled advertisement, a leave) while none of our
+// threads may be in the library: the control thread progresses once; no
+// fd, no reply.
 enum class CtlType : std::uint16_t { request = 1, reply = 2, leave = 3, kick = 4 };
 
 // Control message, one SEQPACKET datagram. A request carries two fds (the
@@ -590,24 +592,24 @@ int ask_owner_to_leave(pid_t owner, int fd, Reason why) noexcept {
     return rc;
 }
 
-int kick(pid_t pid) noexcept {
-    Guard guard;
-    CtlMsg m = reply_to(getpid(), CtlType::kick);
+void Engine::kick(const Peer *p) noexcept {
+    if (!p || p->pid == pid_) {
+        progress();
+        return;
+    }
+    CtlMsg req = reply_to(pid_, CtlType::kick);
     char path[108];
-    ctl_path(path, sizeof path, pid);
-    int s = sys.socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    if (s < 0) return -errno;
-    timeval tv{0, 100000};
-    sys.setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    ctl_path(path, sizeof path, p->pid);
+    // Non-blocking: a full backlog means its control thread is busy, and
+    // the next kick tries again.
+    int s = sys.socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (s < 0) return;
     sockaddr_un sa{};
     sa.sun_family = AF_UNIX;
     std::memcpy(sa.sun_path, path, sizeof path);
-    int rc = 0;
-    if (sys.connect(s, reinterpret_cast<sockaddr *>(&sa), sizeof sa) != 0 ||
-        send_ctl(s, m, nullptr, 0) != sizeof m)
-        rc = -errno;
+    if (sys.connect(s, reinterpret_cast<sockaddr *>(&sa), sizeof sa) == 0)
+        (void)send_ctl(s, req, nullptr, 0);
     sys.close(s);
-    return rc;
 }
 
 void Engine::handle_leave(int fd, pid_t pid, const Tuple &tuple, int proof, Reason why) noexcept {
@@ -635,7 +637,7 @@ void Engine::handle_request(int fd) noexcept {
     if (req.type == std::uint16_t(CtlType::kick)) {
         for (int f : fds)
             if (f >= 0) sys.close(f);
-        progress();
+        if (peer_cred_ok(fd, req.pid)) progress();
         return;
     }
     if (req.type == std::uint16_t(CtlType::leave)) {

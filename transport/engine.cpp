@@ -1,5 +1,6 @@
 #include "engine.hpp"
 #include "memguard.hpp"
+#include "sink.hpp"
 #include "wait.hpp"
 
 #include "log.hpp"
@@ -288,6 +289,7 @@ int Engine::open_fabric() noexcept {
     rma_iov_limit_ = ep_.rma_iov_limit;
     cma_ok_ = settings().cma && !std::strcmp(settings().provider, "shm");
     if (cma_ok_) rma_iov_limit_ = kMaxRmaIov;
+    sink_write_flags_ = sink_write_flags(ep_.info);
     if (ep_.inject_size < sizeof(MsgHeader) + 64) {
         SD_LOG(error, "provider inject size %zu too small", ep_.inject_size);
         return -ENOTSUP;
@@ -310,7 +312,9 @@ int Engine::open_fabric() noexcept {
         if (!rx_[i].mem) return -ENOMEM;
         post_rx(&rx_[i]);
     }
-    SD_LOG(debug, "endpoint %s open, inject %zu, chunk %u", ep_.name, ep_.inject_size, chunk_);
+    SD_LOG(debug, "endpoint %s open, inject %zu, chunk %u, sink writes %s", ep_.name,
+           ep_.inject_size, chunk_,
+           sink_write_flags_ ? "delivery-complete" : "ordered before sends");
     return 0;
 }
 
@@ -351,14 +355,14 @@ void Engine::progress() noexcept {
                 SD_LOG(info, "fabric %s failed: %s", is_rx ? "receive" : "write",
                        fabric_strerror(err.err));
                 if (is_rx) post_rx(reinterpret_cast<RxBuffer *>(err.op_context));
-                else static_cast<WriteOp *>(err.op_context)->state.store(-1, std::memory_order_release);
+                else complete_write(static_cast<WriteOp *>(err.op_context), -1);
             }
             continue;
         }
         for (ssize_t i = 0; i < n; ++i) {
             const fi_cq_data_entry &e = entries[i];
             if (e.flags & (FI_WRITE | FI_READ)) {
-                static_cast<WriteOp *>(e.op_context)->state.store(1, std::memory_order_release);
+                complete_write(static_cast<WriteOp *>(e.op_context), 1);
                 continue;
             }
             if ((e.flags & FI_RECV) && e.len) deliver(static_cast<const char *>(e.buf), e.len);
@@ -469,6 +473,8 @@ void Engine::deliver(const char *buf, std::size_t len) noexcept {
     std::unique_lock lock(c->rx_lock);
     std::uint64_t answer_off = kNoOffset;  // a cancelled advert to answer
     std::uint32_t answer_len = 0;
+    bool answer_sink = false;              // a sink_cancel to answer
+    if (is_stream_msg(MsgType(h.type))) sink_passed_locked(c);
     switch (MsgType(h.type)) {
     case MsgType::data: {
         if (c->switch_off == kNoOffset) c->switch_off = h.offset;
@@ -554,6 +560,9 @@ void Engine::deliver(const char *buf, std::size_t len) noexcept {
     case MsgType::sink_done:
         on_sink_done(c, h, buf + sizeof h);
         break;
+    case MsgType::sink_cancel:
+        answer_sink = on_sink_cancel(c, h, buf + sizeof h);
+        break;
     case MsgType::fin:
     case MsgType::close:
         if (c->switch_off == kNoOffset) c->switch_off = h.offset;
@@ -568,6 +577,11 @@ void Engine::deliver(const char *buf, std::size_t len) noexcept {
     c->wake_locked();
     lock.unlock();
     if (answer_off != kNoOffset) answer_advert(c, answer_off, answer_len);
+    if (answer_sink) {
+        std::uint64_t seq;
+        std::memcpy(&seq, buf + sizeof h, sizeof seq);
+        answer_sink_cancel(c, seq, h.offset);
+    }
 }
 
 void Engine::finish_advert_locked(Conn *c, std::uint64_t *off, std::uint32_t *done) noexcept {
@@ -737,21 +751,40 @@ int Engine::read_remote(Conn *c, const iovec *iov, int iovcnt, std::uint64_t add
     return rma(c, iov, iovcnt, &src, 1, false);
 }
 
+namespace {
+// This thread's RMA operation (one at a time per thread), on the heap: an
+// operation given up while pending (its peer died) is left to its
+// completion, which may come later or never, and the thread takes a new
+// one (complete_write deletes the old one if it ever completes).
+struct RmaSlot {
+    WriteOp *op = nullptr;
+    ~RmaSlot() { delete op; }  // never pending outside rma()
+};
+thread_local RmaSlot rma_slot;
+}  // namespace
+
+void Engine::complete_write(WriteOp *op, int state) noexcept {
+    if (op->state.exchange(state, std::memory_order_acq_rel) == kOpAbandoned) delete op;
+}
+
 int Engine::rma(Conn *c, const iovec *iov, int iovcnt, const fi_rma_iov *remote, int nremote,
-                bool write) noexcept {
-    WriteOp op;
+                bool write, std::uint64_t flags) noexcept {
+    if (!rma_slot.op) rma_slot.op = new (std::nothrow) WriteOp;
+    WriteOp *op = rma_slot.op;
+    if (!op) return -ENOMEM;
+    op->state.store(0, std::memory_order_relaxed);
     fi_msg_rma msg{};
     msg.msg_iov = iov;
     msg.iov_count = std::size_t(iovcnt);
     msg.addr = c->peer->addr;
     msg.rma_iov = remote;
     msg.rma_iov_count = std::size_t(nremote);
-    msg.context = &op.ctx;
+    msg.context = &op->ctx;
     {
         Guard guard;
         for (unsigned tries = 0;; ++tries) {
-            ssize_t rc = write ? fi_writemsg(ep_.ep, &msg, FI_COMPLETION)
-                               : fi_readmsg(ep_.ep, &msg, FI_COMPLETION);
+            ssize_t rc = write ? fi_writemsg(ep_.ep, &msg, FI_COMPLETION | flags)
+                               : fi_readmsg(ep_.ep, &msg, FI_COMPLETION | flags);
             if (rc == 0) break;
             if (rc != -FI_EAGAIN) {
                 SD_LOG(error, "conn %u: fabric %s failed: %s", c->id, write ? "write" : "read",
@@ -765,16 +798,31 @@ int Engine::rma(Conn *c, const iovec *iov, int iovcnt, const fi_rma_iov *remote,
     }
     // The completion says the copy is over. Where the provider cannot copy
     // by itself (a wrapped or large transfer goes through the peer's
-    // queue), the peer must progress: wake it. The operation may still
-    // complete into our stack frame (op): wait for it for good rather than
-    // return under it, even when the peer is gone.
-    for (unsigned spins = 0; op.state.load(std::memory_order_acquire) == 0; ++spins) {
+    // queue), the peer must progress: wake it now and then; at once for a
+    // write that must be delivered (the peer's progress places it).
+    if (flags & FI_DELIVERY_COMPLETE) ring(c->peer);
+    const std::uint64_t start = now_ns();
+    for (unsigned spins = 0; op->state.load(std::memory_order_acquire) == 0; ++spins) {
         progress();
         if ((spins & 255) == 255) ring(c->peer);
-        if ((spins & 1023) == 1023 && !peer_alive(c->peer))
-            while (op.state.load(std::memory_order_acquire) == 0) progress_blocking();
+        if ((spins & 1023) != 1023) continue;
+        if (peer_alive(c->peer)) {
+            if (now_ns() - start > 200000) {
+                timespec nap{0, 50000};
+                nanosleep(&nap, nullptr);
+            }
+            continue;
+        }
+        // The peer died with the operation pending (shm reports a failed
+        // copy of its fast path on the receive CQ, without our context):
+        // nothing of it counts; the slot goes with it.
+        rma_slot.op = nullptr;
+        const int was = op->state.exchange(kOpAbandoned, std::memory_order_acq_rel);
+        if (was == 0) return write ? -EPIPE : -EIO;
+        delete op;  // it completed meanwhile
+        return was < 0 ? -EIO : 0;
     }
-    return op.state.load(std::memory_order_relaxed) < 0 ? -EIO : 0;
+    return op->state.load(std::memory_order_relaxed) < 0 ? -EIO : 0;
 }
 
 int Engine::post(Conn *c, MsgType type, const iovec *iov, int iovcnt, std::uint32_t len,
@@ -848,6 +896,9 @@ int Engine::post(Conn *c, MsgType type, const iovec *iov, int iovcnt, std::uint3
             }
         }
     }
+    // A stream message (posted under tx_lock) ends the peer's registered
+    // sinks at or before its offset: take_sink reads this.
+    if (is_stream_msg(type)) c->tx_mark.store(offset, std::memory_order_relaxed);
     // Senders and readers (credit messages) post concurrently.
     c->stat->tx_msgs.fetch_add(1, std::memory_order_relaxed);
     if (type == MsgType::data) bump(c->stat->tx_inline, len);  // under tx_lock

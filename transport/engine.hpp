@@ -27,11 +27,15 @@ struct Peer {
     std::uint32_t conns = 0;           // connections using it (under conn lock)
 };
 
-// An RMA write in flight; completed by progress(). `ctx` must come first.
+// An RMA operation in flight; completed by progress(). `ctx` must come
+// first. It lives on the heap and may be given up while pending
+// (kOpAbandoned: its initiator stopped waiting, the peer being gone):
+// whoever comes second, the completion or the initiator, deletes it.
 struct WriteOp {
     fi_context ctx{};
     std::atomic<int> state{0};  // 0 pending, 1 done, -1 failed
 };
+inline constexpr int kOpAbandoned = 2;
 
 // Receive buffer posted with FI_MULTI_RECV; `ctx` must come first.
 struct RxBuffer {
@@ -54,12 +58,6 @@ Engine *the_engine_for_exit() noexcept;
 // of `why` (shared or exec). 0 when the kernel socket carries it all now;
 // -ESRCH (no such owner), -EIO (it could not), -ETIMEDOUT.
 int ask_owner_to_leave(pid_t owner, int fd, Reason why) noexcept;
-
-// Asks process `pid`'s control thread to progress its fabric once: for an
-// answer that must not wait until one of its threads calls in (an
-// advertisement cancelled at a send's timeout or signal, while the reader
-// is busy outside the library). 0, or -errno (no such process).
-int kick(pid_t pid) noexcept;
 
 class Engine {
   public:
@@ -158,18 +156,26 @@ class Engine {
     static void finish_advert_locked(Conn *c, std::uint64_t *off, std::uint32_t *done) noexcept;
     void answer_advert(Conn *c, std::uint64_t off, std::uint32_t done) noexcept;
     // Write zero-copy (sink.cpp). Receive side: sinks are possible here
-    // (one host, SDIRECT_SINK_MIN set).
+    // (SDIRECT_SINK_MIN set).
     bool sink_ok() const noexcept;
-    // Advertises `len` bytes at `buf` for the stream bytes from rx_off (no
-    // lock of c held): 0, or -EAGAIN when the queue is not empty (or the
-    // message could not go).
+    // Advertises `len` bytes at `buf` (a prefix of them, where the
+    // registration budget is short) for the stream bytes from rx_off (no
+    // lock of c held): 0, or -EAGAIN when the queue is not empty, the
+    // buffer could not be registered or the message could not go.
     int advertise_sink(Conn *c, void *buf, std::uint32_t len) noexcept;
-    // Ends our sink: 0 (cancelled, or over) or 1 (the peer claimed it:
-    // wait for its sink_done).
+    // Ends our sink: 0 (cancelled, or over: the buffer is the
+    // application's again) or 1 (wait for the peer's word: it claimed the
+    // sink, or was asked with sink_cancel; finish_sink() then).
     int cancel_sink(Conn *c) noexcept;
-    // The sink is over (rx_lock held): the bytes the peer wrote into it
-    // (already counted in rx_off).
-    static std::uint32_t finish_sink_locked(Conn *c) noexcept;
+    // While we wait for the peer's word (cancel_sink() said 1, asked at
+    // `asked_ns`): true when it will not come (the peer is gone, the
+    // connection broken). A registered sink's answer that is slow to come
+    // is chased here (the cancel again, the peer's control thread).
+    bool sink_writer_lost(Conn *c, std::uint64_t asked_ns) noexcept;
+    // The sink is over (no lock of c held): deregistered, so that nothing
+    // lands in it any more. The bytes the peer wrote into it (already
+    // counted in rx_off).
+    std::uint32_t finish_sink(Conn *c) noexcept;
     // Send side (tx_lock held): writes up to `len` bytes of iov into the
     // peer's sink if it waits at tx_off. Bytes written, 0 (none), -errno.
     long take_sink(Conn *c, const iovec *iov, int iovcnt, std::size_t len) noexcept;
@@ -200,6 +206,10 @@ class Engine {
     void announce_switch_locked(Conn *c) noexcept;
     // Rings the peer's doorbell if one of its threads sleeps.
     void ring(const Peer *p) noexcept;
+    // Makes the peer process progress its fabric once, through its control
+    // thread (for an answer it owes while none of its threads may call in:
+    // a cancelled advertisement, a leave).
+    void kick(const Peer *p) noexcept;
     // Returns accumulated credits now if they reach the threshold.
     void maybe_return_credits(Conn *c) noexcept;
     bool peer_alive(const Peer *p) const noexcept;
@@ -236,6 +246,25 @@ class Engine {
     void on_give_back(Conn *c, const MsgHeader &h, const char *payload) noexcept;
     void on_sink_avail(Conn *c, const MsgHeader &h, const char *payload) noexcept;
     void on_sink_done(Conn *c, const MsgHeader &h, const char *payload) noexcept;
+    // A sink_cancel (send side): true when we answer it (sink_done of 0,
+    // posted by the caller once rx_lock is released).
+    bool on_sink_cancel(Conn *c, const MsgHeader &h, const char *payload) noexcept;
+    void answer_sink_cancel(Conn *c, std::uint64_t seq, std::uint64_t off) noexcept;
+    // A stream message of the peer came (rx_lock held): a registered sink
+    // of ours it follows is never written.
+    static void sink_passed_locked(Conn *c) noexcept;
+    // sink.cpp: the two ways a sink is written, and the RMA write itself.
+    long take_sink_cma(Conn *c, const PeerSink &ps, const iovec *iov, int iovcnt,
+                       std::size_t len) noexcept;
+    long take_sink_rma(Conn *c, const PeerSink &ps, const iovec *iov, int iovcnt,
+                       std::size_t len) noexcept;
+    // Which kind of sink we advertise to the peer of `c`: the one place
+    // that chooses between the claim word (one host) and registration.
+    bool sink_by_cma(const Conn *c) const noexcept;
+    // Reserves up to `want` bytes of the sinks' registration budget.
+    std::uint32_t reserve_sink(std::uint32_t want) noexcept;
+    // Sets an RMA write's outcome (progress); deletes an abandoned one.
+    static void complete_write(WriteOp *op, int state) noexcept;
     void send_leave_locked(Conn *c, bool first, Reason why) noexcept;
     int leave_work_locked(Conn *c) noexcept;
     // The peer left for sharing and everything of the fabric is done here
@@ -243,10 +272,11 @@ class Engine {
     // before its upgrade (publish and try_initiate follow, unlocked).
     void rearm_locked(Conn *c) noexcept;
     int write_owed_locked(Conn *c) noexcept;
-    // The provider's RMA write or read of our iov, waited for. 0, -EIO,
-    // -EPIPE (the peer vanished before the operation was taken).
+    // The provider's RMA write or read of our iov (with `flags` too),
+    // waited for as long as the peer lives. 0, -EIO, -EPIPE (a write whose
+    // peer died first: nothing of it counts).
     int rma(Conn *c, const iovec *iov, int iovcnt, const fi_rma_iov *remote, int nremote,
-            bool write) noexcept;
+            bool write, std::uint64_t flags = 0) noexcept;
     void flush_due_stages() noexcept;
     Conn *lookup(std::uint32_t id, std::uint32_t gen) noexcept;
     void release_peer(Peer *p) noexcept;
@@ -277,6 +307,12 @@ class Engine {
 
     bool can_read_ = false;
     std::atomic<bool> cma_ok_{false};  // reads by process_vm_readv (shm only)
+    // Write zero-copy through the provider: the flags that make a write's
+    // completion mean "the bytes are in the peer's memory" before our
+    // sink_done can be seen (sink.cpp), and the bytes registered for sinks
+    // now (bounded by half the soft RLIMIT_MEMLOCK).
+    std::uint64_t sink_write_flags_ = 0;
+    std::atomic<std::uint64_t> sink_bytes_{0};
     int rma_iov_limit_ = 1;
     std::atomic<std::uint64_t> zc_keys_{1ull << 40};  // apart from the rings' keys
     std::mutex progress_lock_;

@@ -256,6 +256,7 @@ void Engine::rearm_locked(Conn *c) noexcept {
     c->sink_total = 0;
     c->psink = PeerSink{};
     c->psink_valid.store(false, std::memory_order_relaxed);
+    c->psink_last = c->psink_busy = 0;  // the next peer numbers its sinks afresh
     c->tx_fabric = false;
     c->tx_ring = 0;
     c->credits.store(0, std::memory_order_relaxed);
@@ -397,7 +398,7 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
             return -ETIMEDOUT;
         }
         if (now >= kick_at) {
-            (void)kick(c->peer->pid);
+            kick(c->peer);
             kick_at = now + 100000000;
         }
         const int ms = int(std::clamp<std::uint64_t>((kick_at - now) / 1000000, 1, 10));

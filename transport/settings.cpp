@@ -44,15 +44,18 @@ constexpr Setting table[] = {
      "is replaced by $HOME."},
     {"SDIRECT_SINK_MIN", SettingKind::integer, "0",
      "Smallest blocking recv buffer that goes by write zero-copy when "
-     "nothing is there to read (one host): the receiver advertises it and "
-     "the peer's next send writes straight into it (one copy; the sender "
-     "does not wait for the reader). 0 (the default, measured faster for "
-     "streams here): never."},
+     "nothing is there to read: the receiver advertises it and the peer's "
+     "next send writes straight into it (one copy; the sender does not wait "
+     "for the reader). One host: process_vm_writev; otherwise "
+     "(SDIRECT_CMA=0, other providers) the provider's RMA write into the "
+     "buffer, registered for that recv (all such buffers within half of "
+     "RLIMIT_MEMLOCK). 0 (the default, measured faster here): never."},
     {"SDIRECT_CMA", SettingKind::boolean, "1",
      "One host: copy straight between the two processes with "
      "process_vm_readv/writev (ring writes, read zero-copy, write "
      "zero-copy). 0: the provider's RMA, as between hosts (advertised send "
-     "buffers are then registered, through the registration cache)."},
+     "buffers are then registered, through the registration cache; recv "
+     "buffers advertised for write zero-copy, for their recv alone)."},
     {"SDIRECT_REG_CACHE_MB", SettingKind::integer, "64",
      "Registrations of advertised send buffers kept between sends (the "
      "pin-down cache), in MiB; at most half of RLIMIT_MEMLOCK. 0: register "

@@ -36,12 +36,17 @@ enum class MsgType : std::uint8_t {
     // `flags`: why (a Reason), for the peer's counters.
     leave = 9,
     give_back = 10,  // the receiver's own bytes at `offset`, returned; kGiveBackLast ends them
-    // Write zero-copy (SDP SinkAvail), one host: the receiver's recv waits
-    // with an empty queue on a buffer of `flags` bytes for the stream bytes
-    // from `offset` (payload: SinkAvailBody). The sender may claim it (the
-    // word in the receiver's page: open to taken), write into it and say
-    // how much with sink_done (`flags` bytes at `offset`); the receiver
-    // cancels it one-sidedly (open to cancelled) when other bytes come.
+    // Write zero-copy (SDP SinkAvail): the receiver's recv waits with an
+    // empty queue on a buffer of `flags` bytes for the stream bytes from
+    // `offset` (payload: SinkAvailBody). The sender writes into it and says
+    // how much with sink_done (`flags` bytes at `offset`, payload: the
+    // sink's seq), before any later message of its own. Two kinds (the
+    // body's key): one host (kSrcNoKey) the sender claims the word in the
+    // receiver's page (open to taken) and copies with process_vm_writev,
+    // and the receiver cancels one-sidedly (open to cancelled); elsewhere
+    // the buffer is registered and written with the provider's RMA, and
+    // the receiver cancels with sink_cancel (below) unless a stream
+    // message of the sender (is_stream_msg) came first.
     sink_avail = 11,
     sink_done = 12,
     // Read zero-copy: the receiver cannot read unregistered advertised
@@ -49,7 +54,21 @@ enum class MsgType : std::uint8_t {
     // sender registers them from now on. Sent before the src_done that
     // ends the advertisement it could not read.
     src_need_key = 13,
+    // Receiver: end the registered sink `seq` (payload) at `offset`. The
+    // sender answers with sink_done: the bytes it wrote, or 0 for a sink
+    // it never writes (the answer to a cancel; the receiver ignores a 0
+    // for a sink already over).
+    sink_cancel = 14,
 };
+
+// The sender's messages that carry its stream (bytes, an advertisement,
+// its end): one of them that reaches the receiver after a registered
+// sink of the receiver proves the sender will never write that sink (it
+// takes a sink only when none of them was sent at or past its offset).
+constexpr bool is_stream_msg(MsgType t) noexcept {
+    return t == MsgType::data || t == MsgType::ring || t == MsgType::src_avail ||
+           t == MsgType::fin || t == MsgType::close || t == MsgType::leave;
+}
 
 inline constexpr std::uint32_t kLeaveFirst = 1;
 inline constexpr std::uint32_t kGiveBackLast = 1;
@@ -67,10 +86,17 @@ struct SrcAvailBody {
     std::uint64_t key;
 };
 
+// Layout: addr, seq, key (3 x u64) = 24 bytes.
 struct SinkAvailBody {
     std::uint64_t addr;  // in the receiver's address space
-    std::uint64_t seq;   // its number: the claim word holds it
+    std::uint64_t seq;   // its number (> every earlier sink's); the claim word holds it
+    std::uint64_t key;   // the registration's key; kSrcNoKey: one host, the claim word
 };
+static_assert(sizeof(SinkAvailBody) == 24);
+static_assert(offsetof(SinkAvailBody, key) == 16);
+
+// Largest sink: what one recv advertises (larger buffers advertise a prefix).
+inline constexpr std::uint32_t kMaxSink = 1u << 30;
 
 // The claim word of a sink (ConnStat::sink_word): seq << 2 | state.
 inline constexpr std::uint64_t kSinkOpen = 1;
