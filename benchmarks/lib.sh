@@ -56,6 +56,21 @@ bench_have_sdirect() {
     [[ -x "$run" ]] && timeout 20 "$run" true 2>/dev/null
 }
 
+# bench_tmp NAME: a fresh temporary directory in `tmp`, removed at exit,
+# when the background server whose pid is in `srv_pid` (if any) is ended.
+bench_tmp() {
+    tmp="$(mktemp -d "/tmp/sdirect-$1.XXXXXX")"
+    srv_pid=""
+    trap bench_cleanup EXIT
+}
+bench_cleanup() {
+    if [[ -n "$srv_pid" ]] && kill -0 "$srv_pid" 2>/dev/null; then
+        kill "$srv_pid" 2>/dev/null
+        wait "$srv_pid" 2>/dev/null
+    fi
+    rm -rf "$tmp"
+}
+
 # Waits (at most 5 s) until something listens on TCP port $1 while pid $2 lives.
 wait_listen() {
     local i

@@ -29,16 +29,7 @@ fi
 have_sdirect=1
 bench_have_sdirect || { echo "$me: libsdirect.so not available; sdirect column n/a" >&2; have_sdirect=0; }
 
-tmp="$(mktemp -d /tmp/sdirect-netpipe.XXXXXX)"
-srv_pid=""
-cleanup() {
-    if [[ -n "$srv_pid" ]] && kill -0 "$srv_pid" 2>/dev/null; then
-        kill "$srv_pid" 2>/dev/null
-        wait "$srv_pid" 2>/dev/null
-    fi
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
+bench_tmp netpipe
 
 # One NPtcp run; $1 kernel|sdirect, $2 run number. Its curve (NPtcp's -o
 # file: size, Mbit/s, seconds one-way) in $tmp/$1.$2; status 1 on failure.

@@ -52,16 +52,7 @@ if ! command -v fi_pingpong >/dev/null 2>&1; then
     have_fi=0
 fi
 
-tmp="$(mktemp -d /tmp/sdirect-bench.XXXXXX)"
-srv_pid=""
-cleanup() {
-    if [[ -n "$srv_pid" ]] && kill -0 "$srv_pid" 2>/dev/null; then
-        kill "$srv_pid" 2>/dev/null
-        wait "$srv_pid" 2>/dev/null
-    fi
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
+bench_tmp bench
 
 # Iterations per measurement: about 0.2-0.4 s each with the kernel on 2 cores.
 iters_for() {  # mode size
