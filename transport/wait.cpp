@@ -204,10 +204,6 @@ const SpinTable &spin_table() noexcept {
     return table;
 }
 
-}  // namespace
-
-namespace {
-
 // This thread's record of its spins: failures in a row, and how many
 // waits still go without spinning.
 struct SpinHistory {
