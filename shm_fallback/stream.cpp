@@ -854,10 +854,9 @@ long Stream::send_zcopy(Conn *c, const char *buf, std::uint32_t len, std::uint64
     const std::uint64_t off = c->tx_off;
     if (int rc = engine->advertise(c, buf, len, &reg)) return rc;
     bool cancelled = false;
-    // A cancellation for the caller (timeout, signal) not answered by then
-    // asks the reader's control thread: 1 ms, then every 100 ms.
-    constexpr std::uint64_t kKickAfterNs = 1'000'000, kKickAgainNs = 100'000'000;
-    std::uint64_t kick_at = 0;
+    // A cancellation for the caller (timeout, signal): when it was asked,
+    // and when the reader's control thread was last kicked for its answer.
+    std::uint64_t asked = 0, kicked = 0;
     long result = 0;
     // The reader copies our buffer now: spin for about as long as that
     // takes (len / 4 ns: 4 GB/s), not only the usual spin, so that the
@@ -896,15 +895,12 @@ long Stream::send_zcopy(Conn *c, const char *buf, std::uint32_t len, std::uint64
             // as far as the window takes it (the kernel's send buffer
             // would have taken it too), or the send times out there.
             cancelled = engine->cancel_advert(c, off) == 0;
-            kick_at = now + kKickAfterNs;
+            asked = now;
             continue;
         }
-        if (kick_at && now >= kick_at) {
-            // No answer yet: the reader may be busy outside the library,
-            // so its control thread answers the cancellation.
-            engine->kick(c->peer);
-            kick_at = now + kKickAgainNs;
-        }
+        // No answer yet: the reader may be busy outside the library, so
+        // its control thread answers the cancellation.
+        const std::uint64_t kick_at = asked ? engine->kick_overdue(c->peer, asked, &kicked) : 0;
         if (now < spin_until) continue;
         slot.release();
         int w = transport::sleep_once(engine, c, -1, 0, zcopy_answered, c,
@@ -918,7 +914,7 @@ long Stream::send_zcopy(Conn *c, const char *buf, std::uint32_t len, std::uint64
             // answer (how much) must come before we return.
             *cut = -EINTR;
             cancelled = engine->cancel_advert(c, off) == 0;
-            kick_at = monotonic_ns() + kKickAfterNs;
+            asked = monotonic_ns();
         }
     }
     engine->release_advert(reg);

@@ -7,6 +7,7 @@
 #include "log.hpp"
 #include "settings.hpp"
 #include "sys.hpp"
+#include "wait.hpp"
 
 #include <arpa/inet.h>
 #include <cerrno>
@@ -610,6 +611,18 @@ void Engine::kick(const Peer *p) noexcept {
     if (sys.connect(s, reinterpret_cast<sockaddr *>(&sa), sizeof sa) == 0)
         (void)send_ctl(s, req, nullptr, 0);
     sys.close(s);
+}
+
+std::uint64_t Engine::kick_overdue(const Peer *p, std::uint64_t asked_ns,
+                                   std::uint64_t *kicked_ns) noexcept {
+    const std::uint64_t now = monotonic_ns();
+    std::uint64_t due = *kicked_ns ? *kicked_ns + kKickAgainNs : asked_ns + kKickAfterNs;
+    if (now >= due) {
+        kick(p);
+        *kicked_ns = now;
+        due = now + kKickAgainNs;
+    }
+    return due;
 }
 
 void Engine::handle_leave(int fd, pid_t pid, const Tuple &tuple, int proof, Reason why) noexcept {

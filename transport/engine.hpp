@@ -210,6 +210,16 @@ class Engine {
     // thread (for an answer it owes while none of its threads may call in:
     // a cancelled advertisement, a leave).
     void kick(const Peer *p) noexcept;
+    // The one policy for an answer the peer owes us since `asked_ns` (a
+    // cancelled advertisement or sink, a leave): a peer with a thread in
+    // the library answers within microseconds; past kKickAfterNs its
+    // control thread is kicked, again every kKickAgainNs. `*kicked_ns`:
+    // when we last kicked (0: never), updated. Returns when the next kick
+    // is due, for the caller's sleep.
+    static constexpr std::uint64_t kKickAfterNs = 1'000'000;
+    static constexpr std::uint64_t kKickAgainNs = 100'000'000;
+    std::uint64_t kick_overdue(const Peer *p, std::uint64_t asked_ns,
+                               std::uint64_t *kicked_ns) noexcept;
     // Returns accumulated credits now if they reach the threshold.
     void maybe_return_credits(Conn *c) noexcept;
     bool peer_alive(const Peer *p) const noexcept;

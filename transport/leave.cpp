@@ -373,9 +373,9 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
     tx.unlock();
 
     // The peer answers at its next progress pass: at once if one of its
-    // threads is in the library, else its control thread's, kicked after
-    // 1 ms (and every 100 ms) without an answer.
-    std::uint64_t kick_at = monotonic_ns() + 1000000;
+    // threads is in the library, else its control thread's (kick_overdue).
+    const std::uint64_t asked = monotonic_ns();
+    std::uint64_t kicked = 0;
     for (;;) {
         if (answered(c) || !peer_alive(c->peer)) break;
         const std::uint64_t now = monotonic_ns();
@@ -397,10 +397,7 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
                        (unsigned long long)arrived, settings().leave_timeout_ms);
             return -ETIMEDOUT;
         }
-        if (now >= kick_at) {
-            kick(c->peer);
-            kick_at = now + 100000000;
-        }
+        const std::uint64_t kick_at = kick_overdue(c->peer, asked, &kicked);
         const int ms = int(std::clamp<std::uint64_t>((kick_at - now) / 1000000, 1, 10));
         (void)sleep_once(this, c, -1, 0, answered, c, ms);
     }

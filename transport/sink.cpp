@@ -29,7 +29,7 @@
 //   round trip. Only a timeout, a signal, our own leave or an event on the
 //   companion socket ask (sink_cancel); the sender answers with sink_done:
 //   what it wrote, or 0. A peer whose threads are all outside the library
-//   answers too: after kSinkKickNs its control thread is asked to progress
+//   answers too: past Engine::kKickAfterNs its control thread is asked to progress
 //   (one host; between hosts that needs the broker, not built yet).
 //
 //   A sink is registered for its recv alone (never through the
@@ -64,11 +64,6 @@
 namespace sd::transport {
 namespace {
 
-// A sink_cancel's answer comes within microseconds from a peer that has a
-// thread in the library (the doorbell wakes it). Past kSinkKickNs the
-// peer's control thread is asked to progress, again every kSinkRekickNs.
-constexpr std::uint64_t kSinkKickNs = 1000000;
-constexpr std::uint64_t kSinkRekickNs = 100000000;
 // How long one attempt to post the sink_cancel may wait for room in the
 // peer's queue (a peer that does not progress has none): kicked, retried.
 constexpr std::uint64_t kSinkCancelPostNs = 1000000;
@@ -216,13 +211,11 @@ bool Engine::sink_writer_lost(Conn *c, std::uint64_t asked_ns) noexcept {
         return true;
     }
     if (!asked) (void)cancel_sink(c);
-    const std::uint64_t now = monotonic_ns();
-    if (now - asked_ns >= kSinkKickNs && (!kicked || now - kicked >= kSinkRekickNs)) {
-        {
-            std::lock_guard lock(c->rx_lock);
-            c->sink.kicked_ns = now;
-        }
-        kick(c->peer);
+    const std::uint64_t before = kicked;
+    (void)kick_overdue(c->peer, asked_ns, &kicked);
+    if (kicked != before) {
+        std::lock_guard lock(c->rx_lock);
+        c->sink.kicked_ns = kicked;
     }
     return false;
 }
