@@ -139,9 +139,7 @@ bool sink_over(void *ctx) noexcept {
 }
 
 bool state_changed(void *ctx) noexcept {
-    auto *c = static_cast<Conn *>(ctx);
-    return c->state.load(std::memory_order_acquire) != ConnState::kernel &&
-           c->state.load(std::memory_order_acquire) != ConnState::initiating;
+    return !static_cast<Conn *>(ctx)->upgrading();
 }
 
 ssize_t epipe(int flags) noexcept {
@@ -256,7 +254,8 @@ void Stream::fork_child(unsigned mark, int parent) noexcept {
     engine = nullptr;
     pending.store(false, std::memory_order_relaxed);
     forked = true;
-    if (c && (c->is_direct() || c->is_leaving() || c->state.load() == ConnState::initiating)) {
+    if (c && (c->is_direct() || c->is_leaving() || c->state.load() == ConnState::initiating ||
+              c->state.load() == ConnState::committing)) {
         // Its bytes travel through the parent's endpoint: the parent moves
         // it to the kernel when we use it (claim_inherited).
         orphan.store(true, std::memory_order_relaxed);
@@ -648,8 +647,7 @@ ssize_t Stream::recv(const iovec *iov, int iovcnt, int flags) noexcept {
         }
         slot.release();
         check_kernel = true;
-        const ConnState st = c->state.load(std::memory_order_acquire);
-        const bool upgrading = st == ConnState::kernel || st == ConnState::initiating;
+        const bool upgrading = c->upgrading();
         int w = transport::sleep_once(engine, c, kfd(), POLLIN | POLLRDHUP,
                                       upgrading ? state_changed : readable, c,
                                       ms_until(deadline));
@@ -792,8 +790,8 @@ ssize_t Stream::recv_sink(Conn *c, const iovec &piece, std::uint64_t deadline,
     }
 }
 
-ssize_t Stream::read_advert(Conn *c, std::unique_lock<std::mutex> &lock, const iovec *iov,
-                            int iovcnt, std::size_t skip, std::size_t total, int flags) noexcept {
+ssize_t Stream::read_advert(Conn *c, transport::RxLock &lock, const iovec *iov, int iovcnt,
+                            std::size_t skip, std::size_t total, int flags) noexcept {
     // Another thread of ours is reading it: its wake-up brings us back.
     if (c->zc.busy) return -EAGAIN;
     iovec v[kMaxSlice];

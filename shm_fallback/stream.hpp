@@ -181,7 +181,7 @@ class Stream {
     // until `deadline` (0: none; SO_SNDTIMEO: then the advertisement is
     // cancelled and the caller goes on buffered). Bytes taken or -errno;
     // `*cut`: -EINTR if a signal cut the send short, else 0.
-    ssize_t read_advert(transport::Conn *c, std::unique_lock<std::mutex> &lock, const iovec *iov,
+    ssize_t read_advert(transport::Conn *c, transport::RxLock &lock, const iovec *iov,
                         int iovcnt, std::size_t skip, std::size_t total, int flags) noexcept;
     long send_zcopy(transport::Conn *c, const char *buf, std::uint32_t len, std::uint64_t deadline,
                     int *cut) noexcept;

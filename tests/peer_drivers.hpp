@@ -9,6 +9,10 @@ namespace peer {
 
 using Driver = void (*)(int *fd, const Options &opt);
 
+// `peer upgrade`: the upgrade handshake stopped, interrupted, short of fds
+// (peer_upgrade.cpp). A whole run, not a driver.
+int run_upgrade(const Options &opt);
+
 // Zero-copy protocols: buffers gone right after send, randomised mix
 // (peer_drive_zcopy.cpp).
 void drive_zc_buffers(int *fd, const Options &opt);

@@ -4,6 +4,7 @@
 //   peer local           --scenario NAME [opts]       both ends in one process
 //   peer prefork PORTFILE --workers W --conns N [opts] listener shared by workers
 //   peer idle --ready FILE [--expect-ignored 1]      no TCP at all
+//   peer upgrade --scenario stopped|signals|fdlimit  the upgrade disturbed
 // Common options: --family 4|6, --settle-ms N, --seed N, --watchdog S, and
 // the scenario's own (--size, --tx, --rx, --chunk, --rounds, --max-msg,
 // --apis, --part ...). Connection i of a run sees --conn-index i.
@@ -378,7 +379,7 @@ int main(int argc, char **argv) {
     Options opt = parse(argc, argv, positional ? 3 : 2);
     arm_watchdog(unsigned(opt.num("watchdog", 120)));
     const std::string scenario = opt.get("scenario", "bulk");
-    if (scenario != "many" && !is_driver_scenario(scenario))
+    if (scenario != "many" && mode != "upgrade" && !is_driver_scenario(scenario))
         fail("unknown scenario '%s'", scenario.c_str());
     int rc = 2;
     if (mode == "server") rc = run_server(argv[2], opt);
@@ -386,6 +387,7 @@ int main(int argc, char **argv) {
     else if (mode == "local") rc = run_local(opt);
     else if (mode == "prefork") rc = run_prefork(argv[2], opt);
     else if (mode == "idle") rc = run_idle(opt);
+    else if (mode == "upgrade") rc = run_upgrade(opt);
     else fail("unknown mode '%s'", mode.c_str());
     std::fflush(stdout);
     return rc;

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <fcntl.h>
 #include <algorithm>
 #include <new>
@@ -82,6 +83,14 @@ Conn *Engine::attach(int fd, bool acceptor, std::uint32_t rcvbuf, std::uint64_t 
 }
 
 void Engine::detach(Conn *c) noexcept {
+    // An upgrade we accepted waits for its commit: once the peer has sent
+    // it, it may be sending on the fabric, and only a direct connection
+    // can tell it that we closed.
+    for (std::uint32_t ms = 0;
+         c->state.load() == ConnState::committing && ms < settings().upgrade_timeout_ms + 100; ++ms) {
+        timespec nap{0, 1000000};
+        nanosleep(&nap, nullptr);
+    }
     if (c->is_direct()) {
         std::lock_guard tx(c->tx_lock);
         if (!c->tx_fin && !c->broken && post(c, MsgType::close, nullptr, 0, 0, c->tx_off, 0) == 0)

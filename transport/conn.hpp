@@ -2,6 +2,7 @@
 // registry, its counters, and (once upgraded) its direct-mode state:
 // peer, credits, the receive ring and the threads waiting on it.
 #pragma once
+#include "lock_order.hpp"
 #include "procpage.hpp"
 #include "wire.hpp"
 
@@ -34,9 +35,16 @@ static_assert(sizeof(Tuple) == 40);
 int tuple_of(int fd, Tuple &t) noexcept;
 Tuple reversed(const Tuple &t) noexcept;
 
+// A held receive-side lock, passed to code that may drop it while it waits.
+using RxLock = std::unique_lock<RankedMutex<Rank::rx>>;
+
 enum class ConnState : std::uint32_t {
     kernel,      // upgrade may still happen (entry published)
     initiating,  // our upgrade request is in flight
+    // We accepted a peer's request and wait for its commit: nothing goes
+    // on the fabric until then, so a peer that gives up (timeout, signal,
+    // fd limit, stopped) leaves both ends on TCP.
+    committing,
     direct,      // peer known; our next send switches to the fabric
     // Going back to the kernel (brief §7): sends take the kernel socket,
     // receives read the fabric up to the peer's end (peer_end), then the
@@ -115,7 +123,7 @@ struct Conn {
     std::uint32_t peer_gen = 0;
 
     // Send side, under tx_lock.
-    std::mutex tx_lock;
+    RankedMutex<Rank::tx> tx_lock;
     std::uint64_t tx_off = 0;       // stream bytes sent so far, any transport
     bool tx_fabric = false;         // the switch point has been passed
     // fin or close sent on the fabric (written under tx_lock; readiness
@@ -143,7 +151,7 @@ struct Conn {
     std::uint32_t peer_ring_cap = 0;
 
     // Receive side, under rx_lock.
-    std::mutex rx_lock;
+    RankedMutex<Rank::rx> rx_lock;
     std::uint64_t rx_off = 0;       // stream bytes delivered to the application
     std::uint64_t switch_off = kNoOffset;  // first fabric byte of the peer's stream
     std::uint64_t fin_off = kNoOffset;     // peer's EOF offset
@@ -229,6 +237,11 @@ struct Conn {
     void remove_waiter(Waiter *w) noexcept;
     bool is_direct() const noexcept { return state.load(std::memory_order_acquire) == ConnState::direct; }
     bool is_leaving() const noexcept { return state.load(std::memory_order_acquire) == ConnState::leaving; }
+    // Not direct yet, but an upgrade may still make it so.
+    bool upgrading() const noexcept {
+        ConnState s = state.load(std::memory_order_acquire);
+        return s == ConnState::kernel || s == ConnState::initiating || s == ConnState::committing;
+    }
     // The application's fd of the socket (another alias after a dup and a
     // close of the first one: Stream::fd_removed updates it).
     int app_fd() noexcept { return std::atomic_ref<std::int32_t>(stat->fd).load(std::memory_order_relaxed); }

@@ -51,8 +51,9 @@ static_assert(sizeof(Entry) == 128);
 // reply's status says whether we did. kick: a peer waits for our answer
 // on the fabric (a cancelled advertisement, a leave) while none of our
 // threads may be in the library: the control thread progresses once; no
-// fd, no reply.
-enum class CtlType : std::uint16_t { request = 1, reply = 2, leave = 3, kick = 4 };
+// fd, no reply. commit: the initiator's last word after an accepting reply
+// (see try_initiate); no fd, no reply.
+enum class CtlType : std::uint16_t { request = 1, reply = 2, leave = 3, kick = 4, commit = 5 };
 
 // Control message, one SEQPACKET datagram. A request carries two fds (the
 // initiator's TCP socket as proof, its doorbell); an accepting reply one
@@ -132,6 +133,7 @@ int recv_ctl(int fd, CtlMsg &m, int *fds, int want) noexcept {
     mh.msg_controllen = sizeof cbuf;
     ssize_t n = sys.recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
     if (n < 0) return -errno;
+    if (n == 0) return -EPIPE;  // the other side closed
     int got = 0;
     for (cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
         if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
@@ -414,17 +416,68 @@ void Engine::release_peer(Peer *p) noexcept {
 }
 
 void Engine::hold(Conn *c) noexcept {
-    for (int ms = 0; c->state.load() == ConnState::initiating && ms < 200; ++ms) {
+    for (int ms = 0; (c->state.load() == ConnState::initiating ||
+                      c->state.load() == ConnState::committing) && ms < 200; ++ms) {
         timespec nap{0, 1000000};
         nanosleep(&nap, nullptr);
     }
     std::lock_guard lock(conn_lock_);
     ConnState st = c->state.load();
-    if (st == ConnState::direct || st == ConnState::initiating) return;
+    if (st == ConnState::direct || st == ConnState::initiating || st == ConnState::committing)
+        return;
     c->held.store(true, std::memory_order_release);
     if (st != ConnState::final) unpublish(c);
 }
 
+namespace {
+
+// Waits for one control message until the deadline. Signals do not end the
+// wait (the upgrade runs in whatever thread made the connection's first
+// call, and its handlers are the application's); -ETIMEDOUT at the
+// deadline, -EPIPE when the other side closed.
+int recv_ctl_until(int fd, CtlMsg &m, int *fds, int want, std::uint64_t deadline_ns) noexcept {
+    for (;;) {
+        const std::uint64_t now = monotonic_ns();
+        if (now >= deadline_ns) return -ETIMEDOUT;
+        pollfd p{fd, POLLIN, 0};
+        const int ms = int((deadline_ns - now + 999999) / 1000000);
+        int n = sys.poll(&p, 1, ms);
+        if (n < 0 && errno != EINTR) return -errno;
+        if (n <= 0) continue;
+        int rc = recv_ctl(fd, m, fds, want);
+        if (rc == -EINTR || rc == -EAGAIN) continue;
+        return rc == -ECONNRESET ? -EPIPE : rc;
+    }
+}
+
+// The initiator's last word: from this datagram on, both ends are direct.
+// SEQPACKET delivery is atomic: once sendmsg returns, the message is in the
+// responder's queue, and a responder that gave up first (shut its socket
+// down) makes it fail with EPIPE.
+bool send_commit(int fd, pid_t self) noexcept {
+    CtlMsg m{};
+    m.magic = kCtlMagic;
+    m.version = kCtlVersion;
+    m.type = std::uint16_t(CtlType::commit);
+    m.pid = self;
+    for (int tries = 0; tries < 100; ++tries) {
+        ssize_t n = send_ctl(fd, m, nullptr, 0);
+        if (n == sizeof m) return true;
+        if (n >= 0 || (errno != EINTR && errno != EAGAIN)) return false;
+    }
+    return false;
+}
+
+}  // namespace
+
+// The upgrade is a commit protocol over the control socket, so that it is
+// all or nothing: request (initiator) → accept (responder, which then waits)
+// → commit (initiator). Neither side sends a byte on the fabric before the
+// commit: the initiator turns direct once its commit is in the responder's
+// queue, the responder once it reads it. Whatever fails before (a timeout,
+// a process stopped at any step, an fd limit, a refusal) leaves both ends
+// on TCP: the responder that sees the socket close, or its own deadline
+// pass, shuts the socket down and then takes only a commit already queued.
 void Engine::try_initiate(Conn *c) noexcept {
     if (c->held.load(std::memory_order_acquire)) return;
     char path[400];
@@ -459,21 +512,24 @@ void Engine::try_initiate(Conn *c) noexcept {
     }
     CtlMsg reply{};
     int their_doorbell = -1;
+    int s = -1;
     if (peer) {
         char cpath[108];
         ctl_path(cpath, sizeof cpath, e.pid);
-        int s = sys.socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        s = sys.socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
         sockaddr_un sa{};
         sa.sun_family = AF_UNIX;
         std::memcpy(sa.sun_path, cpath, sizeof cpath);
-        std::uint32_t ms = settings().upgrade_timeout_ms;
+        const std::uint32_t ms = settings().upgrade_timeout_ms;
+        const std::uint64_t deadline = monotonic_ns() + std::uint64_t(ms) * 1000000;
         timeval tv{time_t(ms / 1000), suseconds_t((ms % 1000) * 1000)};
         why = Reason::timeout;
-        if (s >= 0) {
-            sys.setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-            sys.setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-        }
-        if (s >= 0 && sys.connect(s, reinterpret_cast<sockaddr *>(&sa), sizeof sa) == 0) {
+        if (s >= 0) sys.setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        int rc = -1;
+        if (s >= 0)
+            do rc = sys.connect(s, reinterpret_cast<sockaddr *>(&sa), sizeof sa);
+            while (rc != 0 && errno == EINTR && monotonic_ns() < deadline);
+        if (rc == 0) {
             if (!peer_cred_ok(s, e.pid)) {
                 why = Reason::other_user;
             } else {
@@ -492,26 +548,32 @@ void Engine::try_initiate(Conn *c) noexcept {
                 req.ring_key = c->ring_mr ? fi_mr_key(c->ring_mr) : 0;
                 int app_fd = c->stat->fd;
                 int fds[2] = {app_fd, doorbell_};
-                if (send_ctl(s, req, fds, 2) == sizeof req &&
-                    recv_ctl(s, reply, &their_doorbell, 1) == 0 &&
-                    reply.type == std::uint16_t(CtlType::reply))
-                    why = reply.status == kConflict ? Reason::count_ : Reason(reply.status);
+                ssize_t sent;
+                do sent = send_ctl(s, req, fds, 2);
+                while (sent < 0 && errno == EINTR && monotonic_ns() < deadline);
+                if (sent == sizeof req) {
+                    int got = recv_ctl_until(s, reply, &their_doorbell, 1, deadline);
+                    if (got == 0 && reply.type == std::uint16_t(CtlType::reply))
+                        why = reply.status == kConflict ? Reason::count_ : Reason(reply.status);
+                    else if (got == -EMFILE || got == -ENFILE || got == -EPROTO)
+                        why = Reason::peer_refused;  // the answer's doorbell found no fd
+                }
             }
         }
-        if (s >= 0) sys.close(s);
     }
+    const bool accepted = why == Reason::none && reply.pid == e.pid && their_doorbell >= 0;
 
     std::lock_guard lock(conn_lock_);
     // The answer's doorbell is kept even when we yield (conflict): the
     // crossing request that wins may have found the peer already attached.
-    const bool got_bell = their_doorbell >= 0;
-    if (peer && reply.pid == e.pid && got_bell && peer->doorbell < 0) {
+    if (peer && reply.pid == e.pid && their_doorbell >= 0 && peer->doorbell < 0) {
         peer->doorbell = their_doorbell;
         their_doorbell = -1;
     }
-    if (why == Reason::none && reply.pid == e.pid && got_bell) {
-        if (their_doorbell >= 0) sys.close(their_doorbell);
-        their_doorbell = -1;
+    if (their_doorbell >= 0) sys.close(their_doorbell);
+    if (accepted) {
+        // Everything the fabric needs is in place before the commit: the
+        // responder may send the moment it reads it.
         release_peer(c->peer);  // the one before a leave (rearmed), if any
         c->peer = peer;
         c->peer_id = reply.conn_id;
@@ -521,30 +583,44 @@ void Engine::try_initiate(Conn *c) noexcept {
         c->peer_ring_key = reply.ring_key;
         c->peer_ring_cap = reply.window;
         c->stat->peer_pid = e.pid;
-        c->stat->reason.store(std::uint32_t(Reason::none), std::memory_order_relaxed);
-        c->stat->mode.store(std::uint32_t(Mode::direct), std::memory_order_relaxed);
-        c->stat->upgrades.fetch_add(1, std::memory_order_relaxed);
-        c->state.store(ConnState::direct, std::memory_order_release);
-        unpublish(c);
-        SD_LOG(info, "fd %d upgraded to direct (initiator, peer pid %d)", c->stat->fd, e.pid);
-        {
-            std::lock_guard rx(c->rx_lock);
-            c->wake_locked();
+        // Sent before anything here says direct: should it fail, the
+        // responder has given up too, and nothing went on the fabric.
+        if (send_commit(s, pid_)) {
+            sys.close(s);
+            go_direct(c);
+            SD_LOG(info, "fd %d upgraded to direct (initiator, peer pid %d)", c->stat->fd, e.pid);
+            announce_switch(c);
+            return;
         }
-        announce_switch(c);
-        return;
+        c->peer = nullptr;
+        why = Reason::timeout;
     }
-    if (their_doorbell >= 0) sys.close(their_doorbell);
+    if (s >= 0) sys.close(s);
     release_peer(peer);
     if (why == Reason::count_) {
         // Crossed requests: the accepting side's request wins; ours yields.
+        // The state may already be the winner's (committing, direct).
         expect = ConnState::initiating;
         c->state.compare_exchange_strong(expect, ConnState::kernel);
         return;
     }
-    if (c->state.load() == ConnState::direct) return;
+    if (why == Reason::none) why = Reason::peer_refused;
+    // Only our own attempt ends here: a crossing request we answered owns
+    // the state from committing on.
+    expect = ConnState::initiating;
+    if (!c->state.compare_exchange_strong(expect, ConnState::final)) return;
     SD_LOG(info, "fd %d stays on TCP: %s", c->stat->fd, reason_name(why));
-    set_final(c, why == Reason::none ? Reason::peer_refused : why);
+    set_final(c, why);
+}
+
+void Engine::go_direct(Conn *c) noexcept {
+    c->stat->reason.store(std::uint32_t(Reason::none), std::memory_order_relaxed);
+    c->stat->mode.store(std::uint32_t(Mode::direct), std::memory_order_relaxed);
+    c->stat->upgrades.fetch_add(1, std::memory_order_relaxed);
+    c->state.store(ConnState::direct, std::memory_order_release);
+    unpublish(c);
+    std::lock_guard rx(c->rx_lock);
+    c->wake_locked();
 }
 
 namespace {
@@ -664,73 +740,105 @@ void Engine::handle_request(int fd) noexcept {
     rep.type = std::uint16_t(CtlType::reply);
     rep.pid = pid_;
     rep.dumpable = std::uint32_t(dumpable());
-    auto answer = [&](std::uint32_t status) {
+    auto refuse = [&](std::uint32_t status) {
         rep.status = status;
         if (proof >= 0) sys.close(proof);
-        if (status == std::uint32_t(Reason::none)) {
-            send_ctl(fd, rep, &doorbell_, 1);
-        } else {
-            if (bell >= 0) sys.close(bell);
-            send_ctl(fd, rep, nullptr, 0);
-        }
+        if (bell >= 0) sys.close(bell);
+        send_ctl(fd, rep, nullptr, 0);
     };
     if (req.type != std::uint16_t(CtlType::request) || proof < 0 || bell < 0 || !fabric_ok_)
-        return answer(std::uint32_t(Reason::peer_refused));
-    if (!peer_cred_ok(fd, req.pid)) return answer(std::uint32_t(Reason::other_user));
+        return refuse(std::uint32_t(Reason::peer_refused));
+    if (!peer_cred_ok(fd, req.pid)) return refuse(std::uint32_t(Reason::other_user));
     req.addr[sizeof req.addr - 1] = '\0';
 
-    std::lock_guard lock(conn_lock_);
-    Conn *c = find_tuple(reversed(req.tuple));
-    if (!c) return answer(std::uint32_t(Reason::no_peer));
-    Tuple proven;
-    if (tuple_of(proof, proven) != 0 || !(proven == req.tuple)) {
-        SD_LOG(info, "upgrade request from pid %d without valid proof", int(req.pid));
-        return answer(std::uint32_t(Reason::proof_failed));
-    }
-    if (!dumpable() || !req.dumpable) {
-        set_final(c, Reason::not_dumpable);
-        return answer(std::uint32_t(Reason::not_dumpable));
-    }
-    if (req.pid == pid_ && !settings().same_process) {
-        set_final(c, Reason::same_process);
-        return answer(std::uint32_t(Reason::same_process));
-    }
-    ConnState st = c->state.load();
-    if (c->held.load(std::memory_order_acquire) || st == ConnState::direct ||
-        st == ConnState::final || (st == ConnState::initiating && c->acceptor))
-        return answer(kConflict);
-    Reason why = Reason::none;
-    Peer *peer = make_ring(c) == 0 ? attach_peer(req.pid, req.addr, bell, &why) : nullptr;
-    bell = -1;  // attach_peer owns it now
-    if (!peer) {
-        set_final(c, why == Reason::none ? Reason::fabric_error : why);
-        return answer(std::uint32_t(why == Reason::none ? Reason::fabric_error : why));
-    }
-    release_peer(c->peer);  // the one before a leave (rearmed), if any
-    c->peer = peer;
-    c->peer_id = req.conn_id;
-    c->peer_gen = req.gen;
-    c->credits.store(req.window, std::memory_order_relaxed);
-    c->peer_ring_addr = req.ring_addr;
-    c->peer_ring_key = req.ring_key;
-    c->peer_ring_cap = req.window;
-    c->stat->peer_pid = req.pid;
-    rep.ring_addr = c->ring_mr ? std::uint64_t(std::uintptr_t(c->ring)) : 0;
-    rep.ring_key = c->ring_mr ? fi_mr_key(c->ring_mr) : 0;
-    c->stat->reason.store(std::uint32_t(Reason::none), std::memory_order_relaxed);
-    c->stat->mode.store(std::uint32_t(Mode::direct), std::memory_order_relaxed);
-    c->stat->upgrades.fetch_add(1, std::memory_order_relaxed);
-    c->state.store(ConnState::direct, std::memory_order_release);
-    unpublish(c);
-    rep.conn_id = c->id;
-    rep.gen = c->gen;
-    rep.window = c->window;
-    SD_LOG(info, "fd %d upgraded to direct (peer pid %d)", c->stat->fd, int(req.pid));
+    Conn *c = nullptr;
+    std::uint32_t id = 0, gen = 0;
     {
-        std::lock_guard rx(c->rx_lock);
-        c->wake_locked();
+        std::lock_guard lock(conn_lock_);
+        c = find_tuple(reversed(req.tuple));
+        if (!c) return refuse(std::uint32_t(Reason::no_peer));
+        Tuple proven;
+        if (tuple_of(proof, proven) != 0 || !(proven == req.tuple)) {
+            SD_LOG(info, "upgrade request from pid %d without valid proof", int(req.pid));
+            return refuse(std::uint32_t(Reason::proof_failed));
+        }
+        if (!dumpable() || !req.dumpable) {
+            set_final(c, Reason::not_dumpable);
+            return refuse(std::uint32_t(Reason::not_dumpable));
+        }
+        if (req.pid == pid_ && !settings().same_process) {
+            set_final(c, Reason::same_process);
+            return refuse(std::uint32_t(Reason::same_process));
+        }
+        ConnState st = c->state.load();
+        if (c->held.load(std::memory_order_acquire) ||
+            !(st == ConnState::kernel || (st == ConnState::initiating && !c->acceptor)))
+            return refuse(kConflict);
+        Reason why = Reason::none;
+        Peer *peer = make_ring(c) == 0 ? attach_peer(req.pid, req.addr, bell, &why) : nullptr;
+        bell = -1;  // attach_peer owns it now
+        if (!peer) {
+            if (why == Reason::none) why = Reason::fabric_error;
+            set_final(c, why);
+            return refuse(std::uint32_t(why));
+        }
+        // Our own request, if one is in flight, yields to this one (the
+        // peer answers it with a conflict) and leaves the state alone.
+        c->state.store(ConnState::committing, std::memory_order_release);
+        // Everything the fabric needs is in place before we answer: the
+        // initiator may send the moment it has committed, before we read
+        // its commit, and our receives take what arrives.
+        release_peer(c->peer);  // the one before a leave (rearmed), if any
+        c->peer = peer;
+        c->peer_id = req.conn_id;
+        c->peer_gen = req.gen;
+        c->credits.store(req.window, std::memory_order_relaxed);
+        c->peer_ring_addr = req.ring_addr;
+        c->peer_ring_key = req.ring_key;
+        c->peer_ring_cap = req.window;
+        c->stat->peer_pid = req.pid;
+        id = c->id;
+        gen = c->gen;
+        rep.ring_addr = c->ring_mr ? std::uint64_t(std::uintptr_t(c->ring)) : 0;
+        rep.ring_key = c->ring_mr ? fi_mr_key(c->ring_mr) : 0;
+        rep.conn_id = c->id;
+        rep.gen = c->gen;
+        rep.window = c->window;
     }
-    answer(std::uint32_t(Reason::none));
+    rep.status = std::uint32_t(Reason::none);
+    if (proof >= 0) sys.close(proof);
+    bool committed = false;
+    if (send_ctl(fd, rep, &doorbell_, 1) == sizeof rep) {
+        const std::uint64_t deadline =
+            monotonic_ns() + std::uint64_t(settings().upgrade_timeout_ms) * 1000000;
+        CtlMsg word{};
+        int none = -1;
+        int rc = recv_ctl_until(fd, word, &none, 0, deadline);
+        if (rc == -ETIMEDOUT) {
+            // Give up, atomically against the initiator's commit: after the
+            // shutdown its send fails, so a commit is either queued now or
+            // never sent.
+            sys.shutdown(fd, SHUT_RDWR);
+            rc = recv_ctl(fd, word, &none, 0);
+        }
+        committed = rc == 0 && word.type == std::uint16_t(CtlType::commit) && word.pid == req.pid;
+    }
+
+    std::lock_guard lock(conn_lock_);
+    // The connection may have been closed meanwhile (the slot then holds
+    // another generation, or nothing), and its close dropped the peer.
+    Conn *now = conns_[id].load(std::memory_order_acquire);
+    if (now != c || c->gen != gen || c->state.load() != ConnState::committing) return;
+    if (!committed) {
+        release_peer(c->peer);
+        c->peer = nullptr;
+        SD_LOG(info, "fd %d stays on TCP: peer pid %d did not commit its upgrade", c->stat->fd,
+               int(req.pid));
+        set_final(c, Reason::timeout);
+        return;
+    }
+    go_direct(c);
+    SD_LOG(info, "fd %d upgraded to direct (peer pid %d)", c->stat->fd, int(req.pid));
     announce_switch(c);
 }
 

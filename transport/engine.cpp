@@ -338,7 +338,8 @@ Conn *Engine::lookup(std::uint32_t id, std::uint32_t gen) noexcept {
 }
 
 void Engine::progress() noexcept {
-    if (!fabric_ok_ || !progress_lock_.try_lock()) return;
+    // A delivery's own answer may post and so come back here.
+    if (!fabric_ok_ || progress_lock_.held() || !progress_lock_.try_lock()) return;
     Guard guard;
     fi_cq_data_entry entries[32];
     for (int round = 0; round < 8; ++round) {
@@ -376,14 +377,13 @@ void Engine::progress() noexcept {
     flush_due_stages();
 }
 
-namespace {
-thread_local bool in_flush_pass = false;  // post() below calls progress()
-}
-
+// Runs wherever progress() runs, so possibly under a lock of its caller
+// (a send's tx_lock, the table lock of the control thread or of a leave):
+// it skips what it would have to take again, and leaves it due.
 void Engine::flush_due_stages() noexcept {
-    if (flush_due_count_.load(std::memory_order_acquire) == 0 || in_flush_pass) return;
+    if (flush_due_count_.load(std::memory_order_acquire) == 0 || flush_lock_.held()) return;
     if (!flush_lock_.try_lock()) return;  // another thread does it
-    in_flush_pass = true;
+    const bool may_initiate = !conn_lock_.held();
     bool retry = false;
     for (std::uint32_t id = 0; id < kSlots; ++id) {
         Conn *c = conns_[id].load(std::memory_order_acquire);
@@ -397,7 +397,7 @@ void Engine::flush_due_stages() noexcept {
         if (!left && c->credits.load(std::memory_order_acquire) < std::int64_t(c->staged) &&
             !c->gone() && c->is_direct())
             continue;
-        if (!c->tx_lock.try_lock()) {
+        if (c->tx_lock.held() || !c->tx_lock.try_lock()) {
             retry = true;
             continue;
         }
@@ -413,10 +413,16 @@ void Engine::flush_due_stages() noexcept {
         }
         c->tx_lock.unlock();
         // Rearmed: the peer's last holder may have published already.
-        if (c->initiate_due.exchange(false, std::memory_order_acq_rel)) try_initiate(c);
+        if (!may_initiate) {
+            if (c->initiate_due.load(std::memory_order_acquire)) {
+                want_flush(c);  // the next pass, from a thread without the table lock
+                retry = true;
+            }
+        } else if (c->initiate_due.exchange(false, std::memory_order_acq_rel)) {
+            try_initiate(c);
+        }
     }
     flush_retry_.store(retry, std::memory_order_relaxed);
-    in_flush_pass = false;
     flush_lock_.unlock();
 }
 
@@ -1007,12 +1013,14 @@ void Engine::announce_switch(Conn *c) noexcept {
     // learns where our fabric stream starts before we have anything to
     // say, so its readiness checks stop asking the kernel. Skipped if a
     // send holds the lock: that send announces it when it ends.
+    if (c->tx_lock.held()) return;
     std::unique_lock tx(c->tx_lock, std::try_to_lock);
     if (tx) announce_switch_locked(c);
 }
 
 void Engine::announce_switch_locked(Conn *c) noexcept {
-    if (c->tx_fabric || !c->is_direct()) return;
+    // Nothing goes after our close or shutdown: its FIN ended the stream.
+    if (c->tx_fabric || c->tx_fin || !c->is_direct()) return;
     if (post(c, MsgType::data, nullptr, 0, 0, c->tx_off, monotonic_ns() + 100000000ull) == 0) {
         c->tx_fabric = true;
         ring(c->peer);

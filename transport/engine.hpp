@@ -296,6 +296,8 @@ class Engine {
     void publish(Conn *c) noexcept;
     void unpublish(Conn *c) noexcept;
     void try_initiate(Conn *c) noexcept;
+    // Both ends committed: the connection is direct from here (conn_lock_).
+    void go_direct(Conn *c) noexcept;
     void handle_request(int fd) noexcept;
     void handle_leave(int fd, pid_t pid, const Tuple &tuple, int proof, Reason why) noexcept;
     Peer *attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why) noexcept;
@@ -325,15 +327,14 @@ class Engine {
     std::atomic<std::uint64_t> sink_bytes_{0};
     int rma_iov_limit_ = 1;
     std::atomic<std::uint64_t> zc_keys_{1ull << 40};  // apart from the rings' keys
-    std::mutex progress_lock_;
+    RankedMutex<Rank::progress> progress_lock_;
     // Held while flush_due_stages() uses connections (detach waits for it).
-    std::mutex flush_lock_;
+    RankedMutex<Rank::flush> flush_lock_;
     std::atomic<int> flush_due_count_{0};
     std::atomic<bool> flush_retry_{false};
     // Guards the connection and peer tables and upgrade state changes.
-    // Lock order: conn_lock_ before Conn::tx_lock before Conn::rx_lock;
-    // progress_lock_ is never held while taking conn_lock_.
-    std::mutex conn_lock_;
+    // The order of these locks and the connections' is in lock_order.hpp.
+    RankedMutex<Rank::table> conn_lock_;
     std::atomic<Conn *> conns_[kSlots] = {};
     std::uint32_t next_slot_ = 0;
     Peer peers_[1024];

@@ -1,0 +1,92 @@
+// The lock order (transport/lock_order.hpp): what a thread holds is known,
+// and a checked build stops a blocking acquisition out of order and a
+// try_lock of a lock the thread holds.
+#include <catch2/catch.hpp>
+
+#include "transport/lock_order.hpp"
+
+#include <csignal>
+#include <mutex>
+#include <sys/wait.h>
+#include <unistd.h>
+
+using namespace sd::transport;
+
+namespace {
+
+// Runs `body` in a child; returns its wait status.
+template <class F>
+int in_child(F body) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        std::signal(SIGABRT, SIG_DFL);
+        close(2);  // the violation message is expected
+        body();
+        _exit(0);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    return st;
+}
+
+}  // namespace
+
+TEST_CASE("a thread knows which ranked locks it holds", "[lock-order]") {
+    RankedMutex<Rank::table> table;
+    RankedMutex<Rank::tx> tx;
+    CHECK_FALSE(table.held());
+    {
+        std::lock_guard a(table);
+        std::lock_guard b(tx);
+        CHECK(table.held());
+        CHECK(tx.held());
+        CHECK(lock_order::holds_rank(Rank::table));
+        CHECK_FALSE(lock_order::holds_rank(Rank::rx));
+    }
+    CHECK_FALSE(table.held());
+    CHECK_FALSE(lock_order::holds_rank(Rank::tx));
+    // Released out of order, as a unique_lock may.
+    std::unique_lock a(table);
+    std::unique_lock b(tx);
+    a.unlock();
+    CHECK_FALSE(table.held());
+    CHECK(tx.held());
+}
+
+TEST_CASE("the documented order passes; blocking against it or re-taking a held lock aborts "
+          "a checked build",
+          "[lock-order]") {
+    const int in_order = in_child([] {
+        RankedMutex<Rank::flush> f;
+        RankedMutex<Rank::table> t;
+        RankedMutex<Rank::tx> x;
+        RankedMutex<Rank::progress> p;
+        RankedMutex<Rank::rx> r;
+        std::lock_guard a(f);
+        std::lock_guard b(t);
+        std::lock_guard c(x);
+        std::lock_guard d(p);
+        std::lock_guard e(r);
+        // try_lock may go against the order: it cannot wait.
+        RankedMutex<Rank::table> other;
+        if (other.try_lock()) other.unlock();
+    });
+    CHECK((WIFEXITED(in_order) && WEXITSTATUS(in_order) == 0));
+    if (!lock_order::checked()) {
+        WARN("SKIPPED: this build does not check the lock order (release)");
+        return;
+    }
+    const int against = in_child([] {
+        RankedMutex<Rank::table> t;
+        RankedMutex<Rank::rx> r;
+        std::lock_guard a(r);
+        std::lock_guard b(t);
+    });
+    CHECK((WIFSIGNALED(against) && WTERMSIG(against) == SIGABRT));
+    const int again = in_child([] {
+        RankedMutex<Rank::tx> x;
+        std::lock_guard a(x);
+        (void)x.try_lock();
+    });
+    CHECK((WIFSIGNALED(again) && WTERMSIG(again) == SIGABRT));
+}

@@ -1,0 +1,80 @@
+// The held-lock list behind lock_order.hpp.
+#include "lock_order.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace sd::transport::lock_order {
+namespace {
+
+struct Held {
+    const void *m;
+    Rank r;
+};
+
+constexpr int kMaxHeld = 8;
+thread_local Held held_locks[kMaxHeld];
+thread_local int nheld = 0;
+
+#ifdef SDIRECT_LOCK_CHECK
+[[noreturn]] void violation(const char *what, Rank r) noexcept {
+    std::fprintf(stderr, "sdirect: lock order violated: %s (rank %u; held:", what, unsigned(r));
+    for (int i = 0; i < nheld; ++i) std::fprintf(stderr, " %u", unsigned(held_locks[i].r));
+    std::fprintf(stderr, ")\n");
+    std::abort();
+}
+#endif
+
+}  // namespace
+
+void check(const void *m, Rank r, bool blocking) noexcept {
+#ifdef SDIRECT_LOCK_CHECK
+    for (int i = 0; i < nheld; ++i) {
+        if (held_locks[i].m == m) violation("a lock taken again by its holder", r);
+        if (blocking && held_locks[i].r >= r) violation("a blocking lock under one of higher rank", r);
+    }
+#else
+    (void)m, (void)r, (void)blocking;
+#endif
+}
+
+void acquired(const void *m, Rank r) noexcept {
+    if (nheld < kMaxHeld) held_locks[nheld] = {m, r};
+#ifdef SDIRECT_LOCK_CHECK
+    else violation("too many locks held", r);
+#endif
+    ++nheld;
+}
+
+void released(const void *m) noexcept {
+    // Usually the last one; unique_lock may release out of order.
+    for (int i = (nheld < kMaxHeld ? nheld : kMaxHeld) - 1; i >= 0; --i) {
+        if (held_locks[i].m != m) continue;
+        for (int j = i + 1; j < nheld && j < kMaxHeld; ++j) held_locks[j - 1] = held_locks[j];
+        --nheld;
+        return;
+    }
+    if (nheld > kMaxHeld) --nheld;
+}
+
+bool holds(const void *m) noexcept {
+    for (int i = 0; i < nheld && i < kMaxHeld; ++i)
+        if (held_locks[i].m == m) return true;
+    return false;
+}
+
+bool holds_rank(Rank r) noexcept {
+    for (int i = 0; i < nheld && i < kMaxHeld; ++i)
+        if (held_locks[i].r == r) return true;
+    return false;
+}
+
+bool checked() noexcept {
+#ifdef SDIRECT_LOCK_CHECK
+    return true;
+#else
+    return false;
+#endif
+}
+
+}  // namespace sd::transport::lock_order

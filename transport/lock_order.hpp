@@ -1,0 +1,69 @@
+// The engine's lock order, written once and checked.
+//
+// A thread blocks on a lock only while every lock it holds ranks lower:
+//
+//   flush     Engine::flush_lock_   the pass that sends due stages and
+//                                   starts due upgrades (taken by try_lock)
+//   table     Engine::conn_lock_    the connection table, peers, upgrades
+//   tx        Conn::tx_lock         one connection's send side
+//   progress  Engine::progress_lock_ the completion queue (try_lock, except
+//                                   progress_blocking)
+//   rx        Conn::rx_lock         one connection's receive side
+//
+// try_lock may be taken in any order (it cannot wait), but never on a lock
+// the thread holds already: that is undefined for std::mutex. Code that may
+// run under a lock of its caller asks `held()` instead of trying.
+//
+// Every thread keeps the locks it holds in a small thread-local list (the
+// deepest nesting is four). Builds with SDIRECT_LOCK_CHECK (debug and
+// sanitizer builds) abort with a message on a blocking acquisition out of
+// order and on a try_lock of a held lock; release builds only keep the list.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+
+namespace sd::transport {
+
+enum class Rank : std::uint8_t { flush = 1, table, tx, progress, rx };
+
+namespace lock_order {
+
+// Checked before an acquisition (blocking or not), recorded after it.
+void check(const void *m, Rank r, bool blocking) noexcept;
+void acquired(const void *m, Rank r) noexcept;
+void released(const void *m) noexcept;
+// Whether this thread holds `m`, or any lock of rank `r`.
+bool holds(const void *m) noexcept;
+bool holds_rank(Rank r) noexcept;
+// Whether this build aborts on a violation (SDIRECT_LOCK_CHECK).
+bool checked() noexcept;
+
+}  // namespace lock_order
+
+// A std::mutex that takes part in the order above.
+template <Rank R>
+class RankedMutex {
+public:
+    void lock() noexcept {
+        lock_order::check(this, R, true);
+        m_.lock();
+        lock_order::acquired(this, R);
+    }
+    bool try_lock() noexcept {
+        lock_order::check(this, R, false);
+        if (!m_.try_lock()) return false;
+        lock_order::acquired(this, R);
+        return true;
+    }
+    void unlock() noexcept {
+        lock_order::released(this);
+        m_.unlock();
+    }
+    bool held() const noexcept { return lock_order::holds(this); }
+
+private:
+    std::mutex m_;
+};
+
+}  // namespace sd::transport
