@@ -73,8 +73,9 @@ constexpr Setting table[] = {
     {"SDIRECT_SAME_PROCESS", SettingKind::boolean, "1",
      "Accelerate connections whose two ends live in the same process."},
     {"SDIRECT_UPGRADE_TIMEOUT_MS", SettingKind::integer, "1000",
-     "Longest wait for a peer's answer to an upgrade request; on expiry the "
-     "connection stays on TCP."},
+     "Longest wait for a peer's answer to an upgrade request, and for the "
+     "peer's commit after this side accepted one; on expiry both ends of the "
+     "connection stay on TCP."},
     {"SDIRECT_LEAVE_TIMEOUT_MS", SettingKind::integer, "3000",
      "Longest wait for a peer to answer when a direct connection goes back "
      "to the kernel (shared after fork, exec): on expiry the process that "
