@@ -223,6 +223,8 @@ class Engine {
     // Returns accumulated credits now if they reach the threshold.
     void maybe_return_credits(Conn *c) noexcept;
     bool peer_alive(const Peer *p) const noexcept;
+    // The peer process closed its end of `c` (its page slot says so).
+    bool peer_conn_closed(const Conn *c) const noexcept;
     // The peer process of `c` is gone: no more reading on its side; a
     // reset if it left bytes of ours unread.
     void peer_died(Conn *c) noexcept;

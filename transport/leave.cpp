@@ -212,16 +212,33 @@ int Engine::leave_work_locked(Conn *c) noexcept {
     return 0;
 }
 
+bool Engine::peer_conn_closed(const Conn *c) const noexcept {
+    // Its slot in the peer's process page: closed, or already another
+    // connection's (the ports name the connection; a slot reused for the
+    // same ports within a leave is not a case worth a generation field).
+    if (!c->peer || !c->peer->page || c->peer_id >= kSlots) return false;
+    const ConnStat &s = c->peer->page->slots[c->peer_id];
+    return s.state.load(std::memory_order_acquire) != std::uint32_t(SlotState::live) ||
+           s.local_port != c->tuple.peer_port || s.peer_port != c->tuple.local_port;
+}
+
 int Engine::write_owed_locked(Conn *c) noexcept {
     const int fd = c->app_fd();
     if (c->back_owed.load(std::memory_order_acquire)) {
         if (!c->back_complete.load(std::memory_order_acquire)) progress();  // it may be here
+        // A closed end posted everything before its slot said so: take in
+        // what is queued for us before judging.
+        const bool closed = !c->back_complete.load(std::memory_order_acquire) && peer_conn_closed(c);
+        for (int pass = 0; closed && pass < 4 && !c->back_complete.load(); ++pass)
+            progress_blocking();
         if (!c->back_complete.load(std::memory_order_acquire)) {
-            if (!c->gone() && peer_alive(c->peer)) return -EAGAIN;
-            // It died between its leave and its returned bytes: they are
-            // lost with it (its holders' next reads see a gap otherwise
-            // impossible; the log says so).
-            SD_LOG(error, "fd %d: the peer died before returning our unread bytes", fd);
+            if (!c->gone() && peer_alive(c->peer) && !closed) return -EAGAIN;
+            // It died, or closed its end, between its leave and its
+            // returned bytes: they are lost with it (its holders' next
+            // reads see a gap otherwise impossible; the log says so).
+            // Waiting on would never end.
+            SD_LOG(error, "fd %d: the peer %s before returning our unread bytes", fd,
+                   peer_alive(c->peer) ? "closed its end" : "died");
         } else if (int rc = write_some(fd, c->back, c->back_len, &c->back_done)) {
             return rc;
         }
