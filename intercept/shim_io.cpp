@@ -143,14 +143,28 @@ bool through_stream(Held &s) noexcept {
     return s && s->may_go_direct();
 }
 
+// The kernel moves at most this much in one call.
+constexpr std::size_t kMaxRw = 0x7ffff000;
+
+// The file is read with pread at an explicit position and its offset (the
+// fd's own, or *offset) moves by exactly what the socket took: a
+// non-blocking socket that takes less, or nothing (EAGAIN), leaves the
+// rest of the file where it was, as the kernel's sendfile does.
 ssize_t sendfile_any(int out, int in, off_t *offset, size_t count) noexcept {
     Held s(out);
     if (!through_stream(s)) return sys.sendfile(out, in, offset, count);
+    if (offset && *offset < 0) return errno = EINVAL, -1;
+    // An input without a position (a pipe): ESPIPE, where the kernel's
+    // sendfile would have consumed bytes the socket may not take.
+    const off_t start = offset ? *offset : lseek(in, 0, SEEK_CUR);
+    if (start < 0) return -1;
+    count = std::min(count, kMaxRw);
     char buf[65536];
     size_t done = 0;
     while (done < count) {
-        size_t want = count - done < sizeof buf ? count - done : sizeof buf;
-        ssize_t r = offset ? pread(in, buf, want, *offset + off_t(done)) : sys.read(in, buf, want);
+        const size_t want = std::min(count - done, sizeof buf);
+        ssize_t r = pread(in, buf, want, start + off_t(done));
+        if (r < 0 && errno == EINTR && !done) continue;
         if (r < 0) {
             if (done) break;
             return -1;
@@ -160,17 +174,58 @@ ssize_t sendfile_any(int out, int in, off_t *offset, size_t count) noexcept {
         ssize_t w = s->send(&v, 1, 0);
         if (w < 0) {
             if (!done) return ret(w);
-            if (!offset) lseek(in, -r, SEEK_CUR);
             break;
         }
         done += size_t(w);
-        if (w < r) {
-            if (!offset) lseek(in, w - r, SEEK_CUR);
+        if (w < r) break;
+    }
+    if (offset) *offset = start + off_t(done);
+    else if (done) lseek(in, start + off_t(done), SEEK_SET);
+    return ssize_t(done);
+}
+
+// Pipe to socket: the pipe's bytes are looked at without taking them (tee
+// into a pipe of our own), and only as many as the socket took are then
+// taken out of the pipe; the rest stays there, as with the kernel's splice.
+ssize_t splice_from_pipe(int in, Held &to, size_t len, unsigned flags) noexcept {
+    int fl = fcntl(in, F_GETFL);
+    if (fl < 0) return -1;
+    const unsigned tee_flags = (flags & SPLICE_F_NONBLOCK) || (fl & O_NONBLOCK) ? SPLICE_F_NONBLOCK : 0;
+    int peek[2];
+    if (pipe2(peek, O_CLOEXEC | O_NONBLOCK) != 0) return -1;
+    char buf[65536];
+    ssize_t n;
+    do n = tee(in, peek[1], std::min(len, sizeof buf), tee_flags);
+    while (n < 0 && errno == EINTR);
+    ssize_t got = 0;
+    while (n > 0 && got < n) {
+        ssize_t r = sys.read(peek[0], buf + got, std::size_t(n - got));
+        if (r <= 0) break;  // cannot happen: the bytes are in our pipe
+        got += r;
+    }
+    const int err = errno;
+    sys.close(peek[0]);
+    sys.close(peek[1]);
+    if (n <= 0) return errno = err, n;
+    ssize_t at = 0;
+    while (at < got) {
+        iovec v{buf + at, std::size_t(got - at)};
+        ssize_t w = to->send(&v, 1, 0);
+        if (w < 0) {
+            if (!at) return ret(w);
             break;
         }
+        at += w;
+        if (w < ssize_t(v.iov_len)) break;  // the socket took less: the rest stays
     }
-    if (offset) *offset += off_t(done);
-    return ssize_t(done);
+    // Take out of the pipe exactly what went into the stream.
+    for (ssize_t taken = 0; taken < at;) {
+        ssize_t r = sys.read(in, buf, std::size_t(at - taken));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;  // another reader of the pipe took them
+        taken += r;
+    }
+    return at;
 }
 
 }  // namespace
@@ -186,7 +241,7 @@ SD_EXPORT ssize_t sendfile64(int out, int in, off_t *offset, size_t count) {
 // splice between a pipe and one of our sockets: through a buffer and the
 // stream's own send/recv. Socket to pipe takes no more than the pipe has
 // room for, so nothing read from the stream is left over; pipe to socket
-// sends everything it read (blocking for it if it must).
+// takes no more out of the pipe than the socket took.
 SD_EXPORT ssize_t splice(int in, loff_t *off_in, int out, loff_t *off_out, size_t len,
                          unsigned flags) {
     Held to(out), from(in);
@@ -194,9 +249,9 @@ SD_EXPORT ssize_t splice(int in, loff_t *off_in, int out, loff_t *off_out, size_
     if (!into && !outof) return sys.splice(in, off_in, out, off_out, len, flags);
     if ((into && off_out) || (outof && off_in)) return errno = ESPIPE, -1;
     if (len == 0) return 0;
-    char buf[65536];
     const bool nb = flags & SPLICE_F_NONBLOCK;
     if (outof) {
+        char buf[65536];
         int size = fcntl(out, F_GETPIPE_SZ), queued = 0;
         if (size < 0) return errno = EINVAL, -1;  // the other end must be a pipe
         for (;;) {
@@ -221,21 +276,6 @@ SD_EXPORT ssize_t splice(int in, loff_t *off_in, int out, loff_t *off_out, size_
     struct stat st;
     if (fstat(in, &st) != 0) return -1;
     if (!S_ISFIFO(st.st_mode)) return errno = EINVAL, -1;
-    ssize_t n;
-    for (;;) {
-        n = off_in ? pread(in, buf, std::min(len, sizeof buf), *off_in)
-                   : sys.read(in, buf, std::min(len, sizeof buf));
-        if (n >= 0 || errno != EINTR) break;
-    }
-    if (n <= 0) return n;
-    if (off_in) *off_in += n;
-    ssize_t at = 0;
-    while (at < n) {
-        iovec v{buf + at, std::size_t(n - at)};
-        ssize_t w = to->send(&v, 1, 0);
-        if (w == -EINTR) continue;
-        if (w < 0) return at ? at : ret(w);
-        at += w;
-    }
-    return n;
+    if (off_in) return errno = ESPIPE, -1;  // a pipe has no offset
+    return splice_from_pipe(in, to, len, flags);
 }

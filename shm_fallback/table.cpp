@@ -51,6 +51,8 @@ void table_init() noexcept {
     self_pid = int(getpid());
 }
 
+int table_size() noexcept { return nslots; }
+
 Stream *acquire(int fd) noexcept {
     if (fd < 0 || fd >= nslots) return nullptr;
     for (;;) {

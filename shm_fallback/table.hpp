@@ -10,6 +10,9 @@ namespace sd::fallback {
 
 void table_init() noexcept;
 
+// One past the largest fd number the table can hold.
+int table_size() noexcept;
+
 // The stream at fd with a reference held, or nullptr.
 Stream *acquire(int fd) noexcept;
 void release(Stream *s) noexcept;

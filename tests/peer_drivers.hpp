@@ -78,6 +78,9 @@ void drive_thread_wake_loop(int *fd, const Options &opt);
 void drive_sendfile(int *fd, const Options &opt);
 void drive_splice(int *fd, const Options &opt);
 
+// Paths around the socket calls, one per --part (peer_bypass.cpp).
+void drive_bypass(int *fd, const Options &opt);
+
 // Invalid arguments, printed for differential comparison (peer_probe.cpp).
 void drive_bad_input(int *fd, const Options &opt);
 

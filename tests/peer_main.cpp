@@ -92,6 +92,7 @@ constexpr Entry drivers[] = {
     {"thread-wake-loop", drive_thread_wake_loop},
     {"sendfile", drive_sendfile},
     {"splice", drive_splice},
+    {"bypass", drive_bypass},
 };
 
 Options parse(int argc, char **argv, int first) {

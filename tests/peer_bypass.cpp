@@ -1,0 +1,169 @@
+// Paths around the socket calls: sendfile and splice on a full
+// non-blocking socket, close_range and closefrom, sendmmsg and recvmmsg,
+// stdio on a socket, a socket passed to another process, and privilege
+// changes. Scenario "bypass", the case chosen by --part.
+#include "peer_ready.hpp"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <sys/ioctl.h>
+#include <sys/sendfile.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+namespace peer {
+
+namespace {
+
+// An unlinked regular file holding `size` bytes of stream `seed`.
+int pattern_file(std::uint64_t seed, std::uint64_t size) {
+    const char *dir = std::getenv("TMPDIR");
+    std::string path = std::string(dir && *dir ? dir : "/tmp") + "/sdirect-bypass-XXXXXX";
+    std::vector<char> name(path.begin(), path.end());
+    name.push_back('\0');
+    int f = mkostemp(name.data(), O_CLOEXEC);
+    if (f < 0) fail("mkostemp %s: %s", path.c_str(), errno_name(errno));
+    unlink(name.data());
+    std::vector<char> buf(1 << 20);
+    for (std::uint64_t off = 0; off < size;) {
+        const std::size_t n = std::size_t(std::min<std::uint64_t>(buf.size(), size - off));
+        pattern_fill(seed, off, buf.data(), n);
+        if (pwrite(f, buf.data(), n, off_t(off)) != ssize_t(n)) fail("pwrite: %s", errno_name(errno));
+        off += n;
+    }
+    return f;
+}
+
+off_t position(int f) { return lseek(f, 0, SEEK_CUR); }
+
+void set_nonblocking(int fd, bool on) {
+    const int fl = fcntl(fd, F_GETFL);
+    if (fcntl(fd, F_SETFL, on ? fl | O_NONBLOCK : fl & ~O_NONBLOCK) != 0)
+        fail("fcntl(F_SETFL): %s", errno_name(errno));
+}
+
+void wait_writable(int fd, const char *what) {
+    pollfd p{fd, POLLOUT, 0};
+    if (poll(&p, 1, 5000) != 1) fail("%s: not writable within 5 s", what);
+}
+
+int queued_in(int pipe_rd) {
+    int n = -1;
+    if (ioctl(pipe_rd, FIONREAD, &n) != 0) fail("FIONREAD on a pipe: %s", errno_name(errno));
+    return n;
+}
+
+// sendfile into a full non-blocking socket, without an offset (the file's
+// own position moves) and with one (the position stays): every call moves
+// the offset by exactly what it returned, EAGAIN by nothing, so the
+// receiver sees the file once, byte for byte.
+void nonblocking_sendfile(int s, const Options &opt) {
+    const std::uint64_t size = opt.num("size", 8u << 20);
+    const std::uint64_t seed = seed_of(opt, 11);
+    int f = pattern_file(seed, size);
+    start_fill(s, size, seed, 400000);
+    set_nonblocking(s, true);
+    std::uint64_t sent = 0;
+    int eagains = 0, partial = 0;
+    const std::uint64_t start = now_ns();
+    for (int call = 0; sent < size; ++call) {
+        if (seconds_since(start) > 20) fail("non-blocking sendfile: not done within 20 s");
+        // Two calls of each kind in turn: the second one finds the
+        // socket full that the first one filled.
+        const bool own_position = (call / 2) % 2 == 0;
+        const std::size_t want = std::size_t(size - sent);
+        off_t off = off_t(sent);
+        ssize_t n = own_position ? sendfile(s, f, nullptr, want) : sendfile(s, f, &off, want);
+        const int err = errno;
+        if (own_position && position(f) != off_t(sent) + (n > 0 ? n : 0))
+            fail("sendfile(NULL, %zu) at %llu returned %zd (%s) but left the file position at "
+                 "%lld", want, (unsigned long long)sent, n, n < 0 ? errno_name(err) : "-",
+                 (long long)position(f));
+        if (!own_position && (off != off_t(sent) + (n > 0 ? n : 0) || position(f) != off_t(sent)))
+            fail("sendfile(&offset, %zu) at %llu returned %zd (%s): offset %lld, position %lld",
+                 want, (unsigned long long)sent, n, n < 0 ? errno_name(err) : "-", (long long)off,
+                 (long long)position(f));
+        if (n < 0 && (err == EAGAIN || err == EWOULDBLOCK)) {
+            ++eagains;
+            wait_writable(s, "non-blocking sendfile");
+            continue;
+        }
+        if (n < 0 && err == EINTR) continue;
+        if (n <= 0) fail("non-blocking sendfile: %zd (%s)", n, n < 0 ? errno_name(err) : "0");
+        if (std::size_t(n) < want) ++partial;
+        sent += std::uint64_t(n);
+        count_tx(s, std::uint64_t(n));
+        // Keep the file position where the next call starts.
+        if (!own_position) lseek(f, off_t(sent), SEEK_SET);
+    }
+    if (!eagains || !partial) fail("non-blocking sendfile: %d EAGAIN, %d short counts", eagains, partial);
+    set_nonblocking(s, false);
+    expect_ack(s, "the receiver's ack after non-blocking sendfile");
+    note("bypass sendfile eagains=%d partial=%d", eagains, partial);
+    close(f);
+}
+
+// splice from a pipe into a full non-blocking socket: the pipe loses
+// exactly what the call returned, and nothing on EAGAIN.
+void nonblocking_splice(int s, const Options &opt) {
+    const std::uint64_t size = opt.num("size", 8u << 20);
+    const std::uint64_t seed = seed_of(opt, 12);
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0) fail("pipe2: %s", errno_name(errno));
+    set_nonblocking(p[1], true);
+    start_fill(s, size, seed, 400000);
+    set_nonblocking(s, true);
+    std::vector<char> buf(65536);
+    std::uint64_t piped = 0, sent = 0;
+    int eagains = 0, partial = 0;
+    const std::uint64_t start = now_ns();
+    while (sent < size) {
+        if (seconds_since(start) > 20) fail("non-blocking splice: not done within 20 s");
+        // Keep the pipe full: the socket is what runs out of room.
+        while (piped < size) {
+            const std::size_t n = std::size_t(std::min<std::uint64_t>(4096, size - piped));
+            pattern_fill(seed, piped, buf.data(), n);
+            ssize_t w = write(p[1], buf.data(), n);
+            if (w < 0 && errno == EAGAIN) break;
+            if (w <= 0) fail("pipe write: %s", errno_name(errno));
+            piped += std::uint64_t(w);
+        }
+        const int before = queued_in(p[0]);
+        ssize_t n = splice(p[0], nullptr, s, nullptr, std::size_t(before), SPLICE_F_NONBLOCK);
+        const int err = errno;
+        const int after = queued_in(p[0]);
+        if (after != before - (n > 0 ? int(n) : 0))
+            fail("splice of %d bytes at %llu returned %zd (%s) but the pipe went from %d to %d "
+                 "bytes", before, (unsigned long long)sent, n, n < 0 ? errno_name(err) : "-",
+                 before, after);
+        if (n < 0 && (err == EAGAIN || err == EWOULDBLOCK)) {
+            ++eagains;
+            wait_writable(s, "non-blocking splice");
+            continue;
+        }
+        if (n <= 0) fail("non-blocking splice: %zd (%s)", n, n < 0 ? errno_name(err) : "0");
+        if (n < before) ++partial;
+        sent += std::uint64_t(n);
+        count_tx(s, std::uint64_t(n));
+    }
+    if (!eagains) fail("non-blocking splice: no EAGAIN (%d short counts)", partial);
+    set_nonblocking(s, false);
+    expect_ack(s, "the receiver's ack after non-blocking splice");
+    note("bypass splice eagains=%d partial=%d", eagains, partial);
+    close(p[0]);
+    close(p[1]);
+}
+
+}  // namespace
+
+void drive_bypass(int *fd, const Options &opt) {
+    const std::string part = part_of_conn(opt);
+    if (part == "sendfile-nonblock") nonblocking_sendfile(*fd, opt);
+    else if (part == "splice-nonblock") nonblocking_splice(*fd, opt);
+    else fail("bypass: unknown --part '%s'", part.c_str());
+    if (*fd >= 0) send_exit(*fd);
+}
+
+}  // namespace peer
