@@ -30,3 +30,10 @@ TEST_CASE("splice from a pipe into a full non-blocking socket takes out of the p
           "[bypass]") {
     run_pair(part("splice-nonblock"));
 }
+
+TEST_CASE("close_range and closefrom close a connection's fds as close() does: EBADF after, a "
+          "file that gets the number is a file, CLOSE_RANGE_CLOEXEC closes nothing, the last fd "
+          "ends the stream",
+          "[bypass]") {
+    run_pair(part("close-range"));
+}

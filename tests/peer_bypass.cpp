@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
+#include <linux/close_range.h>
 #include <sys/ioctl.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
@@ -156,12 +157,94 @@ void nonblocking_splice(int s, const Options &opt) {
     close(p[1]);
 }
 
+void expect_ebadf(int fd, const char *what) {
+    const ssize_t n = write(fd, "x", 1);
+    if (n != -1 || errno != EBADF)
+        fail("%s: write to the closed fd %d gave %zd (%s), not -1 EBADF", what, fd, n,
+             n < 0 ? errno_name(errno) : "-");
+}
+
+// A file opened at the number `want` (the lowest free one): open until it
+// comes, a library thread may take a number meanwhile.
+int open_file_at(int want) {
+    int extra[32], n = 0;
+    for (;;) {
+        const char *dir = std::getenv("TMPDIR");
+        std::string path = std::string(dir && *dir ? dir : "/tmp") + "/sdirect-bypass-XXXXXX";
+        std::vector<char> name(path.begin(), path.end());
+        name.push_back('\0');
+        int f = mkostemp(name.data(), O_CLOEXEC);
+        if (f < 0) fail("mkostemp: %s", errno_name(errno));
+        unlink(name.data());
+        if (f == want || n == 32) {
+            for (int i = 0; i < n; ++i) close(extra[i]);
+            if (f != want) fail("a new file never got the closed fd %d", want);
+            return f;
+        }
+        extra[n++] = f;
+    }
+}
+
+// close_range and closefrom over fds of a connection: the library must
+// forget each one as close() makes it (the kernel's EBADF afterwards, a file
+// that gets the number is a file), keep the connection on its other fds,
+// and end it (the peer's EOF) when the last fd goes.
+void close_ranges(int *fd, const Options &opt) {
+    const int s = *fd;
+    std::uint64_t seed = seed_of(opt, 20);
+    int d = dup(s);
+    if (d < 0) fail("dup: %s", errno_name(errno));
+    if (close_range(unsigned(d), unsigned(d), 0) != 0) fail("close_range: %s", errno_name(errno));
+    expect_ebadf(d, "close_range(d, d, 0)");
+    echo_round(s, s, 70000, seed++);
+
+    // The number comes back as a file: its bytes stay in the file.
+    d = dup(s);
+    if (close_range(unsigned(d), unsigned(d) + 2, 0) != 0) fail("close_range: %s", errno_name(errno));
+    int f = open_file_at(d);
+    if (write(f, "file bytes", 10) != 10) fail("write to a file at a closed socket's number: %s",
+                                               errno_name(errno));
+    char back[16] = {};
+    if (pread(f, back, sizeof back, 0) != 10 || std::memcmp(back, "file bytes", 10) != 0)
+        fail("the file at a closed socket's number reads back '%.16s'", back);
+    close(f);
+    echo_round(s, s, 70000, seed++);
+
+    // CLOSE_RANGE_CLOEXEC closes nothing.
+    d = dup(s);
+    if (close_range(unsigned(d), unsigned(d), CLOSE_RANGE_CLOEXEC) != 0)
+        fail("close_range(CLOSE_RANGE_CLOEXEC): %s", errno_name(errno));
+    if (!(fcntl(d, F_GETFD) & FD_CLOEXEC)) fail("CLOSE_RANGE_CLOEXEC did not set FD_CLOEXEC");
+    echo_round(d, d, 70000, seed++);
+    close(d);
+
+    // closefrom over a high number.
+    if (dup2(s, 1000) != 1000) fail("dup2 onto 1000: %s", errno_name(errno));
+    closefrom(1000);
+    expect_ebadf(1000, "closefrom(1000)");
+    echo_round(s, s, 70000, seed++);
+
+    // The last fd: the peer reads everything, then EOF.
+    Cmd cmd;
+    cmd.op = Op::recv_eof;
+    cmd.api = std::uint32_t(Rx::recv);
+    cmd.size = 100000;
+    cmd.seed = seed;
+    cmd.size2 = 0;
+    send_cmd(s, cmd);
+    send_pattern(s, Tx::send, seed, cmd.size, 65536, 0);
+    report_bytes(s);
+    if (close_range(unsigned(s), unsigned(s), 0) != 0) fail("close_range: %s", errno_name(errno));
+    *fd = -1;
+}
+
 }  // namespace
 
 void drive_bypass(int *fd, const Options &opt) {
     const std::string part = part_of_conn(opt);
     if (part == "sendfile-nonblock") nonblocking_sendfile(*fd, opt);
     else if (part == "splice-nonblock") nonblocking_splice(*fd, opt);
+    else if (part == "close-range") close_ranges(fd, opt);
     else fail("bypass: unknown --part '%s'", part.c_str());
     if (*fd >= 0) send_exit(*fd);
 }
