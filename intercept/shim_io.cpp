@@ -5,14 +5,17 @@
 #undef _FILE_OFFSET_BITS
 #include "shim.hpp"
 #include "transport/memguard.hpp"
+#include "transport/wait.hpp"
 
 #include <algorithm>
+#include <dlfcn.h>
 #include <cerrno>
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -132,6 +135,101 @@ SD_EXPORT ssize_t sendmsg(int fd, const msghdr *m, int flags) {
         !readable(m->msg_iov, sizeof(iovec) * m->msg_iovlen))
         return sys.sendmsg(fd, m, flags);
     return ret(s->send(m->msg_iov, int(m->msg_iovlen), flags));
+}
+
+// sendmmsg and recvmmsg: each message through the stream's one send or
+// recv, with the kernel's rules for a stream socket: messages are taken in
+// order until one fails or comes out short; the count of those done is the
+// answer (an error only when the first one fails). recvmmsg's
+// MSG_WAITFORONE turns the calls after the first message non-blocking, and
+// its timeout is looked at after each message, as the kernel does.
+namespace {
+
+int (*real_sendmmsg)(int, mmsghdr *, unsigned, int) = nullptr;
+int (*real_recvmmsg)(int, mmsghdr *, unsigned, int, timespec *) = nullptr;
+
+__attribute__((constructor(102))) void resolve_mmsg() {
+    real_sendmmsg = reinterpret_cast<decltype(real_sendmmsg)>(dlsym(RTLD_NEXT, "sendmmsg"));
+    real_recvmmsg = reinterpret_cast<decltype(real_recvmmsg)>(dlsym(RTLD_NEXT, "recvmmsg"));
+}
+
+int kernel_sendmmsg(int fd, mmsghdr *v, unsigned n, int flags) noexcept {
+    return real_sendmmsg ? real_sendmmsg(fd, v, n, flags)
+                         : int(syscall(SYS_sendmmsg, fd, v, n, flags));
+}
+
+int kernel_recvmmsg(int fd, mmsghdr *v, unsigned n, int flags, timespec *t) noexcept {
+    return real_recvmmsg ? real_recvmmsg(fd, v, n, flags, t)
+                         : int(syscall(SYS_recvmmsg, fd, v, n, flags, t));
+}
+
+constexpr unsigned kMaxMmsg = 1024;  // the kernel's UIO_MAXIOV
+
+bool usable(const msghdr &m) noexcept {
+    return m.msg_iovlen <= IOV_MAX && readable(m.msg_iov, sizeof(iovec) * m.msg_iovlen);
+}
+
+std::size_t msg_bytes(const msghdr &m) noexcept {
+    std::size_t t = 0;
+    for (std::size_t i = 0; i < m.msg_iovlen; ++i) t += m.msg_iov[i].iov_len;
+    return t;
+}
+
+}  // namespace
+
+SD_EXPORT int sendmmsg(int fd, mmsghdr *v, unsigned n, int flags) {
+    Held s(fd);
+    n = std::min(n, kMaxMmsg);
+    if (!s || !writable(v, sizeof *v * n)) return kernel_sendmmsg(fd, v, n, flags);
+    unsigned done = 0;
+    ssize_t r = 0;
+    for (; done < n; ++done) {
+        msghdr &m = v[done].msg_hdr;
+        r = usable(m) ? s->send(m.msg_iov, int(m.msg_iovlen), flags) : -EFAULT;
+        if (r < 0) break;
+        v[done].msg_len = unsigned(r);
+        if (std::size_t(r) < msg_bytes(m)) {
+            ++done;
+            break;
+        }
+    }
+    if (done) return int(done);
+    return int(ret(r));
+}
+
+SD_EXPORT int recvmmsg(int fd, mmsghdr *v, unsigned n, int flags, timespec *timeout) {
+    Held s(fd);
+    n = std::min(n, kMaxMmsg);
+    if (!s || !writable(v, sizeof *v * n) || (timeout && !writable(timeout, sizeof *timeout)))
+        return kernel_recvmmsg(fd, v, n, flags, timeout);
+    if (timeout && (timeout->tv_sec < 0 || timeout->tv_nsec < 0 || timeout->tv_nsec >= 1000000000))
+        return errno = EINVAL, -1;
+    const std::uint64_t end =
+        timeout ? sd::transport::monotonic_ns() + std::uint64_t(timeout->tv_sec) * 1000000000u +
+                      std::uint64_t(timeout->tv_nsec)
+                : 0;
+    unsigned done = 0;
+    ssize_t r = 0;
+    int each = flags & ~MSG_WAITFORONE;
+    while (done < n) {
+        msghdr &m = v[done].msg_hdr;
+        r = usable(m) ? s->recv(m.msg_iov, int(m.msg_iovlen), each) : -EFAULT;
+        if (r < 0) break;
+        m.msg_namelen = 0;
+        m.msg_controllen = 0;
+        m.msg_flags = 0;
+        v[done++].msg_len = unsigned(r);
+        if (flags & MSG_WAITFORONE) each |= MSG_DONTWAIT;
+        if (timeout) {
+            const std::uint64_t now = sd::transport::monotonic_ns();
+            const std::uint64_t left = now < end ? end - now : 0;
+            timeout->tv_sec = time_t(left / 1000000000u);
+            timeout->tv_nsec = long(left % 1000000000u);
+            if (!left) break;
+        }
+    }
+    if (done) return int(done);
+    return int(ret(r));
 }
 
 // sendfile into a socket: the bytes must enter the stream through the

@@ -37,3 +37,9 @@ TEST_CASE("close_range and closefrom close a connection's fds as close() does: E
           "[bypass]") {
     run_pair(part("close-range"));
 }
+
+TEST_CASE("sendmmsg and recvmmsg move every message through the connection: counts, lengths, "
+          "MSG_WAITFORONE, the timeout, short counts and EAGAIN as the kernel gives them",
+          "[bypass]") {
+    run_pair(part("mmsg"));
+}

@@ -238,6 +238,156 @@ void close_ranges(int *fd, const Options &opt) {
     *fd = -1;
 }
 
+// `n` messages of up to `each` bytes, the stream bytes of `seed` from
+// `off` on (up to `end`), in `buf`.
+struct Batch {
+    std::vector<char> buf;
+    std::vector<iovec> iov;
+    std::vector<mmsghdr> msgs;
+    Batch(std::uint64_t seed, std::uint64_t off, std::uint64_t end, std::size_t each, unsigned n)
+        : buf(each * n), iov(n), msgs(n) {
+        unsigned k = 0;
+        for (; k < n && off < end; ++k) {
+            const std::size_t len = std::size_t(std::min<std::uint64_t>(each, end - off));
+            pattern_fill(seed, off, buf.data() + k * each, len);
+            iov[k] = {buf.data() + k * each, len};
+            msgs[k] = {};
+            msgs[k].msg_hdr.msg_iov = &iov[k];
+            msgs[k].msg_hdr.msg_iovlen = 1;
+            off += len;
+        }
+        msgs.resize(k);
+    }
+};
+
+// Receive buffers for recvmmsg, `len` bytes each.
+struct Slots {
+    std::vector<char> buf;
+    std::vector<iovec> iov;
+    std::vector<mmsghdr> msgs;
+    Slots(unsigned n, std::size_t len) : buf(n * len), iov(n), msgs(n) {
+        for (unsigned k = 0; k < n; ++k) {
+            iov[k] = {buf.data() + k * len, len};
+            msgs[k] = {};
+            msgs[k].msg_hdr.msg_iov = &iov[k];
+            msgs[k].msg_hdr.msg_iovlen = 1;
+        }
+    }
+};
+
+// Checks what recvmmsg returned: `rc` messages of lengths `want`, the
+// stream bytes of `seed` from `*off` on.
+void expect_received(Slots &sl, int rc, std::initializer_list<unsigned> want, std::uint64_t seed,
+                     std::uint64_t *off, int fd, const char *what) {
+    if (rc != int(want.size()))
+        fail("%s: recvmmsg returned %d (%s), expected %zu", what, rc, rc < 0 ? errno_name(errno) : "-",
+             want.size());
+    unsigned k = 0;
+    for (unsigned len : want) {
+        if (sl.msgs[k].msg_len != len)
+            fail("%s: message %u has %u bytes, expected %u", what, k, sl.msgs[k].msg_len, len);
+        pattern_expect(seed, *off, sl.iov[k].iov_base, len, what);
+        *off += len;
+        count_rx(fd, len);
+        ++k;
+    }
+}
+
+// sendmmsg and recvmmsg on a connection: every message through the
+// stream, counts and lengths as the kernel gives them for TCP.
+void mmsgs(int s, const Options &opt) {
+    // Three messages, all sent: the peer receives them as one stream.
+    const std::uint64_t seed = seed_of(opt, 30);
+    {
+        Cmd cmd;
+        cmd.op = Op::recv;
+        cmd.api = std::uint32_t(Rx::recv);
+        cmd.size = 1000 + 70000 + 5;
+        cmd.seed = seed;
+        send_cmd(s, cmd);
+        Slots b(3, 70000);
+        b.iov[0].iov_len = 1000;
+        b.iov[1].iov_base = b.buf.data() + 1000;
+        b.iov[2].iov_base = b.buf.data() + 71000;
+        b.iov[2].iov_len = 5;
+        pattern_fill(seed, 0, b.buf.data(), cmd.size);
+        const int rc = sendmmsg(s, b.msgs.data(), 3, 0);
+        if (rc != 3) fail("sendmmsg of 3 messages: %d (%s)", rc, rc < 0 ? errno_name(errno) : "-");
+        for (unsigned k = 0; k < 3; ++k)
+            if (b.msgs[k].msg_len != b.iov[k].iov_len)
+                fail("sendmmsg: message %u sent %u of %zu bytes", k, b.msgs[k].msg_len, b.iov[k].iov_len);
+        count_tx(s, cmd.size);
+        expect_ack(s, "the receiver's ack after sendmmsg");
+    }
+    // A full non-blocking socket: the messages that fit, the last one
+    // perhaps short; -1 EAGAIN only when not one byte went.
+    {
+        const std::uint64_t total = opt.num("size", 8u << 20), seed2 = seed_of(opt, 31);
+        start_fill(s, total, seed2, 400000);
+        set_nonblocking(s, true);
+        std::uint64_t sent = 0;
+        int eagains = 0, short_calls = 0;
+        const std::uint64_t start = now_ns();
+        while (sent < total) {
+            if (seconds_since(start) > 20) fail("non-blocking sendmmsg: not done within 20 s");
+            Batch b(seed2, sent, total, 65536, 16);
+            const int rc = sendmmsg(s, b.msgs.data(), unsigned(b.msgs.size()), 0);
+            if (rc < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+                ++eagains;
+                wait_writable(s, "non-blocking sendmmsg");
+                continue;
+            }
+            if (rc <= 0 || rc > int(b.msgs.size()))
+                fail("non-blocking sendmmsg: %d (%s)", rc, rc < 0 ? errno_name(errno) : "-");
+            for (int k = 0; k < rc; ++k) {
+                const std::size_t len = b.msgs[k].msg_len;
+                if (len > b.iov[k].iov_len || (k + 1 < rc && len != b.iov[k].iov_len) || (len == 0 && b.iov[k].iov_len))
+                    fail("non-blocking sendmmsg returned %d: message %d has %zu of %zu bytes", rc, k,
+                         len, b.iov[k].iov_len);
+                sent += len;
+                count_tx(s, len);
+            }
+            if (rc < int(b.msgs.size())) ++short_calls;
+        }
+        if (!eagains || !short_calls)
+            fail("non-blocking sendmmsg: %d EAGAIN, %d calls short of their messages", eagains, short_calls);
+        set_nonblocking(s, false);
+        expect_ack(s, "the receiver's ack after non-blocking sendmmsg");
+    }
+    // recvmmsg: the bytes there fill messages in order.
+    {
+        const std::uint64_t seed3 = seed_of(opt, 32);
+        std::uint64_t off = 0;
+        order_send(s, 7500, seed3, 0, true);
+        await_queued(s, 7500, "recvmmsg");
+        Slots sl(4, 1000);
+        int rc = recvmmsg(s, sl.msgs.data(), 3, MSG_WAITFORONE, nullptr);
+        expect_received(sl, rc, {1000, 1000, 1000}, seed3, &off, s, "recvmmsg(MSG_WAITFORONE)");
+        // Looked at after the first message: a zero timeout ends the call there.
+        timespec zero{0, 0};
+        rc = recvmmsg(s, sl.msgs.data(), 4, 0, &zero);
+        expect_received(sl, rc, {1000}, seed3, &off, s, "recvmmsg with a zero timeout");
+        if (zero.tv_sec || zero.tv_nsec) fail("recvmmsg left a zero timeout at %lld.%09ld",
+                                              (long long)zero.tv_sec, zero.tv_nsec);
+        timespec five{5, 0};
+        rc = recvmmsg(s, sl.msgs.data(), 4, 0, &five);
+        expect_received(sl, rc, {1000, 1000, 1000, 500}, seed3, &off, s, "recvmmsg with a timeout");
+        if (five.tv_sec > 5 || five.tv_sec < 3) fail("recvmmsg wrote back %lld.%09ld of a 5 s timeout",
+                                                     (long long)five.tv_sec, five.tv_nsec);
+        // MSG_WAITFORONE: what is there after the first message, then no wait.
+        order_send(s, 2500, seed3 + 1, 0, true);
+        await_queued(s, 2500, "recvmmsg");
+        off = 0;
+        rc = recvmmsg(s, sl.msgs.data(), 4, MSG_WAITFORONE, nullptr);
+        expect_received(sl, rc, {1000, 1000, 500}, seed3 + 1, &off, s,
+                        "recvmmsg(MSG_WAITFORONE) of less than asked");
+        rc = recvmmsg(s, sl.msgs.data(), 4, MSG_DONTWAIT, nullptr);
+        if (rc != -1 || (errno != EAGAIN && errno != EWOULDBLOCK))
+            fail("recvmmsg(MSG_DONTWAIT) on an empty connection: %d (%s), not -1 EAGAIN", rc,
+                 rc < 0 ? errno_name(errno) : "-");
+    }
+}
+
 }  // namespace
 
 void drive_bypass(int *fd, const Options &opt) {
@@ -245,6 +395,7 @@ void drive_bypass(int *fd, const Options &opt) {
     if (part == "sendfile-nonblock") nonblocking_sendfile(*fd, opt);
     else if (part == "splice-nonblock") nonblocking_splice(*fd, opt);
     else if (part == "close-range") close_ranges(fd, opt);
+    else if (part == "mmsg") mmsgs(*fd, opt);
     else fail("bypass: unknown --part '%s'", part.c_str());
     if (*fd >= 0) send_exit(*fd);
 }
