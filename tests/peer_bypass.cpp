@@ -8,7 +8,18 @@
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
+#include <csignal>
+#include <cstddef>
+#include <cstdio>
+#include <grp.h>
+#include <linux/audit.h>
 #include <linux/close_range.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <sys/ioctl.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
@@ -388,6 +399,107 @@ void mmsgs(int s, const Options &opt) {
     }
 }
 
+constexpr uid_t kNobody = 65534;
+
+// A seccomp filter that kills the process on the calls an upgrade makes
+// (getsockname, getpeername, socket): a library that made one after the
+// switch would end the process with SIGSYS.
+void forbid_socket_calls() {
+    sock_filter code[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_getsockname, 3, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_getpeername, 2, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_socket, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+    };
+    sock_fprog prog{std::uint16_t(sizeof code / sizeof code[0]), code};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) fail("PR_SET_NO_NEW_PRIVS: %s", errno_name(errno));
+    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0) != 0)
+        fail("PR_SET_SECCOMP: %s", errno_name(errno));
+}
+
+// No map of another process's page or fabric region is left here.
+void expect_no_peer_maps() {
+    const char *registry = std::getenv("SDIRECT_REGISTRY");
+    const std::string own_page = std::string("/p") + std::to_string(getpid());
+    const std::string own_region = std::string("/sd") + std::to_string(getpid()) + "-";
+    FILE *m = std::fopen("/proc/self/maps", "r");
+    if (!m) fail("/proc/self/maps: %s", errno_name(errno));
+    char line[1024];
+    for (int i = 0; i < 100000 && std::fgets(line, sizeof line, m); ++i) {
+        const std::string l = line;
+        const auto page = registry && *registry ? l.find(std::string(registry) + "/p") : std::string::npos;
+        if (page != std::string::npos && l.find(own_page, page) == std::string::npos)
+            fail("after the privilege change a peer's process page is still mapped: %s", line);
+        const auto region = l.find("/sd");
+        if (region != std::string::npos && l.find("/dev/shm/") != std::string::npos &&
+            l.find(own_region) == std::string::npos && l.find("sdirect") == std::string::npos)
+            fail("after the privilege change a peer's fabric region is still mapped: %s", line);
+    }
+    std::fclose(m);
+}
+
+// The statistics file the library writes at exit stays writable for a
+// process that is no longer root.
+void stats_for_nobody() {
+    const char *path = std::getenv("SDIRECT_STATS_FILE");
+    if (!path || !*path) return;
+    int f = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0666);
+    if (f < 0 || fchmod(f, 0666) != 0) fail("stats file %s: %s", path, errno_name(errno));
+    close(f);
+    std::string dir = path;
+    dir.resize(dir.rfind('/'));
+    chmod(dir.c_str(), 0755);
+    chmod(dir.substr(0, dir.rfind('/')).c_str(), 0755);
+}
+
+// A privilege-separated child (sshd's pattern): it chroots into an empty
+// directory, becomes nobody, enters a seccomp filter and then uses the
+// socket it inherited; then the parent itself drops to nobody and goes on.
+// Every byte must arrive, no call of the library may hit the filter, and
+// no map of the peer may be left.
+void privilege(int *fd, const Options &opt) {
+    if (geteuid() != 0) skip("privilege changes need root");
+    const int s = *fd;
+    std::uint64_t seed = seed_of(opt, 40);
+    echo_round(s, s, 200000, seed++);
+    char root[] = "/tmp/sdirect-chroot-XXXXXX";
+    if (!mkdtemp(root)) fail("mkdtemp: %s", errno_name(errno));
+    std::fflush(stdout);
+    const pid_t kid = fork();
+    if (kid < 0) fail("fork: %s", errno_name(errno));
+    if (kid == 0) {
+        if (chroot(root) != 0 || chdir("/") != 0) fail("chroot: %s", errno_name(errno));
+        if (setgroups(0, nullptr) != 0 || setgid(kNobody) != 0 || setuid(kNobody) != 0)
+            fail("dropping to nobody: %s", errno_name(errno));
+        forbid_socket_calls();
+        for (int i = 0; i < 3; ++i) echo_round(s, s, 300000, seed + std::uint64_t(i));
+        std::fflush(stdout);
+        _exit(0);
+    }
+    int status = 0;
+    if (waitpid(kid, &status, 0) != kid) fail("waitpid: %s", errno_name(errno));
+    rmdir(root);
+    if (WIFSIGNALED(status) && WTERMSIG(status) == SIGSYS)
+        fail("the child in its seccomp filter was killed: a forbidden call was made for it");
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail("the privilege-separated child ended with status 0x%x", unsigned(status));
+    seed += 3;
+    echo_round(s, s, 200000, seed++);
+    stats_for_nobody();
+    if (setgroups(0, nullptr) != 0 || setgid(kNobody) != 0 || setuid(kNobody) != 0)
+        fail("dropping to nobody: %s", errno_name(errno));
+    expect_no_peer_maps();
+    for (int i = 0; i < 3; ++i) echo_round(s, s, 1u << 20, seed++);
+    send_exit(s);
+    close(s);
+    *fd = -1;
+}
+
 }  // namespace
 
 void drive_bypass(int *fd, const Options &opt) {
@@ -396,6 +508,7 @@ void drive_bypass(int *fd, const Options &opt) {
     else if (part == "splice-nonblock") nonblocking_splice(*fd, opt);
     else if (part == "close-range") close_ranges(fd, opt);
     else if (part == "mmsg") mmsgs(*fd, opt);
+    else if (part == "privilege") privilege(fd, opt);
     else fail("bypass: unknown --part '%s'", part.c_str());
     if (*fd >= 0) send_exit(*fd);
 }
