@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <dlfcn.h>
 #include <cerrno>
+#include <cstring>
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/ioctl.h>
@@ -46,6 +47,31 @@ ssize_t recv_msg(Held &s, msghdr *m, int flags) noexcept {
         m->msg_flags = 0;
     }
     return n;
+}
+
+// A message that passes fds (SCM_RIGHTS, on a Unix socket): every one of
+// ours among them goes to the kernel for good before the message leaves,
+// so the receiving process, which knows nothing of our connection, and we
+// both hold a plain TCP socket.
+void pass_fds(const msghdr *m) noexcept {
+    if (sd::transport::guarded() || !readable(m, sizeof *m) || !m->msg_control ||
+        m->msg_controllen < sizeof(cmsghdr) || !readable(m->msg_control, m->msg_controllen))
+        return;
+    for (cmsghdr *h = CMSG_FIRSTHDR(m); h; h = CMSG_NXTHDR(const_cast<msghdr *>(m), h)) {
+        if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS || h->cmsg_len < CMSG_LEN(0))
+            continue;
+        // Within the buffer, whatever cmsg_len says (the kernel checks it).
+        const auto *data = reinterpret_cast<const char *>(CMSG_DATA(h));
+        const auto *end = static_cast<const char *>(m->msg_control) + m->msg_controllen;
+        const std::size_t room = data < end ? std::size_t(end - data) : 0;
+        const int n = int(std::min<std::size_t>(h->cmsg_len - CMSG_LEN(0), room) / sizeof(int));
+        int fds[64];
+        for (int at = 0; at < n; at += 64) {
+            const int k = std::min(64, n - at);
+            std::memcpy(fds, data + sizeof(int) * std::size_t(at), sizeof(int) * std::size_t(k));
+            sd::fallback::table_to_kernel_for_good(fds, k, sd::transport::Reason::passed);
+        }
+    }
 }
 
 }  // namespace
@@ -130,6 +156,7 @@ SD_EXPORT ssize_t recvmsg(int fd, msghdr *m, int flags) {
 }
 
 SD_EXPORT ssize_t sendmsg(int fd, const msghdr *m, int flags) {
+    pass_fds(m);
     Held s(fd);
     if (!s || !readable(m, sizeof *m) || m->msg_iovlen > IOV_MAX ||
         !readable(m->msg_iov, sizeof(iovec) * m->msg_iovlen))
@@ -178,8 +205,10 @@ std::size_t msg_bytes(const msghdr &m) noexcept {
 }  // namespace
 
 SD_EXPORT int sendmmsg(int fd, mmsghdr *v, unsigned n, int flags) {
-    Held s(fd);
     n = std::min(n, kMaxMmsg);
+    if (readable(v, sizeof *v * n))
+        for (unsigned i = 0; i < n; ++i) pass_fds(&v[i].msg_hdr);
+    Held s(fd);
     if (!s || !writable(v, sizeof *v * n)) return kernel_sendmmsg(fd, v, n, flags);
     unsigned done = 0;
     ssize_t r = 0;

@@ -88,3 +88,13 @@ TEST_CASE("a privilege-separated child (chroot, setuid nobody, a seccomp filter 
         check_left_for_good(pair, pl, "privilege");
     });
 }
+
+TEST_CASE("a connection handed to another process with SCM_RIGHTS goes on there, byte for byte, "
+          "and the sender's close of its copy does not end it",
+          "[bypass]") {
+    PairSpec spec = part("hand-off");
+    spec.check_modes = false;
+    run_pair(spec, [](Pair &pair, const Placement &pl) {
+        check_left_for_good(pair, pl, "passed");
+    });
+}

@@ -16,6 +16,7 @@
 #include <linux/close_range.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -24,6 +25,8 @@
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+extern char **environ;
 
 namespace peer {
 
@@ -500,7 +503,85 @@ void privilege(int *fd, const Options &opt) {
     *fd = -1;
 }
 
+void send_fd(int u, int fd) {
+    char tag = 'F';
+    iovec v{&tag, 1};
+    alignas(cmsghdr) char cb[CMSG_SPACE(sizeof(int))] = {};
+    msghdr m{};
+    m.msg_iov = &v;
+    m.msg_iovlen = 1;
+    m.msg_control = cb;
+    m.msg_controllen = sizeof cb;
+    cmsghdr *h = CMSG_FIRSTHDR(&m);
+    h->cmsg_level = SOL_SOCKET;
+    h->cmsg_type = SCM_RIGHTS;
+    h->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(h), &fd, sizeof fd);
+    if (sendmsg(u, &m, 0) != 1) fail("sendmsg(SCM_RIGHTS): %s", errno_name(errno));
+}
+
+int recv_fd(int u) {
+    char tag = 0;
+    iovec v{&tag, 1};
+    alignas(cmsghdr) char cb[CMSG_SPACE(sizeof(int))] = {};
+    msghdr m{};
+    m.msg_iov = &v;
+    m.msg_iovlen = 1;
+    m.msg_control = cb;
+    m.msg_controllen = sizeof cb;
+    if (recvmsg(u, &m, 0) != 1) fail("recvmsg(SCM_RIGHTS): %s", errno_name(errno));
+    cmsghdr *h = CMSG_FIRSTHDR(&m);
+    if (!h || h->cmsg_type != SCM_RIGHTS) fail("recvmsg: no fd came");
+    int fd;
+    std::memcpy(&fd, CMSG_DATA(h), sizeof fd);
+    return fd;
+}
+
+// A connection handed to another process (a program started with the
+// same environment, so preloaded when we are): it takes the stream over
+// where we left it and ends the session; we close our copy at once, as a
+// hand-off does. Nothing may be lost either way, and our close must not
+// end the stream.
+void hand_off(int *fd, const Options &opt) {
+    const int s = *fd;
+    const std::uint64_t seed = seed_of(opt, 50);
+    echo_round(s, s, 300000, seed);
+    int u[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, u) != 0) fail("socketpair: %s", errno_name(errno));
+    // Only the Unix socket goes to the helper; the connection comes through it.
+    if (fcntl(s, F_SETFD, FD_CLOEXEC) != 0 || fcntl(u[1], F_SETFD, 0) != 0)
+        fail("fcntl(F_SETFD): %s", errno_name(errno));
+    const std::string unix_fd = std::to_string(u[1]), seed_text = std::to_string(seed + 1);
+    char self[] = "/proc/self/exe";
+    char *args[] = {self, const_cast<char *>("fd-helper"), const_cast<char *>("--unix"),
+                    const_cast<char *>(unix_fd.c_str()), const_cast<char *>("--seed"),
+                    const_cast<char *>(seed_text.c_str()), nullptr};
+    std::fflush(stdout);
+    pid_t kid = 0;
+    if (posix_spawn(&kid, self, nullptr, nullptr, args, environ) != 0) fail("posix_spawn: %s", errno_name(errno));
+    close(u[1]);
+    send_fd(u[0], s);
+    close(s);
+    *fd = -1;
+    int status = 0;
+    if (waitpid(kid, &status, 0) != kid) fail("waitpid: %s", errno_name(errno));
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail("the process the connection was handed to ended with status 0x%x", unsigned(status));
+    close(u[0]);
+}
+
 }  // namespace
+
+int run_fd_helper(const Options &opt) {
+    const int u = int(opt.num("unix", 0));
+    const std::uint64_t seed = opt.num("seed", 1);
+    const int s = recv_fd(u);
+    for (int i = 0; i < 3; ++i) echo_round(s, s, 300000, seed + 2 * std::uint64_t(i));
+    send_exit(s);
+    close(s);
+    close(u);
+    return 0;
+}
 
 void drive_bypass(int *fd, const Options &opt) {
     const std::string part = part_of_conn(opt);
@@ -509,6 +590,7 @@ void drive_bypass(int *fd, const Options &opt) {
     else if (part == "close-range") close_ranges(fd, opt);
     else if (part == "mmsg") mmsgs(*fd, opt);
     else if (part == "privilege") privilege(fd, opt);
+    else if (part == "hand-off") hand_off(fd, opt);
     else fail("bypass: unknown --part '%s'", part.c_str());
     if (*fd >= 0) send_exit(*fd);
 }

@@ -4,6 +4,7 @@
 //   peer local           --scenario NAME [opts]       both ends in one process
 //   peer prefork PORTFILE --workers W --conns N [opts] listener shared by workers
 //   peer idle --ready FILE [--expect-ignored 1]      no TCP at all
+//   peer fd-helper --unix FD --seed N                takes a connection passed on FD
 // Common options: --family 4|6, --settle-ms N, --seed N, --watchdog S, and
 // the scenario's own (--size, --tx, --rx, --chunk, --rounds, --max-msg,
 // --apis, --part ...). Connection i of a run sees --conn-index i.
@@ -387,6 +388,7 @@ int main(int argc, char **argv) {
     else if (mode == "local") rc = run_local(opt);
     else if (mode == "prefork") rc = run_prefork(argv[2], opt);
     else if (mode == "idle") rc = run_idle(opt);
+    else if (mode == "fd-helper") rc = run_fd_helper(opt);
     else fail("unknown mode '%s'", mode.c_str());
     std::fflush(stdout);
     return rc;
