@@ -98,3 +98,13 @@ TEST_CASE("a connection handed to another process with SCM_RIGHTS goes on there,
         check_left_for_good(pair, pl, "passed");
     });
 }
+
+TEST_CASE("stdio on a connection (fdopen of a dup, fwrite, fflush, fgetc, fread) moves every "
+          "byte, and the socket's own fd goes on after fclose",
+          "[bypass]") {
+    PairSpec spec = part("stdio");
+    spec.check_modes = false;
+    run_pair(spec, [](Pair &pair, const Placement &pl) {
+        check_left_for_good(pair, pl, "stdio");
+    });
+}

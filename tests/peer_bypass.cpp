@@ -570,6 +570,36 @@ void hand_off(int *fd, const Options &opt) {
     close(u[0]);
 }
 
+// A stdio stream over (a dup of) the connection: glibc's stdio reads and
+// writes it through calls of its own, the socket's other fd goes on.
+void stdio_stream(int s, const Options &opt) {
+    std::uint64_t seed = seed_of(opt, 60);
+    echo_round(s, s, 300000, seed++);
+    const int d = dup(s);
+    FILE *f = d < 0 ? nullptr : fdopen(d, "r+");
+    if (!f) fail("fdopen: %s", errno_name(errno));
+    Watch watch(20, "stdio on the connection");
+    Cmd cmd;
+    cmd.op = Op::recv;
+    cmd.api = std::uint32_t(Rx::recv);
+    cmd.size = 200000;
+    cmd.seed = seed;
+    send_cmd(s, cmd);
+    std::vector<char> buf(cmd.size);
+    pattern_fill(seed++, 0, buf.data(), buf.size());
+    if (std::fwrite(buf.data(), 1, buf.size(), f) != buf.size() || std::fflush(f) != 0)
+        fail("fwrite to the connection: %s", errno_name(errno));
+    count_tx(s, cmd.size);
+    if (std::fgetc(f) != 'A') fail("fgetc: no ack after fwrite");
+    order_send(s, 150000, seed, 0, false);
+    std::vector<char> in(150000);
+    if (std::fread(in.data(), 1, in.size(), f) != in.size()) fail("fread from the connection: short");
+    pattern_expect(seed++, 0, in.data(), in.size(), "fread from the connection");
+    count_rx(s, in.size());
+    std::fclose(f);
+    echo_round(s, s, 300000, seed++);
+}
+
 }  // namespace
 
 int run_fd_helper(const Options &opt) {
@@ -591,6 +621,7 @@ void drive_bypass(int *fd, const Options &opt) {
     else if (part == "mmsg") mmsgs(*fd, opt);
     else if (part == "privilege") privilege(fd, opt);
     else if (part == "hand-off") hand_off(fd, opt);
+    else if (part == "stdio") stdio_stream(*fd, opt);
     else fail("bypass: unknown --part '%s'", part.c_str());
     if (*fd >= 0) send_exit(*fd);
 }
