@@ -108,3 +108,18 @@ TEST_CASE("stdio on a connection (fdopen of a dup, fwrite, fflush, fgetc, fread)
         check_left_for_good(pair, pl, "stdio");
     });
 }
+
+TEST_CASE("SDIRECT_ENABLE=0 keeps a program on the kernel, so raw syscalls on its sockets are "
+          "exact",
+          "[bypass]") {
+    PairSpec spec = part("raw-syscall");
+    spec.env = {"SDIRECT_ENABLE=0"};
+    spec.check_modes = false;
+    run_pair(spec, [](Pair &pair, const Placement &) {
+        for (const Proc *p : {&pair.server, &pair.client}) {
+            if (!p->preloaded) continue;
+            INFO("statistics file:\n" << read_text(p->stats));
+            for (const StatLine &s : read_stats(p->stats)) CHECK(s.mode == "kernel");
+        }
+    });
+}

@@ -600,6 +600,36 @@ void stdio_stream(int s, const Options &opt) {
     echo_round(s, s, 300000, seed++);
 }
 
+// Raw syscalls on the connection, which no interposer sees: right only in
+// a process that runs the library with SDIRECT_ENABLE=0 (or without it).
+void raw_syscalls(int s, const Options &opt) {
+    std::uint64_t seed = seed_of(opt, 70);
+    Watch watch(20, "raw syscalls on the connection");
+    Cmd cmd;
+    cmd.op = Op::recv;
+    cmd.api = std::uint32_t(Rx::recv);
+    cmd.size = 100000;
+    cmd.seed = seed;
+    send_cmd(s, cmd);
+    std::vector<char> buf(cmd.size);
+    pattern_fill(seed++, 0, buf.data(), buf.size());
+    for (std::size_t at = 0; at < buf.size();) {
+        const long n = syscall(SYS_write, s, buf.data() + at, buf.size() - at);
+        if (n <= 0) fail("SYS_write: %ld (%s)", n, errno_name(errno));
+        at += std::size_t(n);
+    }
+    char ack = 0;
+    if (syscall(SYS_read, s, &ack, 1) != 1 || ack != 'A') fail("SYS_read: no ack");
+    order_send(s, 80000, seed, 0, false);
+    for (std::size_t at = 0; at < 80000;) {
+        const long n = syscall(SYS_read, s, buf.data() + at, 80000 - at);
+        if (n <= 0) fail("SYS_read: %ld (%s)", n, errno_name(errno));
+        at += std::size_t(n);
+    }
+    pattern_expect(seed++, 0, buf.data(), 80000, "SYS_read");
+    echo_round(s, s, 100000, seed++);
+}
+
 }  // namespace
 
 int run_fd_helper(const Options &opt) {
@@ -622,6 +652,7 @@ void drive_bypass(int *fd, const Options &opt) {
     else if (part == "privilege") privilege(fd, opt);
     else if (part == "hand-off") hand_off(fd, opt);
     else if (part == "stdio") stdio_stream(*fd, opt);
+    else if (part == "raw-syscall") raw_syscalls(*fd, opt);
     else fail("bypass: unknown --part '%s'", part.c_str());
     if (*fd >= 0) send_exit(*fd);
 }
