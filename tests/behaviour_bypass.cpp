@@ -5,6 +5,11 @@
 
 #include "harness.hpp"
 
+#include <cstdio>
+#include <cstdlib>
+#include <set>
+#include <sstream>
+
 using namespace sdt;
 
 namespace {
@@ -122,4 +127,44 @@ TEST_CASE("SDIRECT_ENABLE=0 keeps a program on the kernel, so raw syscalls on it
             for (const StatLine &s : read_stats(p->stats)) CHECK(s.mode == "kernel");
         }
     });
+}
+
+TEST_CASE("the library exports exactly the symbols its version script lists", "[bypass]") {
+    const char *map = std::getenv("SDIRECT_TEST_MAP");
+    if (config() == Config::kernel || !map || !*map || lib_path().empty()) {
+        note_skip("no library here");
+        return;
+    }
+    // The names between "global:" and "local:".
+    std::string text = read_text(map);
+    const auto from = text.find("global:"), to = text.find("local:");
+    REQUIRE(from != std::string::npos);
+    REQUIRE(to != std::string::npos);
+    std::set<std::string> listed;
+    std::istringstream words(text.substr(from + 7, to - from - 7));
+    for (std::string w; std::getline(words, w, ';');) {
+        const auto a = w.find_first_not_of(" \t\n"), b = w.find_last_not_of(" \t\n");
+        if (a != std::string::npos) listed.insert(w.substr(a, b - a + 1));
+    }
+    FILE *nm = popen(("nm -D --defined-only " + lib_path() + " 2>/dev/null").c_str(), "r");
+    REQUIRE(nm != nullptr);
+    std::set<std::string> exported;
+    char line[512];
+    for (int i = 0; i < 100000 && std::fgets(line, sizeof line, nm); ++i) {
+        std::istringstream in(line);
+        std::string addr, kind, name;
+        if (in >> addr >> kind >> name && (kind == "T" || kind == "W")) exported.insert(name);
+    }
+    if (pclose(nm) != 0 || exported.empty()) {
+        note_skip("nm is not available");
+        return;
+    }
+    for (const std::string &name : listed) {
+        INFO("listed, not exported: " << name);
+        CHECK(exported.count(name) == 1);
+    }
+    for (const std::string &name : exported) {
+        INFO("exported, not listed: " << name);
+        CHECK(listed.count(name) == 1);
+    }
 }
