@@ -1,12 +1,15 @@
-// Privilege changes and sandboxes: set*id, setgroups, initgroups, chroot,
-// unshare, setns, prctl(PR_SET_SECCOMP). Before the change takes effect
+// Privilege changes and sandboxes: set*id, chroot, unshare, setns,
+// prctl(PR_SET_SECCOMP). Before the change takes effect
 // every connection goes back to the kernel for good and the process stops
 // using the fabric: another uid cannot reach its peers' memory (nor should
 // it keep maps of their pages), another root or namespace cannot reach the
 // registry, and a seccomp filter may forbid the calls an upgrade makes.
 // A call that changes nothing (the ids it sets are the ones in force) is
-// passed on alone. glibc has no seccomp() wrapper; the raw syscall is
-// beyond any interposer.
+// passed on alone. Supplementary groups (setgroups, initgroups) are not
+// watched: what the fabric needs is the same uid and gid on both sides
+// (process_vm_* checks those, the registry is per uid), and a privilege
+// drop changes them with the setgid/setuid that follows. glibc has no
+// seccomp() wrapper; the raw syscall is beyond any interposer.
 #include "shim.hpp"
 
 #include <cstdarg>
@@ -29,8 +32,6 @@ struct Real {
     int (*setregid)(gid_t, gid_t);
     int (*setresuid)(uid_t, uid_t, uid_t);
     int (*setresgid)(gid_t, gid_t, gid_t);
-    int (*setgroups)(size_t, const gid_t *);
-    int (*initgroups)(const char *, gid_t);
     int (*chroot)(const char *);
     int (*unshare)(int);
     int (*setns)(int, int);
@@ -52,8 +53,6 @@ __attribute__((constructor(102))) void resolve_priv() {
     find(real.setregid, "setregid");
     find(real.setresuid, "setresuid");
     find(real.setresgid, "setresgid");
-    find(real.setgroups, "setgroups");
-    find(real.initgroups, "initgroups");
     find(real.chroot, "chroot");
     find(real.unshare, "unshare");
     find(real.setns, "setns");
@@ -125,16 +124,6 @@ SD_EXPORT int setresuid(uid_t r, uid_t e, uid_t s) noexcept {
 SD_EXPORT int setresgid(gid_t r, gid_t e, gid_t s) noexcept {
     if (gids_change(r, e, s)) retire();
     return real.setresgid ? real.setresgid(r, e, s) : missing();
-}
-
-SD_EXPORT int setgroups(size_t n, const gid_t *groups) noexcept {
-    retire();
-    return real.setgroups ? real.setgroups(n, groups) : missing();
-}
-
-SD_EXPORT int initgroups(const char *user, gid_t group) {
-    retire();
-    return real.initgroups ? real.initgroups(user, group) : missing();
 }
 
 SD_EXPORT int chroot(const char *path) noexcept {
