@@ -281,10 +281,9 @@ ssize_t sendfile_any(int out, int in, off_t *offset, size_t count) noexcept {
     Held s(out);
     if (!through_stream(s)) return sys.sendfile(out, in, offset, count);
     if (offset && *offset < 0) return errno = EINVAL, -1;
-    // An input without a position (a pipe): ESPIPE, where the kernel's
-    // sendfile would have consumed bytes the socket may not take.
+    // An input without a position (a pipe) the kernel refuses too.
     const off_t start = offset ? *offset : lseek(in, 0, SEEK_CUR);
-    if (start < 0) return -1;
+    if (start < 0) return errno == ESPIPE ? (errno = EINVAL, -1) : -1;
     count = std::min(count, kMaxRw);
     char buf[65536];
     size_t done = 0;
