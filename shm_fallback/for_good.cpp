@@ -66,6 +66,7 @@ void table_retire() noexcept {
     if (!transport::set_retired()) return;
     table_to_kernel_for_good(nullptr, -1, Reason::privilege);
     if (transport::Engine *e = transport::Engine::current()) e->forget_peers();
+    transport::spin_table_detach();
 }
 
 }  // namespace sd::fallback

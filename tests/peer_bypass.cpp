@@ -425,7 +425,8 @@ void forbid_socket_calls() {
         fail("PR_SET_SECCOMP: %s", errno_name(errno));
 }
 
-// No map of another process's page or fabric region is left here.
+// No map of another process's page or fabric region, nor of the
+// registry's shared spin file, is left here.
 void expect_no_peer_maps() {
     const char *registry = std::getenv("SDIRECT_REGISTRY");
     const std::string own_page = std::string("/p") + std::to_string(getpid());
@@ -438,6 +439,8 @@ void expect_no_peer_maps() {
         const auto page = registry && *registry ? l.find(std::string(registry) + "/p") : std::string::npos;
         if (page != std::string::npos && l.find(own_page, page) == std::string::npos)
             fail("after the privilege change a peer's process page is still mapped: %s", line);
+        if (registry && *registry && l.find(std::string(registry) + "/spin") != std::string::npos)
+            fail("after the privilege change the registry's spin file is still mapped: %s", line);
         const auto region = l.find("/sd");
         if (region != std::string::npos && l.find("/dev/shm/") != std::string::npos &&
             l.find(own_region) == std::string::npos && l.find("sdirect") == std::string::npos)
