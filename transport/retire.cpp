@@ -45,6 +45,18 @@ void Engine::forget_peers() noexcept {
     for (std::uint32_t i = 0; i < npeers_; ++i) {
         Peer &p = peers_[i];
         if (!p.page || p.pid == pid_ || p.addr == FI_ADDR_UNSPEC) continue;
+        // A connection still leaving (the peer left first and returns our
+        // bytes on the fabric) keeps its peer until it is done.
+        bool busy = false;
+        for (std::uint32_t k = 0; k < kSlots && !busy; ++k) {
+            Conn *c = conns_[k].load(std::memory_order_acquire);
+            busy = c && c->peer == &p && c->state.load(std::memory_order_acquire) != ConnState::final;
+        }
+        if (busy) {
+            SD_LOG(error, "pid %d: a connection with it has not finished leaving the fabric; its "
+                          "maps stay", int(p.pid));
+            continue;
+        }
         {
             Guard guard;
             fi_av_remove(ep_.av, &p.addr, 1, 0);  // the provider unmaps the peer's region
