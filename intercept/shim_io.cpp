@@ -54,7 +54,7 @@ ssize_t recv_msg(Held &s, msghdr *m, int flags) noexcept {
 // so the receiving process, which knows nothing of our connection, and we
 // both hold a plain TCP socket.
 void pass_fds(const msghdr *m) noexcept {
-    if (sd::transport::guarded() || !readable(m, sizeof *m) || !m->msg_control ||
+    if (!m || sd::transport::guarded() || !readable(m, sizeof *m) || !m->msg_control ||
         m->msg_controllen < sizeof(cmsghdr) || !readable(m->msg_control, m->msg_controllen))
         return;
     for (cmsghdr *h = CMSG_FIRSTHDR(m); h; h = CMSG_NXTHDR(const_cast<msghdr *>(m), h)) {
@@ -206,7 +206,7 @@ std::size_t msg_bytes(const msghdr &m) noexcept {
 
 SD_EXPORT int sendmmsg(int fd, mmsghdr *v, unsigned n, int flags) {
     n = std::min(n, kMaxMmsg);
-    if (readable(v, sizeof *v * n))
+    if (v && readable(v, sizeof *v * n))
         for (unsigned i = 0; i < n; ++i) pass_fds(&v[i].msg_hdr);
     Held s(fd);
     if (!s || !writable(v, sizeof *v * n)) return kernel_sendmmsg(fd, v, n, flags);
