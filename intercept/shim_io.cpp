@@ -209,7 +209,7 @@ SD_EXPORT int sendmmsg(int fd, mmsghdr *v, unsigned n, int flags) {
     if (v && readable(v, sizeof *v * n))
         for (unsigned i = 0; i < n; ++i) pass_fds(&v[i].msg_hdr);
     Held s(fd);
-    if (!s || !writable(v, sizeof *v * n)) return kernel_sendmmsg(fd, v, n, flags);
+    if (!s || !v || !writable(v, sizeof *v * n)) return kernel_sendmmsg(fd, v, n, flags);
     unsigned done = 0;
     ssize_t r = 0;
     for (; done < n; ++done) {
@@ -229,7 +229,7 @@ SD_EXPORT int sendmmsg(int fd, mmsghdr *v, unsigned n, int flags) {
 SD_EXPORT int recvmmsg(int fd, mmsghdr *v, unsigned n, int flags, timespec *timeout) {
     Held s(fd);
     n = std::min(n, kMaxMmsg);
-    if (!s || !writable(v, sizeof *v * n) || (timeout && !writable(timeout, sizeof *timeout)))
+    if (!s || !v || !writable(v, sizeof *v * n) || (timeout && !writable(timeout, sizeof *timeout)))
         return kernel_recvmmsg(fd, v, n, flags, timeout);
     if (timeout && (timeout->tv_sec < 0 || timeout->tv_nsec < 0 || timeout->tv_nsec >= 1000000000))
         return errno = EINVAL, -1;
