@@ -77,7 +77,10 @@ SD_EXPORT int connect(int fd, const sockaddr *addr, socklen_t len) {
     int err = errno;
     if (r == 0) {
         s->connected(false);
-    } else if (err == EINPROGRESS || err == EALREADY || err == EINTR) {
+    } else if ((err == EINPROGRESS || err == EALREADY || err == EINTR) &&
+               !sd::transport::retired()) {
+        // Attached at its first use; not in a retired process, whose
+        // sandbox may forbid the getsockname that tells the handshake done.
         Phase p = Phase::fresh;
         s->phase.compare_exchange_strong(p, Phase::connecting);
     }

@@ -102,6 +102,10 @@ class Stream {
     // kernel for good. `vforked`: called in a vfork child,
     // whose memory is its parent's (only the owner's control thread acts).
     void before_exec(bool vforked, int kept) noexcept;
+    // The socket goes back to the kernel for good, for `why` (for_good.cpp):
+    // a direct connection leaves the fabric, one not direct yet (or not
+    // attached yet) never upgrades.
+    void to_kernel_for_good(transport::Reason why) noexcept;
     // recv family; `flags` as for recvmsg. Bytes, 0 at EOF, or -errno.
     ssize_t recv(const iovec *iov, int iovcnt, int flags) noexcept;
     // send family; raises SIGPIPE on EPIPE unless MSG_NOSIGNAL.

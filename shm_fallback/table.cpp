@@ -51,6 +51,8 @@ void table_init() noexcept {
     self_pid = int(getpid());
 }
 
+int table_size() noexcept { return nslots; }
+
 Stream *acquire(int fd) noexcept {
     if (fd < 0 || fd >= nslots) return nullptr;
     for (;;) {
@@ -74,7 +76,8 @@ void release(Stream *s) noexcept {
 }
 
 Stream *create(int fd, int domain, bool nonblock) noexcept {
-    if (fd < 0 || fd >= nslots) return nullptr;
+    // A retired process tracks no new socket: libc has them all.
+    if (fd < 0 || fd >= nslots || transport::retired()) return nullptr;
     Stream *s = pool_get();
     if (!s) return nullptr;
     s->reset(fd, domain, nonblock);

@@ -10,6 +10,9 @@ namespace sd::fallback {
 
 void table_init() noexcept;
 
+// One past the largest fd number the table can hold.
+int table_size() noexcept;
+
 // The stream at fd with a reference held, or nullptr.
 Stream *acquire(int fd) noexcept;
 void release(Stream *s) noexcept;
@@ -40,6 +43,14 @@ void table_before_exec() noexcept;
 // The same for the sockets at `fds` too (posix_spawn's dup2 actions make
 // even an FD_CLOEXEC socket the new program's).
 void table_before_exec(const int *fds, int nfds) noexcept;
+// The sockets at `fds` (or every socket, nfds < 0) go back to the kernel
+// for good (Stream::to_kernel_for_good). Not in a vfork child.
+void table_to_kernel_for_good(const int *fds, int nfds, transport::Reason why) noexcept;
+// The process changes its privileges or enters a sandbox: every socket
+// goes back to the kernel for good, and the process never upgrades again
+// (transport::retired); the peers' pages and regions are unmapped.
+void table_retire() noexcept;
+
 // A vfork child: its memory (this table, every stream) is its parent's,
 // so it must change none of it. One getpid() call.
 bool foreign_process() noexcept;

@@ -82,6 +82,12 @@ void drive_thread_wake_loop(int *fd, const Options &opt);
 void drive_sendfile(int *fd, const Options &opt);
 void drive_splice(int *fd, const Options &opt);
 
+// Paths around the socket calls, one per --part (peer_bypass.cpp).
+void drive_bypass(int *fd, const Options &opt);
+// The process a connection is handed to over a Unix socket (--unix FD):
+// it takes the connection over from the driver (mode "fd-helper").
+int run_fd_helper(const Options &opt);
+
 // Invalid arguments, printed for differential comparison (peer_probe.cpp).
 void drive_bad_input(int *fd, const Options &opt);
 

@@ -5,6 +5,7 @@
 //   peer prefork PORTFILE --workers W --conns N [opts] listener shared by workers
 //   peer idle --ready FILE [--expect-ignored 1]      no TCP at all
 //   peer upgrade --scenario stopped|signals|fdlimit  the upgrade disturbed
+//   peer fd-helper --unix FD --seed N                takes a connection passed on FD
 // Common options: --family 4|6, --settle-ms N, --seed N, --watchdog S, and
 // the scenario's own (--size, --tx, --rx, --chunk, --rounds, --max-msg,
 // --apis, --part ...). Connection i of a run sees --conn-index i.
@@ -93,6 +94,7 @@ constexpr Entry drivers[] = {
     {"thread-wake-loop", drive_thread_wake_loop},
     {"sendfile", drive_sendfile},
     {"splice", drive_splice},
+    {"bypass", drive_bypass},
 };
 
 Options parse(int argc, char **argv, int first) {
@@ -388,6 +390,7 @@ int main(int argc, char **argv) {
     else if (mode == "prefork") rc = run_prefork(argv[2], opt);
     else if (mode == "idle") rc = run_idle(opt);
     else if (mode == "upgrade") rc = run_upgrade(opt);
+    else if (mode == "fd-helper") rc = run_fd_helper(opt);
     else fail("unknown mode '%s'", mode.c_str());
     std::fflush(stdout);
     return rc;

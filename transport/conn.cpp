@@ -23,6 +23,7 @@ std::uint32_t generations[kSlots];
 
 Conn *Engine::attach(int fd, bool acceptor, std::uint32_t rcvbuf, std::uint64_t sent,
                      std::uint64_t received) noexcept {
+    if (retired()) return nullptr;  // not even a getsockname: a sandbox may forbid it
     Tuple t;
     if (tuple_of(fd, t) != 0) return nullptr;
     Conn *c = nullptr;

@@ -403,7 +403,7 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
 
 void Engine::release_peer(Peer *p) noexcept {
     if (!p || --p->conns) return;
-    {
+    if (p->addr != FI_ADDR_UNSPEC) {  // else forget_peers() removed it
         Guard guard;
         fi_av_remove(ep_.av, &p->addr, 1, 0);
     }
@@ -731,8 +731,14 @@ void Engine::handle_request(int fd) noexcept {
     }
     if (req.type == std::uint16_t(CtlType::leave)) {
         if (bell >= 0) sys.close(bell);
-        return handle_leave(fd, req.pid, req.tuple, proof,
-                            req.status == std::uint32_t(Reason::exec) ? Reason::exec : Reason::shared);
+        // A leave for good keeps its reason; any other is for sharing.
+        const Reason why = req.status == std::uint32_t(Reason::exec) ||
+                                   req.status == std::uint32_t(Reason::stdio) ||
+                                   req.status == std::uint32_t(Reason::passed) ||
+                                   req.status == std::uint32_t(Reason::privilege)
+                               ? Reason(req.status)
+                               : Reason::shared;
+        return handle_leave(fd, req.pid, req.tuple, proof, why);
     }
     CtlMsg rep{};
     rep.magic = kCtlMagic;
@@ -746,7 +752,8 @@ void Engine::handle_request(int fd) noexcept {
         if (bell >= 0) sys.close(bell);
         send_ctl(fd, rep, nullptr, 0);
     };
-    if (req.type != std::uint16_t(CtlType::request) || proof < 0 || bell < 0 || !fabric_ok_)
+    if (req.type != std::uint16_t(CtlType::request) || proof < 0 || bell < 0 || !fabric_ok_ ||
+        retired())
         return refuse(std::uint32_t(Reason::peer_refused));
     if (!peer_cred_ok(fd, req.pid)) return refuse(std::uint32_t(Reason::other_user));
     req.addr[sizeof req.addr - 1] = '\0';

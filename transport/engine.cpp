@@ -115,9 +115,10 @@ Engine *Engine::current() noexcept { return the_engine.load(std::memory_order_ac
 
 Engine *Engine::ready() noexcept {
     Engine *e = the_engine.load(std::memory_order_acquire);
-    if (e || unusable || !settings().enable) return e;
+    if (e || unusable || !settings().enable || retired()) return e;
     std::lock_guard lock(create_lock);
-    if ((e = the_engine.load(std::memory_order_acquire)) || unusable || starting) return e;
+    if ((e = the_engine.load(std::memory_order_acquire)) || unusable || starting || retired())
+        return e;
     if (!exit_hook) exit_hook = atexit(wait_for_build) == 0;
     // Our thread must not take the application's signals.
     sigset_t all, old;

@@ -53,6 +53,13 @@ inline constexpr std::uint32_t kMaxInline = 16384 - 32;
 class Engine;
 Engine *the_engine_for_exit() noexcept;
 
+// The process changed its privileges or sandbox (retire.cpp): from then on
+// nothing is upgraded, no engine is built and no request is answered; its
+// connections are on the kernel for good.
+bool retired() noexcept;
+// False when it already was.
+bool set_retired() noexcept;
+
 // Asks process `owner`, whose direct connection socket `fd` also is here
 // (inherited through fork), to move it back to the kernel (leave), because
 // of `why` (shared or exec). 0 when the kernel socket carries it all now;
@@ -108,6 +115,14 @@ class Engine {
     int leave_locked(Conn *c, Reason why) noexcept;
     // The same for an application thread of ours (exec, posix_spawn).
     int leave(Conn *c, Reason why) noexcept;
+    // A connection that is not direct stays on the kernel for good, for
+    // `why` (retire.cpp): unpublished, no upgrade either way. One that left
+    // for sharing no longer comes back.
+    void stay_on_kernel(Conn *c, Reason why) noexcept;
+    // After every connection left (retired()): the peers' process pages
+    // and fabric regions are no longer mapped here, their doorbells and
+    // pidfds closed, our entries gone from the registry.
+    void forget_peers() noexcept;
     // Send side of a connection that left (tx_lock held): our own leave if
     // the peer left first, then the bytes the peer returned, then our
     // staged ones, into the kernel socket, before anything new. Waits until

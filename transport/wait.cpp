@@ -204,6 +204,17 @@ const SpinTable &spin_table() noexcept {
     return table;
 }
 
+}  // namespace
+
+void spin_table_detach() noexcept {
+    const SpinTable &t = spin_table();
+    if (t.slots)
+        (void)mmap(static_cast<void *>(t.slots), kMaxSpinSlots * sizeof(std::uint64_t),
+                   PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+}
+
+namespace {
+
 // This thread's record of its spins: failures in a row, and how many
 // waits still go without spinning.
 struct SpinHistory {

@@ -44,6 +44,11 @@ void wake_pollers() noexcept;
 // fails when release() is called (the waiter goes to sleep), succeeds
 // when the slot is dropped with the wait over. Without the file, everyone
 // spins.
+// The process no longer shares the spin file (it changed its privileges):
+// its map becomes private memory in place, so a waiter of ours that looks
+// at it meanwhile finds zeros, and the file's owner is left alone.
+void spin_table_detach() noexcept;
+
 class SpinSlot {
   public:
     SpinSlot() = default;

@@ -1,0 +1,154 @@
+// Privilege changes and sandboxes: set*id, chroot, unshare, setns,
+// prctl(PR_SET_SECCOMP). Before the change takes effect
+// every connection goes back to the kernel for good and the process stops
+// using the fabric: another uid cannot reach its peers' memory (nor should
+// it keep maps of their pages), another root or namespace cannot reach the
+// registry, and a seccomp filter may forbid the calls an upgrade makes.
+// A call that changes nothing (the ids it sets are the ones in force) is
+// passed on alone. Supplementary groups (setgroups, initgroups) are not
+// watched: what the fabric needs is the same uid and gid on both sides
+// (process_vm_* checks those, the registry is per uid), and a privilege
+// drop changes them with the setgid/setuid that follows. glibc has no
+// seccomp() wrapper; the raw syscall is beyond any interposer.
+#include "shim.hpp"
+
+#include <cstdarg>
+#include <dlfcn.h>
+#include <linux/prctl.h>
+#include <linux/sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+using namespace sd::intercept;
+
+namespace {
+
+struct Real {
+    int (*setuid)(uid_t);
+    int (*setgid)(gid_t);
+    int (*seteuid)(uid_t);
+    int (*setegid)(gid_t);
+    int (*setreuid)(uid_t, uid_t);
+    int (*setregid)(gid_t, gid_t);
+    int (*setresuid)(uid_t, uid_t, uid_t);
+    int (*setresgid)(gid_t, gid_t, gid_t);
+    int (*chroot)(const char *);
+    int (*unshare)(int);
+    int (*setns)(int, int);
+    int (*prctl)(int, unsigned long, unsigned long, unsigned long, unsigned long);
+};
+Real real;
+
+template <typename F>
+void find(F &slot, const char *name) noexcept {
+    slot = reinterpret_cast<F>(dlsym(RTLD_NEXT, name));
+}
+
+__attribute__((constructor(102))) void resolve_priv() {
+    find(real.setuid, "setuid");
+    find(real.setgid, "setgid");
+    find(real.seteuid, "seteuid");
+    find(real.setegid, "setegid");
+    find(real.setreuid, "setreuid");
+    find(real.setregid, "setregid");
+    find(real.setresuid, "setresuid");
+    find(real.setresgid, "setresgid");
+    find(real.chroot, "chroot");
+    find(real.unshare, "unshare");
+    find(real.setns, "setns");
+    find(real.prctl, "prctl");
+}
+
+void retire() noexcept {
+    if (!table_frozen()) sd::fallback::table_retire();
+}
+
+// -1 ("leave it") or the id in force changes nothing.
+bool same(unsigned want, unsigned now) noexcept { return want == unsigned(-1) || want == now; }
+
+bool uids_change(uid_t r, uid_t e, uid_t s) noexcept {
+    uid_t nr, ne, ns;
+    if (getresuid(&nr, &ne, &ns) != 0) return true;
+    return !(same(r, nr) && same(e, ne) && same(s, ns));
+}
+
+bool gids_change(gid_t r, gid_t e, gid_t s) noexcept {
+    gid_t nr, ne, ns;
+    if (getresgid(&nr, &ne, &ns) != 0) return true;
+    return !(same(r, nr) && same(e, ne) && same(s, ns));
+}
+
+int missing() noexcept {
+    errno = ENOSYS;
+    return -1;
+}
+
+}  // namespace
+
+SD_EXPORT int setuid(uid_t uid) noexcept {
+    // As root it sets all three ids, else the effective one.
+    if (uids_change(uid, uid, uid)) retire();
+    return real.setuid ? real.setuid(uid) : missing();
+}
+
+SD_EXPORT int setgid(gid_t gid) noexcept {
+    if (gids_change(gid, gid, gid)) retire();
+    return real.setgid ? real.setgid(gid) : missing();
+}
+
+SD_EXPORT int seteuid(uid_t uid) noexcept {
+    if (uids_change(uid_t(-1), uid, uid_t(-1))) retire();
+    return real.seteuid ? real.seteuid(uid) : missing();
+}
+
+SD_EXPORT int setegid(gid_t gid) noexcept {
+    if (gids_change(gid_t(-1), gid, gid_t(-1))) retire();
+    return real.setegid ? real.setegid(gid) : missing();
+}
+
+SD_EXPORT int setreuid(uid_t r, uid_t e) noexcept {
+    if (uids_change(r, e, uid_t(-1))) retire();
+    return real.setreuid ? real.setreuid(r, e) : missing();
+}
+
+SD_EXPORT int setregid(gid_t r, gid_t e) noexcept {
+    if (gids_change(r, e, gid_t(-1))) retire();
+    return real.setregid ? real.setregid(r, e) : missing();
+}
+
+SD_EXPORT int setresuid(uid_t r, uid_t e, uid_t s) noexcept {
+    if (uids_change(r, e, s)) retire();
+    return real.setresuid ? real.setresuid(r, e, s) : missing();
+}
+
+SD_EXPORT int setresgid(gid_t r, gid_t e, gid_t s) noexcept {
+    if (gids_change(r, e, s)) retire();
+    return real.setresgid ? real.setresgid(r, e, s) : missing();
+}
+
+SD_EXPORT int chroot(const char *path) noexcept {
+    retire();
+    return real.chroot ? real.chroot(path) : missing();
+}
+
+SD_EXPORT int unshare(int flags) noexcept {
+    // A table of fds, a cwd, semaphore undo lists of one's own change
+    // nothing for us; a namespace does.
+    if (flags & ~(CLONE_FILES | CLONE_FS | CLONE_SYSVSEM)) retire();
+    return real.unshare ? real.unshare(flags) : missing();
+}
+
+SD_EXPORT int setns(int fd, int nstype) noexcept {
+    retire();
+    return real.setns ? real.setns(fd, nstype) : missing();
+}
+
+SD_EXPORT int prctl(int option, ...) noexcept {
+    va_list ap;
+    va_start(ap, option);
+    unsigned long a2 = va_arg(ap, unsigned long), a3 = va_arg(ap, unsigned long),
+                  a4 = va_arg(ap, unsigned long), a5 = va_arg(ap, unsigned long);
+    va_end(ap);
+    if (option == PR_SET_SECCOMP) retire();
+    return real.prctl ? real.prctl(option, a2, a3, a4, a5) : missing();
+}

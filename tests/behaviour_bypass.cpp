@@ -1,0 +1,170 @@
+// Paths around the library's socket calls: none may lose, duplicate or
+// misroute a byte, or hang. Each case runs in every configuration; the
+// peers check every byte and count, the statistics the mode.
+#include <catch2/catch.hpp>
+
+#include "harness.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+#include <set>
+#include <sstream>
+
+using namespace sdt;
+
+namespace {
+
+PairSpec part(const std::string &name, std::vector<std::string> extra = {}) {
+    PairSpec spec;
+    spec.args = {"--scenario", "bypass", "--part", name};
+    spec.args.insert(spec.args.end(), extra.begin(), extra.end());
+    spec.timeout = 60;
+    return spec;
+}
+
+// The connection of `p` (its only one) as the statistics show it.
+const StatLine *only_conn(const Proc &p, std::vector<StatLine> &stats) {
+    stats = read_stats(p.stats);
+    const auto conns = conns_of(p);
+    INFO(describe(p));
+    INFO("statistics file:\n" << read_text(p.stats));
+    REQUIRE(conns.size() == 1);
+    const StatLine *s = find_stat(stats, conns[0].pid, conns[0].local, conns[0].peer);
+    REQUIRE(s != nullptr);
+    return s;
+}
+
+// Direct first, then on the kernel for good for `reason`, on both ends;
+// where only one end runs the library it never left the kernel.
+void check_left_for_good(const Pair &pair, const Placement &pl, const std::string &reason) {
+    for (bool server : {true, false}) {
+        const Proc &p = server ? pair.server : pair.client;
+        const Expect expect = pl.expect(server);
+        if (expect == Expect::nothing) continue;
+        std::vector<StatLine> stats;
+        const StatLine *s = only_conn(p, stats);
+        INFO((server ? "server" : "client") << " statistics:\n" << read_text(p.stats));
+        CHECK(s->mode == "kernel");
+        if (expect == Expect::direct) {
+            CHECK(s->reason == reason);
+            CHECK(s->num("tx_fabric") + s->num("rx_fabric") > 0);
+            CHECK(s->num("upgrades") == 1);
+            CHECK(s->num("leaves") == 1);
+        } else {
+            CHECK((s->reason == "no_peer" || s->reason == reason));
+        }
+    }
+}
+
+}  // namespace
+
+TEST_CASE("sendfile on a full non-blocking socket moves the file offset (its own or the one "
+          "given) by exactly what it sent, and not at all on EAGAIN",
+          "[bypass]") {
+    run_pair(part("sendfile-nonblock"));
+}
+
+TEST_CASE("splice from a pipe into a full non-blocking socket takes out of the pipe exactly "
+          "what it sent, and nothing on EAGAIN",
+          "[bypass]") {
+    run_pair(part("splice-nonblock"));
+}
+
+TEST_CASE("close_range and closefrom close a connection's fds as close() does: EBADF after, a "
+          "file that gets the number is a file, CLOSE_RANGE_CLOEXEC closes nothing, the last fd "
+          "ends the stream",
+          "[bypass]") {
+    run_pair(part("close-range"));
+}
+
+TEST_CASE("sendmmsg and recvmmsg move every message through the connection: counts, lengths, "
+          "MSG_WAITFORONE, the timeout, short counts and EAGAIN as the kernel gives them",
+          "[bypass]") {
+    run_pair(part("mmsg"));
+}
+
+TEST_CASE("a privilege-separated child (chroot, setuid nobody, a seccomp filter against socket "
+          "calls) uses its inherited connection, then the parent drops to nobody: every byte "
+          "arrives, the library makes no forbidden call and keeps no map of the peer",
+          "[bypass]") {
+    PairSpec spec = part("privilege");
+    spec.check_modes = false;
+    run_pair(spec, [](Pair &pair, const Placement &pl) {
+        check_left_for_good(pair, pl, "privilege");
+    });
+}
+
+TEST_CASE("a connection handed to another process with SCM_RIGHTS goes on there, byte for byte, "
+          "and the sender's close of its copy does not end it",
+          "[bypass]") {
+    PairSpec spec = part("hand-off");
+    spec.check_modes = false;
+    run_pair(spec, [](Pair &pair, const Placement &pl) {
+        check_left_for_good(pair, pl, "passed");
+    });
+}
+
+TEST_CASE("stdio on a connection (fdopen of a dup, fwrite, fflush, fgetc, fread) moves every "
+          "byte, and the socket's own fd goes on after fclose",
+          "[bypass]") {
+    PairSpec spec = part("stdio");
+    spec.check_modes = false;
+    run_pair(spec, [](Pair &pair, const Placement &pl) {
+        check_left_for_good(pair, pl, "stdio");
+    });
+}
+
+TEST_CASE("SDIRECT_ENABLE=0 keeps a program on the kernel, so raw syscalls on its sockets are "
+          "exact",
+          "[bypass]") {
+    PairSpec spec = part("raw-syscall");
+    spec.env = {"SDIRECT_ENABLE=0"};
+    spec.check_modes = false;
+    run_pair(spec, [](Pair &pair, const Placement &) {
+        for (const Proc *p : {&pair.server, &pair.client}) {
+            if (!p->preloaded) continue;
+            INFO("statistics file:\n" << read_text(p->stats));
+            for (const StatLine &s : read_stats(p->stats)) CHECK(s.mode == "kernel");
+        }
+    });
+}
+
+TEST_CASE("the library exports exactly the symbols its version script lists", "[bypass]") {
+    const char *map = std::getenv("SDIRECT_TEST_MAP");
+    if (config() == Config::kernel || !map || !*map || lib_path().empty()) {
+        note_skip("no library here");
+        return;
+    }
+    // The names between "global:" and "local:".
+    std::string text = read_text(map);
+    const auto from = text.find("global:"), to = text.find("local:");
+    REQUIRE(from != std::string::npos);
+    REQUIRE(to != std::string::npos);
+    std::set<std::string> listed;
+    std::istringstream words(text.substr(from + 7, to - from - 7));
+    for (std::string w; std::getline(words, w, ';');) {
+        const auto a = w.find_first_not_of(" \t\n"), b = w.find_last_not_of(" \t\n");
+        if (a != std::string::npos) listed.insert(w.substr(a, b - a + 1));
+    }
+    FILE *nm = popen(("nm -D --defined-only " + lib_path() + " 2>/dev/null").c_str(), "r");
+    REQUIRE(nm != nullptr);
+    std::set<std::string> exported;
+    char line[512];
+    for (int i = 0; i < 100000 && std::fgets(line, sizeof line, nm); ++i) {
+        std::istringstream in(line);
+        std::string addr, kind, name;
+        if (in >> addr >> kind >> name && (kind == "T" || kind == "W")) exported.insert(name);
+    }
+    if (pclose(nm) != 0 || exported.empty()) {
+        note_skip("nm is not available");
+        return;
+    }
+    for (const std::string &name : listed) {
+        INFO("listed, not exported: " << name);
+        CHECK(exported.count(name) == 1);
+    }
+    for (const std::string &name : exported) {
+        INFO("exported, not listed: " << name);
+        CHECK(listed.count(name) == 1);
+    }
+}

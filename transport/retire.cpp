@@ -1,0 +1,75 @@
+// Connections that stay on the kernel for good, and a process that gives
+// the fabric up altogether because it changed its privileges or entered a
+// sandbox: a process of another uid can no longer reach its peers'
+// memory (process_vm_* is refused one way), nor should it keep maps of
+// their pages, and a seccomp filter may forbid the calls an upgrade makes.
+#include "engine.hpp"
+#include "log.hpp"
+#include "sys.hpp"
+
+#include <sys/mman.h>
+#include <utility>
+
+namespace sd::transport {
+
+namespace {
+std::atomic<bool> retired_flag{false};
+}  // namespace
+
+bool retired() noexcept { return retired_flag.load(std::memory_order_acquire); }
+
+bool set_retired() noexcept {
+    if (retired_flag.exchange(true, std::memory_order_acq_rel)) return false;
+    SD_LOG(info, "privileges or sandbox changed: every connection of this process stays on "
+                 "the kernel from now on");
+    return true;
+}
+
+void Engine::stay_on_kernel(Conn *c, Reason why) noexcept {
+    hold(c);  // waits for an upgrade request of ours in flight
+    std::lock_guard lock(conn_lock_);
+    const ConnState st = c->state.load(std::memory_order_acquire);
+    if (st == ConnState::kernel) {
+        set_final(c, why);
+    } else if (st == ConnState::final &&
+               c->stat->reason.load(std::memory_order_relaxed) == std::uint32_t(Reason::shared)) {
+        // Left for sharing: its holders would bring it back; not any more.
+        c->stat->reason.store(std::uint32_t(why), std::memory_order_relaxed);
+    }
+}
+
+void Engine::forget_peers() noexcept {
+    std::lock_guard lock(conn_lock_);
+    for (std::uint32_t i = 0; i < kSlots; ++i)
+        if (Conn *c = conns_[i].load(std::memory_order_acquire)) unpublish(c);
+    for (std::uint32_t i = 0; i < npeers_; ++i) {
+        Peer &p = peers_[i];
+        if (!p.page || p.pid == pid_ || p.addr == FI_ADDR_UNSPEC) continue;
+        // A connection still leaving (the peer left first and returns our
+        // bytes on the fabric) keeps its peer until it is done.
+        bool busy = false;
+        for (std::uint32_t k = 0; k < kSlots && !busy; ++k) {
+            Conn *c = conns_[k].load(std::memory_order_acquire);
+            busy = c && c->peer == &p && c->state.load(std::memory_order_acquire) != ConnState::final;
+        }
+        if (busy) {
+            SD_LOG(error, "pid %d: a connection with it has not finished leaving the fabric; its "
+                          "maps stay", int(p.pid));
+            continue;
+        }
+        {
+            Guard guard;
+            fi_av_remove(ep_.av, &p.addr, 1, 0);  // the provider unmaps the peer's region
+        }
+        // The page's place stays mapped (a thread may still look at it) but
+        // holds zeros now, nothing of the peer.
+        void *z = mmap(const_cast<ProcPage *>(p.page), sizeof(ProcPage), PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+        if (z == MAP_FAILED) SD_LOG(error, "could not unmap the process page of pid %d", int(p.pid));
+        if (p.doorbell >= 0) sys.close(std::exchange(p.doorbell, -1));
+        if (p.pidfd >= 0) sys.close(std::exchange(p.pidfd, -1));
+        p.addr = FI_ADDR_UNSPEC;
+    }
+}
+
+}  // namespace sd::transport
