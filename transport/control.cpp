@@ -5,6 +5,7 @@
 // ever written into the TCP stream.
 #include "engine.hpp"
 #include "log.hpp"
+#include "registry.hpp"
 #include "settings.hpp"
 #include "sys.hpp"
 #include "wait.hpp"
@@ -27,23 +28,8 @@
 namespace sd::transport {
 namespace {
 
-constexpr std::uint32_t kEntryMagic = 0x45524453;  // "SDRE"
 constexpr std::uint32_t kCtlMagic = 0x54434453;    // "SDCT"
 constexpr std::uint16_t kCtlVersion = 1;
-
-// Registry entry <registry>/c-<netns>-<local>-<peer>, written atomically
-// (temporary file + rename). Layout version 1, 128 bytes.
-struct Entry {
-    std::uint32_t magic;
-    std::uint32_t version;
-    std::int32_t pid;
-    std::uint32_t conn_id;
-    std::uint32_t gen;
-    std::uint32_t acceptor;
-    char addr[96];  // fabric address (fi_getname string), NUL-terminated
-    std::uint64_t pad[1];
-};
-static_assert(sizeof(Entry) == 128);
 
 // request/reply: an upgrade (below). leave: a process that holds one of
 // our direct sockets (a fork child, or a vfork child about to exec) asks
@@ -338,6 +324,13 @@ int Engine::make_ring(Conn *c) noexcept {
 }
 
 Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why) noexcept {
+    // The doorbell is ours from here on every path: kept, or closed (each
+    // refused request would otherwise leave one open fd behind).
+    auto refuse = [&](Reason r) -> Peer * {
+        *why = r;
+        if (doorbell >= 0) sys.close(doorbell);
+        return nullptr;
+    };
     for (std::uint32_t i = 0; i < npeers_; ++i)
         if (peers_[i].pid == pid && peers_[i].page) {
             ++peers_[i].conns;
@@ -353,10 +346,8 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
         if (!peers_[i].page) p = &peers_[i];
     std::uint32_t live = 0;
     for (std::uint32_t i = 0; i < npeers_; ++i) live += peers_[i].page != nullptr;
-    if (live >= settings().max_peers || (!p && npeers_ >= std::size(peers_))) {
-        *why = Reason::av_full;
-        return nullptr;
-    }
+    if (live >= settings().max_peers || (!p && npeers_ >= std::size(peers_)))
+        return refuse(Reason::av_full);
     if (!p) p = &peers_[npeers_++];
     *p = Peer{};
     p->pid = pid;
@@ -365,8 +356,7 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
         int rc = fi_av_insert(ep_.av, addr, 1, &p->addr, 0, nullptr);
         if (rc != 1) {
             SD_LOG(info, "address vector insert for pid %d failed (%d)", int(pid), rc);
-            *why = Reason::av_full;
-            return nullptr;
+            return refuse(Reason::av_full);
         }
     }
     if (pid == pid_) {
@@ -387,9 +377,7 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
             if (map != MAP_FAILED) munmap(map, sizeof(ProcPage));
             Guard guard;
             fi_av_remove(ep_.av, &p->addr, 1, 0);
-            *why = Reason::peer_refused;
-            if (doorbell >= 0) sys.close(doorbell);
-            return nullptr;
+            return refuse(Reason::peer_refused);
         }
         p->page = static_cast<ProcPage *>(map);
         p->doorbell = doorbell;
@@ -700,8 +688,10 @@ void Engine::handle_request(int fd) noexcept {
         st == ConnState::final || (st == ConnState::initiating && c->acceptor))
         return answer(kConflict);
     Reason why = Reason::none;
-    Peer *peer = make_ring(c) == 0 ? attach_peer(req.pid, req.addr, bell, &why) : nullptr;
-    bell = -1;  // attach_peer owns it now
+    Peer *peer = nullptr;
+    if (make_ring(c) == 0) peer = attach_peer(req.pid, req.addr, bell, &why);
+    else sys.close(bell);
+    bell = -1;  // kept by attach_peer, or closed
     if (!peer) {
         set_final(c, why == Reason::none ? Reason::fabric_error : why);
         return answer(std::uint32_t(why == Reason::none ? Reason::fabric_error : why));

@@ -1,5 +1,6 @@
 #include "engine.hpp"
 #include "memguard.hpp"
+#include "registry.hpp"
 #include "sink.hpp"
 #include "wait.hpp"
 
@@ -36,17 +37,6 @@ std::uint64_t now_ns() noexcept {
     timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return std::uint64_t(ts.tv_sec) * 1000000000ull + std::uint64_t(ts.tv_nsec);
-}
-
-// The registry directory must be ours alone: a directory another user
-// could write would let them plant entries and control sockets.
-int check_registry(const char *dir) noexcept {
-    if (mkdir(dir, 0700) != 0 && errno != EEXIST) return -errno;
-    struct stat st;
-    if (lstat(dir, &st) != 0) return -errno;
-    if (!S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077) != 0)
-        return -EPERM;
-    return 0;
 }
 
 }  // namespace
@@ -187,47 +177,18 @@ void Engine::forget_after_fork(bool settled) noexcept {
     npending = 0;
 }
 
-// Removes what processes killed without a chance to clean up left behind:
-// their registry entries, control sockets, pages and shm regions. A file
-// is stale when the pid in its name no longer exists.
-static void sweep_stale(const char *dir) noexcept {
-    auto dead = [](const char *digits) {
-        char *end = nullptr;
-        long pid = std::strtol(digits, &end, 10);
-        return end != digits && pid > 0 && kill(pid_t(pid), 0) != 0 && errno == ESRCH;
-    };
-    if (DIR *d = opendir(dir)) {
-        while (dirent *e = readdir(d)) {
-            const char *n = e->d_name;
-            bool stale = (n[0] == 'p' && dead(n + 1)) ||
-                         (!std::strncmp(n, "ctl-", 4) && dead(n + 4));
-            if (stale) unlinkat(dirfd(d), n, 0);
-        }
-        closedir(d);
-    }
-    if (DIR *d = opendir("/dev/shm")) {
-        while (dirent *e = readdir(d)) {
-            struct stat st;
-            if (!std::strncmp(e->d_name, "sd", 2) && e->d_name[2] >= '0' && e->d_name[2] <= '9' &&
-                dead(e->d_name + 2) && fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-                st.st_uid == getuid())
-                unlinkat(dirfd(d), e->d_name, 0);
-        }
-        closedir(d);
-    }
-}
-
 int Engine::init() noexcept {
     pid_ = getpid();
     if (getrandom(&nonce_, sizeof nonce_, GRND_NONBLOCK) != sizeof nonce_)
         nonce_ = now_ns() ^ std::uint64_t(pid_);
-    int rc = check_registry(settings().registry);
+    int rc = claim_registry(settings().registry);
     if (rc) {
         SD_LOG(error, "registry %s unusable (%s); staying on TCP", settings().registry,
                std::strerror(-rc));
         return rc;
     }
-    sweep_stale(settings().registry);
+    report_registry_choice();
+    sweep_registry(settings().registry);
     window_ = settings().window ? settings().window : 1048576;
     if ((rc = open_page())) return rc;
     doorbell_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
