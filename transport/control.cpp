@@ -383,6 +383,7 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
         p->doorbell = doorbell;
         p->pidfd = int(syscall(SYS_pidfd_open, pid, 0));
     }
+    p->region.watch(addr, pid);
     p->conns = 1;
     return p;
 }
@@ -398,6 +399,7 @@ void Engine::release_peer(Peer *p) noexcept {
         if (p->doorbell >= 0) sys.close(p->doorbell);
         if (p->pidfd >= 0) sys.close(p->pidfd);
     }
+    p->region.unwatch();
     *p = Peer{};
 }
 
@@ -433,6 +435,11 @@ void Engine::try_initiate(Conn *c) noexcept {
         std::lock_guard lock(conn_lock_);
         set_final(c, Reason::same_process);
         if (Conn *other = find_tuple(reversed(c->tuple))) set_final(other, Reason::same_process);
+        return;
+    }
+    if (!fabric_usable()) {
+        std::lock_guard lock(conn_lock_);
+        set_final(c, Reason::fabric_error);
         return;
     }
     ConnState expect = ConnState::kernel;
@@ -662,7 +669,7 @@ void Engine::handle_request(int fd) noexcept {
             send_ctl(fd, rep, nullptr, 0);
         }
     };
-    if (req.type != std::uint16_t(CtlType::request) || proof < 0 || bell < 0 || !fabric_ok_)
+    if (req.type != std::uint16_t(CtlType::request) || proof < 0 || bell < 0 || !fabric_usable())
         return answer(std::uint32_t(Reason::peer_refused));
     if (!peer_cred_ok(fd, req.pid)) return answer(std::uint32_t(Reason::other_user));
     req.addr[sizeof req.addr - 1] = '\0';

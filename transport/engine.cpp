@@ -95,6 +95,10 @@ void wait_for_build() noexcept {
         timespec nap{0, 1000000};
         nanosleep(&nap, nullptr);
     }
+    // No other thread may be inside the provider when the process ends:
+    // one killed there while holding a region's lock (a peer's, or ours
+    // that peers take) would leave it held for ever.
+    if (the_engine.load(std::memory_order_acquire)) provider_gate().close(200);
     Engine::shutdown_at_exit();
 }
 bool exit_hook = false;
@@ -171,6 +175,7 @@ void Engine::forget_after_fork(bool settled) noexcept {
     // Leave every object as it is and start afresh when needed.
     the_engine.store(nullptr, std::memory_order_relaxed);
     regcache().forget();  // the parent's registrations, in the parent's domain
+    provider_gate().reset();
     new (&create_lock) std::mutex();
     unusable = !settled;
     starting = building = false;  // the builder thread, if any, stayed in the parent
@@ -245,6 +250,7 @@ int Engine::open_fabric() noexcept {
                   (unsigned long long)(nonce_ & 0xffffffffffull));
     int rc = endpoint_open(ep_, settings().provider, unique);
     if (rc) return rc;
+    own_region_.watch(ep_.name, pid_);
     chunk_ = settings().chunk;
     can_read_ = ep_.can_read;  // whether to: protocol.hpp
     rma_iov_limit_ = ep_.rma_iov_limit;
@@ -300,6 +306,14 @@ Conn *Engine::lookup(std::uint32_t id, std::uint32_t gen) noexcept {
 
 void Engine::progress() noexcept {
     if (!fabric_ok_ || !progress_lock_.try_lock()) return;
+    // The provider takes our region's lock and would spin on it for ever
+    // if a peer died holding it: then nothing comes in any more (and no
+    // new connection upgrades: fabric_usable()), but no thread is stuck.
+    InProvider in;
+    if (!own_region_.wait_free(kRegionLockBoundNs) || !in.ok()) {
+        progress_lock_.unlock();
+        return;
+    }
     Guard guard;
     fi_cq_data_entry entries[32];
     for (int round = 0; round < 8; ++round) {
@@ -744,6 +758,11 @@ int Engine::rma(Conn *c, const iovec *iov, int iovcnt, const fi_rma_iov *remote,
     {
         Guard guard;
         for (unsigned tries = 0;; ++tries) {
+            // The provider spins on the peer's region lock: a lock left
+            // held by a dead process must not hold us too.
+            if (!c->peer->region.wait_free(kRegionLockBoundNs)) return -EPIPE;
+            InProvider in;
+            if (!in.ok()) return -EPIPE;
             ssize_t rc = write ? fi_writemsg(ep_.ep, &msg, FI_COMPLETION | flags)
                                : fi_readmsg(ep_.ep, &msg, FI_COMPLETION | flags);
             if (rc == 0) break;
@@ -827,6 +846,14 @@ int Engine::post(Conn *c, MsgType type, const iovec *iov, int iovcnt, std::uint3
     Guard guard;
     std::uint64_t start = 0;
     for (unsigned tries = 0;; ++tries) {
+        // As in rma(): the peer's region lock, watched with a bound.
+        // (Waited for outside the gate: an exit does not wait for a wait.)
+        bool free = c->peer->region.wait_free(kRegionLockBoundNs);
+        InProvider in;
+        if (!free || !in.ok()) {
+            c->unreturned.fetch_add(h.credits, std::memory_order_relaxed);
+            return -EPIPE;
+        }
         ssize_t rc = fi_sendmsg(ep_.ep, &msg, FI_INJECT);
         if (rc == 0) break;
         if (rc != -FI_EAGAIN) {
