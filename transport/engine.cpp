@@ -309,8 +309,12 @@ void Engine::progress() noexcept {
     // The provider takes our region's lock and would spin on it for ever
     // if a peer died holding it: then nothing comes in any more (and no
     // new connection upgrades: fabric_usable()), but no thread is stuck.
-    InProvider in;
-    if (!own_region_.wait_free(kRegionLockBoundNs) || !in.ok()) {
+    if (!own_region_.wait_free(kRegionLockBoundNs)) {
+        progress_lock_.unlock();
+        return;
+    }
+    InProvider in;  // after the wait: an exit does not wait for a wait
+    if (!in.ok()) {
         progress_lock_.unlock();
         return;
     }
@@ -786,7 +790,9 @@ int Engine::rma(Conn *c, const iovec *iov, int iovcnt, const fi_rma_iov *remote,
         progress();
         if ((spins & 255) == 255) ring(c->peer);
         if ((spins & 1023) != 1023) continue;
-        if (peer_alive(c->peer)) {
+        // A peer whose region lock a dead process left held never
+        // progresses again: as good as dead for this operation.
+        if (peer_alive(c->peer) && c->peer->region.wait_free(kRegionLockBoundNs)) {
             if (now_ns() - start > 200000) {
                 timespec nap{0, 50000};
                 nanosleep(&nap, nullptr);
