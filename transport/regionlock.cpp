@@ -59,6 +59,14 @@ bool ProviderGate::enter() noexcept {
     if (!closed_.load(std::memory_order_seq_cst)) return true;
     if (closer_.load(std::memory_order_relaxed) == thread_id()) return true;
     inside_.fetch_sub(1, std::memory_order_release);
+    // The process is about to end: wait for that rather than fail the
+    // application's call (a send failing with EPIPE raises SIGPIPE, and the
+    // process would end by it instead of its exit status). Bounded: the
+    // exiting thread may need a lock this thread holds.
+    for (int i = 0; i < 1000; ++i) {
+        timespec nap{0, 1000000};
+        nanosleep(&nap, nullptr);
+    }
     return false;
 }
 

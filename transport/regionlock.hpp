@@ -24,8 +24,9 @@ namespace sd::transport {
 // Threads inside a provider call, and the exit that waits for them.
 class ProviderGate {
 public:
-    // False once the process exits (for any thread but the exiting one):
-    // the caller must not enter the provider.
+    // False once the process exits (for any thread but the exiting one),
+    // after a second's wait for the end: the caller must not enter the
+    // provider.
     bool enter() noexcept;
     void leave() noexcept { inside_.fetch_sub(1, std::memory_order_release); }
     // At exit: refuses new entries from other threads and waits up to
