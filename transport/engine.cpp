@@ -169,6 +169,17 @@ bool Engine::settle_before_fork() noexcept {
     return false;
 }
 
+bool Engine::close_provider_for_exec() noexcept {
+    // No engine, or a vfork child's exec (it shares its parent's memory,
+    // and with it the parent's gate): nothing to close.
+    Engine *e = current();
+    if (!e || e->pid_ != getpid()) return false;
+    provider_gate().close(200);
+    return true;
+}
+
+void Engine::reopen_provider() noexcept { provider_gate().open(); }
+
 void Engine::forget_after_fork(bool settled) noexcept {
     // The parent's engine, its endpoint and its threads belong to the
     // parent: closing the endpoint here would unlink the parent's region.

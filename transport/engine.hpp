@@ -237,6 +237,11 @@ class Engine {
     int doorbell() const noexcept { return doorbell_; }
     ProcPage *page() const noexcept { return page_; }
     bool fabric_ok() const noexcept { return fabric_ok_; }
+    // exec replaces the process image and ends its other threads wherever
+    // they are: none may be inside the provider then (regionlock.hpp).
+    // True if the gate was closed: reopen_provider() if exec returns.
+    static bool close_provider_for_exec() noexcept;
+    static void reopen_provider() noexcept;
     // The fabric, and our region not left locked by a dead process.
     bool fabric_usable() const noexcept { return fabric_ok_ && !own_region_.wedged(); }
     std::uint32_t chunk() const noexcept { return chunk_; }

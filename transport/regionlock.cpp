@@ -53,21 +53,27 @@ bool layout_known() noexcept {
 ProviderGate &provider_gate() noexcept { return gate; }
 
 bool ProviderGate::enter() noexcept {
-    inside_.fetch_add(1, std::memory_order_seq_cst);
-    // Pairs with close(): either it sees us inside and waits, or we see it
-    // closed and stay out.
-    if (!closed_.load(std::memory_order_seq_cst)) return true;
-    if (closer_.load(std::memory_order_relaxed) == thread_id()) return true;
-    inside_.fetch_sub(1, std::memory_order_release);
-    // The process is about to end: wait for that rather than fail the
-    // application's call (a send failing with EPIPE raises SIGPIPE, and the
-    // process would end by it instead of its exit status). Bounded: the
-    // exiting thread may need a lock this thread holds.
-    for (int i = 0; i < 1000; ++i) {
+    for (int naps = 0;; ++naps) {
+        inside_.fetch_add(1, std::memory_order_seq_cst);
+        // Pairs with close(): either it sees us inside and waits, or we see
+        // it closed and stay out.
+        if (!closed_.load(std::memory_order_seq_cst)) return true;
+        if (closer_.load(std::memory_order_relaxed) == thread_id()) return true;
+        inside_.fetch_sub(1, std::memory_order_release);
+        // The process is about to end (or exec): wait for that rather than
+        // fail the application's call (a send failing with EPIPE raises
+        // SIGPIPE, and the process would end by it instead of its exit
+        // status). Bounded: the exiting thread may need a lock this thread
+        // holds. Reopened (a failed exec): enter after all.
+        if (naps == 1000) return false;
         timespec nap{0, 1000000};
         nanosleep(&nap, nullptr);
     }
-    return false;
+}
+
+void ProviderGate::open() noexcept {
+    closer_.store(0, std::memory_order_relaxed);
+    closed_.store(false, std::memory_order_seq_cst);
 }
 
 void ProviderGate::close(int ms) noexcept {

@@ -33,6 +33,8 @@ public:
     // `ms` for the threads inside to leave. A thread still inside after
     // that is spinning on a lock it does not hold (every hold is short).
     void close(int ms) noexcept;
+    // After close() for an exec that failed: the process goes on.
+    void open() noexcept;
     // In a fork child: the parent's threads and exit are not ours.
     void reset() noexcept;
 

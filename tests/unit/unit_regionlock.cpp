@@ -136,6 +136,21 @@ TEST_CASE("at exit the gate waits for threads inside the provider and refuses ne
     CHECK(phase.load() == 4);
     CHECK(gate.enter());  // the exiting thread itself goes on
     gate.leave();
+    // Reopened while a thread waits at the gate (an exec that failed): it
+    // enters after all.
+    gate.close(10);
+    std::atomic<bool> entered{false};
+    std::thread late([&] {
+        if (gate.enter()) {
+            entered = true;
+            gate.leave();
+        }
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    CHECK_FALSE(entered.load());
+    gate.open();
+    late.join();
+    CHECK(entered.load());
     gate.reset();
     CHECK(gate.enter());
     gate.leave();
