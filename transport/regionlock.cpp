@@ -11,6 +11,7 @@
 #include <ctime>
 #include <fcntl.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -112,6 +113,7 @@ void RegionLock::watch(const char *name, pid_t pid) noexcept {
         return;
     }
     map_ = m;
+    owner_ = pid;
     lock_ = reinterpret_cast<const std::atomic<std::int32_t> *>(head + kLockAt);
     wedged_ = 0;
 }
@@ -120,6 +122,7 @@ void RegionLock::unwatch() noexcept {
     if (map_) munmap(map_, kMapBytes);
     map_ = nullptr;
     lock_ = nullptr;
+    owner_ = 0;
     wedged_ = 0;
 }
 
@@ -140,10 +143,17 @@ bool RegionLock::wait_free(std::uint64_t bound_ns) noexcept {
             continue;
         }
         const std::uint64_t t = now_ns();
-        if (t - start >= bound_ns) {
+        // The region's owner gone: nobody will progress it, whoever holds
+        // the lock; no need to wait out the bound.
+        const bool owner_gone = t - start > 1000000 && (spins & 63) == 0 && owner_ > 0 &&
+                                kill(owner_, 0) != 0 && errno == ESRCH;
+        if (owner_gone || t - start >= bound_ns) {
             std::atomic_ref(wedged_).store(t, std::memory_order_relaxed);
-            SD_LOG(error, "a shm region lock stayed held for %llu ms: its holder is gone",
-                   (unsigned long long)((t - start) / 1000000));
+            if (owner_gone)
+                SD_LOG(info, "the shm region of pid %d is locked and its owner gone", int(owner_));
+            else
+                SD_LOG(error, "the shm region lock of pid %d stayed held for %llu ms: its "
+                              "holder is gone", int(owner_), (unsigned long long)((t - start) / 1000000));
             return false;
         }
         if (t - start < 100000) {

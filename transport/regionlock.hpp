@@ -70,9 +70,9 @@ public:
     void watch(const char *name, pid_t pid) noexcept;
     void unwatch() noexcept;
     // Waits, at most `bound_ns`, until the lock is free. True if it is (or
-    // nothing is watched); false if it stayed held: its holder is gone or
-    // stopped. After one such wait, later calls look only once until the
-    // lock is seen free again.
+    // nothing is watched); false if it stayed held (its holder is gone or
+    // stopped), or the region's owner died while we waited. After one such
+    // wait, later calls look only once until the lock is seen free again.
     bool wait_free(std::uint64_t bound_ns) noexcept;
     bool watched() const noexcept { return lock_ != nullptr; }
     // Seen held past the bound, and not free since.
@@ -82,6 +82,7 @@ public:
 
 private:
     void *map_ = nullptr;
+    pid_t owner_ = 0;
     const std::atomic<std::int32_t> *lock_ = nullptr;
     // Set once the lock stayed held past the bound (std::atomic_ref: the
     // peer table is copied by value); cleared when it is seen free.

@@ -14,6 +14,7 @@
 #include <string>
 #include <sys/mman.h>
 #include <thread>
+#include <sys/wait.h>
 #include <unistd.h>
 
 using namespace sd::transport;
@@ -154,4 +155,25 @@ TEST_CASE("at exit the gate waits for threads inside the provider and refuses ne
     gate.reset();
     CHECK(gate.enter());
     gate.leave();
+}
+
+TEST_CASE("a locked region whose owner has died is given up on without waiting out the bound",
+          "[regionlock]") {
+    if (!layout_here()) {
+        WARN("SKIPPED: libfabric 1.17 on x86-64 is not what is loaded here");
+        return;
+    }
+    pid_t gone = fork();
+    if (gone == 0) _exit(0);
+    REQUIRE(gone > 0);
+    int status = 0;
+    REQUIRE(waitpid(gone, &status, 0) == gone);
+    FakeRegion r(gone);
+    RegionLock lock;
+    lock.watch(r.address().c_str(), gone);
+    REQUIRE(lock.watched());
+    r.set_lock(0);
+    const auto t = std::chrono::steady_clock::now();
+    CHECK_FALSE(lock.wait_free(5'000'000'000));
+    CHECK(seconds_since(t) < 1.0);
 }
