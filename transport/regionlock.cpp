@@ -86,7 +86,7 @@ void ProviderGate::close(int ms) noexcept {
         nanosleep(&nap, nullptr);
     }
     if (int left = inside_.load(std::memory_order_acquire))
-        SD_LOG(info, "exit: %d thread(s) still inside the provider after %d ms", left, ms);
+        SD_LOG(info, "exit or exec: %d thread(s) still inside the provider after %d ms", left, ms);
 }
 
 void ProviderGate::reset() noexcept {
