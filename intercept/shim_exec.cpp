@@ -5,6 +5,7 @@
 // points are internal and not interposable: each public one is caught.
 // vfork needs nothing of its own: its child reaches exec through here.
 #include "shim.hpp"
+#include "transport/engine.hpp"
 
 #include <cstdarg>
 #include <cstdlib>
@@ -94,6 +95,15 @@ void prepare() noexcept {
     if (!sd::transport::guarded()) sd::fallback::table_before_exec();
 }
 
+// An exec of this process: after prepare(), no other thread may enter the
+// provider until the new image replaces them all; reopened if exec fails.
+struct ExecGate {
+    bool closed = !sd::transport::guarded() && sd::transport::Engine::close_provider_for_exec();
+    ~ExecGate() {
+        if (closed) sd::transport::Engine::reopen_provider();
+    }
+};
+
 int missing() noexcept {
     errno = ENOSYS;
     return -1;
@@ -113,32 +123,38 @@ std::vector<char *> gather(const char *first, va_list ap, char ***envp) {
 
 SD_EXPORT int execve(const char *path, char *const argv[], char *const envp[]) {
     prepare();
+    ExecGate gate;
     return real.execve ? real.execve(path, argv, envp) : missing();
 }
 
 SD_EXPORT int execv(const char *path, char *const argv[]) {
     prepare();
+    ExecGate gate;
     return real.execve ? real.execve(path, argv, environ) : missing();
 }
 
 SD_EXPORT int execvpe(const char *file, char *const argv[], char *const envp[]) {
     prepare();
+    ExecGate gate;
     return real.execvpe ? real.execvpe(file, argv, envp) : missing();
 }
 
 SD_EXPORT int execvp(const char *file, char *const argv[]) {
     prepare();
+    ExecGate gate;
     return real.execvpe ? real.execvpe(file, argv, environ) : missing();
 }
 
 SD_EXPORT int fexecve(int fd, char *const argv[], char *const envp[]) {
     prepare();
+    ExecGate gate;
     return real.fexecve ? real.fexecve(fd, argv, envp) : missing();
 }
 
 SD_EXPORT int execveat(int dirfd, const char *path, char *const argv[], char *const envp[],
                        int flags) {
     prepare();
+    ExecGate gate;
     return real.execveat ? real.execveat(dirfd, path, argv, envp, flags) : missing();
 }
 

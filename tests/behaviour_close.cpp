@@ -117,3 +117,23 @@ TEST_CASE("SIGTERM ends a process with an open connection as without the library
     kill_responder("client", SIGTERM);
     kill_responder("server", SIGTERM);
 }
+
+TEST_CASE("a peer that calls exit() while another of its threads sends ends the stream "
+          "exactly, and the reader never hangs",
+          "[peer-death]") {
+    // A thread killed by the exit inside the provider, holding the
+    // reader's region lock, would leave the reader spinning for ever.
+    for (int run = 0; run < 16; ++run) {
+        INFO("run " << run);
+        PairSpec spec;
+        spec.args = {"--scenario", "exit-while-sending", "--watchdog", "30"};
+        spec.client_args = {"--exit-after-us", std::to_string(1000 + run * 1700), "--chunk",
+                            run % 2 ? "1000" : "16000"};
+        spec.timeout = 20;
+        if (!run_pair(spec, [](Pair &pair, const Placement &) {
+                INFO(describe(pair.client));
+                CHECK(lines_with(pair.client, "stream of an exiting peer").size() == 1);
+            }))
+            return;
+    }
+}

@@ -137,7 +137,11 @@ std::vector<std::string> child_env(const Scratch &scratch, const Launch &l, cons
         const char *after = std::getenv("SDIRECT_TEST_PRELOAD_AFTER");
         env.push_back("LD_PRELOAD=" + (first && *first ? std::string(first) + " " : "") + lib_path() +
                       (after && *after ? " " + std::string(after) : ""));
-        env.push_back("SDIRECT_REGISTRY=" + scratch.registry());
+        // getenv() takes the first of two equal names: a test's own
+        // registry replaces the scratch one instead of following it.
+        bool own_registry = false;
+        for (const std::string &v : l.env) own_registry |= v.rfind("SDIRECT_REGISTRY=", 0) == 0;
+        if (!own_registry) env.push_back("SDIRECT_REGISTRY=" + scratch.registry());
         env.push_back("SDIRECT_STATS_FILE=" + p.stats);
         // The tests assert the mode each connection ran in: on a loaded
         // machine (many processes loading libfabric at once) the engine

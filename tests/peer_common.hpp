@@ -93,6 +93,8 @@ enum class Op : std::uint32_t {
                   // back; expect EOF after it; close
     send_die,     // a thread sends size of seed (chunk); SIGKILL self after size2 us
     recv_die,     // receive size2 bytes of seed, then SIGKILL self (size: the whole)
+    send_exit,    // a thread sends size of seed (chunk, MSG_NOSIGNAL, until an error);
+                  // exit(0) after size2 us
 };
 
 inline constexpr std::uint32_t kCmdMagic = 0x53445443;  // "SDTC"

@@ -11,6 +11,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <vector>
 #include <unistd.h>
 
 namespace peer {
@@ -174,6 +175,37 @@ void drive_peer_death(int *fd, const Options &) {
     n = recv(*fd, &c, 1, MSG_DONTWAIT);
     if (n > 0 || (n < 0 && errno != ECONNRESET && errno != EPIPE))
         fail("second recv after peer death returned %zd (%s)", n, n < 0 ? errno_name(errno) : "data");
+}
+
+// The responder's thread sends while its main thread calls exit(0) after
+// --exit-after-us: what arrived is an exact prefix of its stream, then EOF
+// or ECONNRESET, within a few seconds.
+void drive_exit_while_sending(int *fd, const Options &opt) {
+    Cmd cmd;
+    cmd.op = Op::send_exit;
+    cmd.size = 1ull << 32;
+    cmd.seed = opt.num("seed", 5);
+    cmd.chunk = std::uint32_t(opt.num("chunk", 1000));
+    cmd.size2 = opt.num("exit-after-us", 5000);
+    send_cmd(*fd, cmd);
+    std::vector<char> buf(65536);
+    std::uint64_t got = 0;
+    const std::uint64_t start = now_ns();
+    for (int calls = 0; calls < 10000000; ++calls) {
+        ssize_t n = recv(*fd, buf.data(), buf.size(), 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && errno != ECONNRESET) fail("recv while the peer exits: %s", errno_name(errno));
+        if (n <= 0) {
+            note("stream of an exiting peer: %llu bytes, then %s after %.3f s",
+                 (unsigned long long)got, n == 0 ? "EOF" : "ECONNRESET",
+                 double(now_ns() - start) / 1e9);
+            return;
+        }
+        pattern_expect(cmd.seed, got, buf.data(), std::size_t(n), "stream of an exiting peer");
+        got += std::uint64_t(n);
+        count_rx(*fd, std::uint64_t(n));
+    }
+    fail("stream of an exiting peer: no end after %llu bytes", (unsigned long long)got);
 }
 
 void drive_dup(int *fd, const Options &opt) {

@@ -41,6 +41,7 @@ void drive_peer_shutdown_wr(int *fd, const Options &opt);
 void drive_close_epipe(int *fd, const Options &opt);
 void drive_close_sigpipe(int *fd, const Options &opt);
 void drive_peer_death(int *fd, const Options &opt);
+void drive_exit_while_sending(int *fd, const Options &opt);
 void drive_dup(int *fd, const Options &opt);
 void drive_sockinfo(int *fd, const Options &opt);
 void drive_fork(int *fd, const Options &opt);

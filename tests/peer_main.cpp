@@ -63,6 +63,7 @@ constexpr Entry drivers[] = {
     {"close-epipe", drive_close_epipe},
     {"close-sigpipe", drive_close_sigpipe},
     {"peer-death", drive_peer_death},
+    {"exit-while-sending", drive_exit_while_sending},
     {"dup", drive_dup},
     {"sockinfo", drive_sockinfo},
     {"fork", drive_fork},

@@ -5,7 +5,10 @@
 #include "peer_pingpong.hpp"
 #include "peer_records.hpp"
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <csignal>
 #include <cstring>
 #include <sys/socket.h>
@@ -141,6 +144,27 @@ void respond(int *fd) {
             sleep_us(cmd.size2);
             kill(getpid(), SIGKILL);
             for (;;) pause();
+        }
+        case Op::send_exit: {
+            // exit() while another thread is in the middle of its sends
+            // (inside the library, maybe inside the provider): the peer
+            // must see the stream end, never hang.
+            const int out = *fd;
+            std::thread sender([out, cmd] {
+                std::vector<char> buf(cmd.chunk);
+                for (std::uint64_t off = 0; off < cmd.size;) {
+                    const std::size_t n = std::size_t(std::min<std::uint64_t>(cmd.chunk, cmd.size - off));
+                    pattern_fill(cmd.seed, off, buf.data(), n);
+                    ssize_t sent = send(out, buf.data(), n, MSG_NOSIGNAL);
+                    if (sent < 0 && errno == EINTR) continue;
+                    if (sent <= 0) return;
+                    off += std::uint64_t(sent);
+                }
+            });
+            sender.detach();
+            sleep_us(cmd.size2);
+            std::fflush(stdout);
+            std::exit(0);
         }
         case Op::recv_die:
             recv_pattern(*fd, Rx::recv, cmd.seed, cmd.size2, cmd.chunk, "before dying");

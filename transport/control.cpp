@@ -5,6 +5,7 @@
 // ever written into the TCP stream.
 #include "engine.hpp"
 #include "log.hpp"
+#include "registry.hpp"
 #include "settings.hpp"
 #include "sys.hpp"
 #include "wait.hpp"
@@ -27,23 +28,8 @@
 namespace sd::transport {
 namespace {
 
-constexpr std::uint32_t kEntryMagic = 0x45524453;  // "SDRE"
 constexpr std::uint32_t kCtlMagic = 0x54434453;    // "SDCT"
 constexpr std::uint16_t kCtlVersion = 1;
-
-// Registry entry <registry>/c-<netns>-<local>-<peer>, written atomically
-// (temporary file + rename). Layout version 1, 128 bytes.
-struct Entry {
-    std::uint32_t magic;
-    std::uint32_t version;
-    std::int32_t pid;
-    std::uint32_t conn_id;
-    std::uint32_t gen;
-    std::uint32_t acceptor;
-    char addr[96];  // fabric address (fi_getname string), NUL-terminated
-    std::uint64_t pad[1];
-};
-static_assert(sizeof(Entry) == 128);
 
 // request/reply: an upgrade (below). leave: a process that holds one of
 // our direct sockets (a fork child, or a vfork child about to exec) asks
@@ -340,6 +326,13 @@ int Engine::make_ring(Conn *c) noexcept {
 }
 
 Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why) noexcept {
+    // The doorbell is ours from here on every path: kept, or closed (each
+    // refused request would otherwise leave one open fd behind).
+    auto refuse = [&](Reason r) -> Peer * {
+        *why = r;
+        if (doorbell >= 0) sys.close(doorbell);
+        return nullptr;
+    };
     for (std::uint32_t i = 0; i < npeers_; ++i)
         if (peers_[i].pid == pid && peers_[i].page) {
             ++peers_[i].conns;
@@ -355,10 +348,8 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
         if (!peers_[i].page) p = &peers_[i];
     std::uint32_t live = 0;
     for (std::uint32_t i = 0; i < npeers_; ++i) live += peers_[i].page != nullptr;
-    if (live >= settings().max_peers || (!p && npeers_ >= std::size(peers_))) {
-        *why = Reason::av_full;
-        return nullptr;
-    }
+    if (live >= settings().max_peers || (!p && npeers_ >= std::size(peers_)))
+        return refuse(Reason::av_full);
     if (!p) p = &peers_[npeers_++];
     *p = Peer{};
     p->pid = pid;
@@ -367,8 +358,7 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
         int rc = fi_av_insert(ep_.av, addr, 1, &p->addr, 0, nullptr);
         if (rc != 1) {
             SD_LOG(info, "address vector insert for pid %d failed (%d)", int(pid), rc);
-            *why = Reason::av_full;
-            return nullptr;
+            return refuse(Reason::av_full);
         }
     }
     if (pid == pid_) {
@@ -389,14 +379,13 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
             if (map != MAP_FAILED) munmap(map, sizeof(ProcPage));
             Guard guard;
             fi_av_remove(ep_.av, &p->addr, 1, 0);
-            *why = Reason::peer_refused;
-            if (doorbell >= 0) sys.close(doorbell);
-            return nullptr;
+            return refuse(Reason::peer_refused);
         }
         p->page = static_cast<ProcPage *>(map);
         p->doorbell = doorbell;
         p->pidfd = int(syscall(SYS_pidfd_open, pid, 0));
     }
+    p->region.watch(addr, pid);
     p->conns = 1;
     return p;
 }
@@ -412,6 +401,7 @@ void Engine::release_peer(Peer *p) noexcept {
         if (p->doorbell >= 0) sys.close(p->doorbell);
         if (p->pidfd >= 0) sys.close(p->pidfd);
     }
+    p->region.unwatch();
     *p = Peer{};
 }
 
@@ -498,6 +488,11 @@ void Engine::try_initiate(Conn *c) noexcept {
         std::lock_guard lock(conn_lock_);
         set_final(c, Reason::same_process);
         if (Conn *other = find_tuple(reversed(c->tuple))) set_final(other, Reason::same_process);
+        return;
+    }
+    if (!fabric_usable()) {
+        std::lock_guard lock(conn_lock_);
+        set_final(c, Reason::fabric_error);
         return;
     }
     ConnState expect = ConnState::kernel;
@@ -752,7 +747,7 @@ void Engine::handle_request(int fd) noexcept {
         if (bell >= 0) sys.close(bell);
         send_ctl(fd, rep, nullptr, 0);
     };
-    if (req.type != std::uint16_t(CtlType::request) || proof < 0 || bell < 0 || !fabric_ok_ ||
+    if (req.type != std::uint16_t(CtlType::request) || proof < 0 || bell < 0 || !fabric_usable() ||
         retired())
         return refuse(std::uint32_t(Reason::peer_refused));
     if (!peer_cred_ok(fd, req.pid)) return refuse(std::uint32_t(Reason::other_user));
@@ -782,8 +777,10 @@ void Engine::handle_request(int fd) noexcept {
             !(st == ConnState::kernel || (st == ConnState::initiating && !c->acceptor)))
             return refuse(kConflict);
         Reason why = Reason::none;
-        Peer *peer = make_ring(c) == 0 ? attach_peer(req.pid, req.addr, bell, &why) : nullptr;
-        bell = -1;  // attach_peer owns it now
+        Peer *peer = nullptr;
+        if (make_ring(c) == 0) peer = attach_peer(req.pid, req.addr, bell, &why);
+        else sys.close(bell);
+        bell = -1;  // kept by attach_peer, or closed
         if (!peer) {
             if (why == Reason::none) why = Reason::fabric_error;
             set_final(c, why);

@@ -1,5 +1,6 @@
 #include "engine.hpp"
 #include "memguard.hpp"
+#include "registry.hpp"
 #include "sink.hpp"
 #include "wait.hpp"
 
@@ -36,17 +37,6 @@ std::uint64_t now_ns() noexcept {
     timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return std::uint64_t(ts.tv_sec) * 1000000000ull + std::uint64_t(ts.tv_nsec);
-}
-
-// The registry directory must be ours alone: a directory another user
-// could write would let them plant entries and control sockets.
-int check_registry(const char *dir) noexcept {
-    if (mkdir(dir, 0700) != 0 && errno != EEXIST) return -errno;
-    struct stat st;
-    if (lstat(dir, &st) != 0) return -errno;
-    if (!S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077) != 0)
-        return -EPERM;
-    return 0;
 }
 
 }  // namespace
@@ -105,6 +95,10 @@ void wait_for_build() noexcept {
         timespec nap{0, 1000000};
         nanosleep(&nap, nullptr);
     }
+    // No other thread may be inside the provider when the process ends:
+    // one killed there while holding a region's lock (a peer's, or ours
+    // that peers take) would leave it held for ever.
+    if (the_engine.load(std::memory_order_acquire)) provider_gate().close(200);
     Engine::shutdown_at_exit();
 }
 bool exit_hook = false;
@@ -176,59 +170,42 @@ bool Engine::settle_before_fork() noexcept {
     return false;
 }
 
+bool Engine::close_provider_for_exec() noexcept {
+    // No engine, or a vfork child's exec (it shares its parent's memory,
+    // and with it the parent's gate): nothing to close.
+    Engine *e = current();
+    if (!e || e->pid_ != getpid()) return false;
+    provider_gate().close(200);
+    return true;
+}
+
+void Engine::reopen_provider() noexcept { provider_gate().open(); }
+
 void Engine::forget_after_fork(bool settled) noexcept {
     // The parent's engine, its endpoint and its threads belong to the
     // parent: closing the endpoint here would unlink the parent's region.
     // Leave every object as it is and start afresh when needed.
     the_engine.store(nullptr, std::memory_order_relaxed);
     regcache().forget();  // the parent's registrations, in the parent's domain
+    provider_gate().reset();
     new (&create_lock) std::mutex();
     unusable = !settled;
     starting = building = false;  // the builder thread, if any, stayed in the parent
     npending = 0;
 }
 
-// Removes what processes killed without a chance to clean up left behind:
-// their registry entries, control sockets, pages and shm regions. A file
-// is stale when the pid in its name no longer exists.
-static void sweep_stale(const char *dir) noexcept {
-    auto dead = [](const char *digits) {
-        char *end = nullptr;
-        long pid = std::strtol(digits, &end, 10);
-        return end != digits && pid > 0 && kill(pid_t(pid), 0) != 0 && errno == ESRCH;
-    };
-    if (DIR *d = opendir(dir)) {
-        while (dirent *e = readdir(d)) {
-            const char *n = e->d_name;
-            bool stale = (n[0] == 'p' && dead(n + 1)) ||
-                         (!std::strncmp(n, "ctl-", 4) && dead(n + 4));
-            if (stale) unlinkat(dirfd(d), n, 0);
-        }
-        closedir(d);
-    }
-    if (DIR *d = opendir("/dev/shm")) {
-        while (dirent *e = readdir(d)) {
-            struct stat st;
-            if (!std::strncmp(e->d_name, "sd", 2) && e->d_name[2] >= '0' && e->d_name[2] <= '9' &&
-                dead(e->d_name + 2) && fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-                st.st_uid == getuid())
-                unlinkat(dirfd(d), e->d_name, 0);
-        }
-        closedir(d);
-    }
-}
-
 int Engine::init() noexcept {
     pid_ = getpid();
     if (getrandom(&nonce_, sizeof nonce_, GRND_NONBLOCK) != sizeof nonce_)
         nonce_ = now_ns() ^ std::uint64_t(pid_);
-    int rc = check_registry(settings().registry);
+    int rc = claim_registry(settings().registry);
     if (rc) {
         SD_LOG(error, "registry %s unusable (%s); staying on TCP", settings().registry,
                std::strerror(-rc));
         return rc;
     }
-    sweep_stale(settings().registry);
+    report_registry_choice();
+    sweep_registry(settings().registry);
     window_ = settings().window ? settings().window : 1048576;
     if ((rc = open_page())) return rc;
     doorbell_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -285,6 +262,7 @@ int Engine::open_fabric() noexcept {
                   (unsigned long long)(nonce_ & 0xffffffffffull));
     int rc = endpoint_open(ep_, settings().provider, unique);
     if (rc) return rc;
+    own_region_.watch(ep_.name, pid_);
     chunk_ = settings().chunk;
     can_read_ = ep_.can_read;  // whether to: protocol.hpp
     rma_iov_limit_ = ep_.rma_iov_limit;
@@ -341,6 +319,18 @@ Conn *Engine::lookup(std::uint32_t id, std::uint32_t gen) noexcept {
 void Engine::progress() noexcept {
     // A delivery's own answer may post and so come back here.
     if (!fabric_ok_ || progress_lock_.held() || !progress_lock_.try_lock()) return;
+    // The provider takes our region's lock and would spin on it for ever
+    // if a peer died holding it: then nothing comes in any more (and no
+    // new connection upgrades: fabric_usable()), but no thread is stuck.
+    if (!own_region_.wait_free(kRegionLockBoundNs)) {
+        progress_lock_.unlock();
+        return;
+    }
+    InProvider in;  // after the wait: an exit does not wait for a wait
+    if (!in.ok()) {
+        progress_lock_.unlock();
+        return;
+    }
     Guard guard;
     fi_cq_data_entry entries[32];
     for (int round = 0; round < 8; ++round) {
@@ -790,6 +780,11 @@ int Engine::rma(Conn *c, const iovec *iov, int iovcnt, const fi_rma_iov *remote,
     {
         Guard guard;
         for (unsigned tries = 0;; ++tries) {
+            // The provider spins on the peer's region lock: a lock left
+            // held by a dead process must not hold us too.
+            if (!c->peer->region.wait_free(kRegionLockBoundNs)) return -EPIPE;
+            InProvider in;
+            if (!in.ok()) return -EPIPE;
             ssize_t rc = write ? fi_writemsg(ep_.ep, &msg, FI_COMPLETION | flags)
                                : fi_readmsg(ep_.ep, &msg, FI_COMPLETION | flags);
             if (rc == 0) break;
@@ -813,7 +808,9 @@ int Engine::rma(Conn *c, const iovec *iov, int iovcnt, const fi_rma_iov *remote,
         progress();
         if ((spins & 255) == 255) ring(c->peer);
         if ((spins & 1023) != 1023) continue;
-        if (peer_alive(c->peer)) {
+        // A peer whose region lock a dead process left held never
+        // progresses again: as good as dead for this operation.
+        if (peer_alive(c->peer) && c->peer->region.wait_free(kRegionLockBoundNs)) {
             if (now_ns() - start > 200000) {
                 timespec nap{0, 50000};
                 nanosleep(&nap, nullptr);
@@ -873,6 +870,14 @@ int Engine::post(Conn *c, MsgType type, const iovec *iov, int iovcnt, std::uint3
     Guard guard;
     std::uint64_t start = 0;
     for (unsigned tries = 0;; ++tries) {
+        // As in rma(): the peer's region lock, watched with a bound.
+        // (Waited for outside the gate: an exit does not wait for a wait.)
+        bool free = c->peer->region.wait_free(kRegionLockBoundNs);
+        InProvider in;
+        if (!free || !in.ok()) {
+            c->unreturned.fetch_add(h.credits, std::memory_order_relaxed);
+            return -EPIPE;
+        }
         ssize_t rc = fi_sendmsg(ep_.ep, &msg, FI_INJECT);
         if (rc == 0) break;
         if (rc != -FI_EAGAIN) {

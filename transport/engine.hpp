@@ -8,6 +8,7 @@
 #include "fabric.hpp"
 #include "procpage.hpp"
 #include "regcache.hpp"
+#include "regionlock.hpp"
 
 #include <atomic>
 #include <cstdint>
@@ -25,6 +26,7 @@ struct Peer {
     int pidfd = -1;                    // readable once it has exited
     ProcPage *page = nullptr;  // its process page: read, but for the sink claim words
     std::uint32_t conns = 0;           // connections using it (under conn lock)
+    RegionLock region;                 // its shm region's lock, watched before each send
 };
 
 // An RMA operation in flight; completed by progress(). `ctx` must come
@@ -252,6 +254,13 @@ class Engine {
     int doorbell() const noexcept { return doorbell_; }
     ProcPage *page() const noexcept { return page_; }
     bool fabric_ok() const noexcept { return fabric_ok_; }
+    // exec replaces the process image and ends its other threads wherever
+    // they are: none may be inside the provider then (regionlock.hpp).
+    // True if the gate was closed: reopen_provider() if exec returns.
+    static bool close_provider_for_exec() noexcept;
+    static void reopen_provider() noexcept;
+    // The fabric, and our region not left locked by a dead process.
+    bool fabric_usable() const noexcept { return fabric_ok_ && !own_region_.wedged(); }
     std::uint32_t chunk() const noexcept { return chunk_; }
     pid_t pid() const noexcept { return pid_; }
 
@@ -329,6 +338,7 @@ class Engine {
     std::uint32_t chunk_ = 0;
     std::uint32_t window_ = 0;
     Endpoint ep_;
+    RegionLock own_region_;  // our region's lock: progress takes it
     int doorbell_ = -1;
     int ctl_fd_ = -1;
     ProcPage *page_ = nullptr;

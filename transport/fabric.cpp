@@ -20,6 +20,7 @@ struct Api {
     fi_info *(*dupinfo)(const fi_info *);
     int (*fabric)(fi_fabric_attr *, fid_fabric **, void *);
     const char *(*strerror)(int);
+    std::uint32_t (*version)();
 };
 
 Api api;
@@ -43,6 +44,7 @@ void load() noexcept {
     api.dupinfo = reinterpret_cast<decltype(api.dupinfo)>(dlsym(h, "fi_dupinfo"));
     api.fabric = reinterpret_cast<decltype(api.fabric)>(dlsym(h, "fi_fabric"));
     api.strerror = reinterpret_cast<decltype(api.strerror)>(dlsym(h, "fi_strerror"));
+    api.version = reinterpret_cast<decltype(api.version)>(dlsym(h, "fi_version"));
     usable = api.getinfo && api.freeinfo && api.dupinfo && api.fabric && api.strerror;
 }
 
@@ -55,6 +57,10 @@ constexpr int kTouchedSignals[] = {SIGBUS, SIGSEGV, SIGTERM, SIGINT, SIGILL, SIG
 bool fabric_available() noexcept {
     std::call_once(loaded, load);
     return usable;
+}
+
+std::uint32_t fabric_version() noexcept {
+    return fabric_available() && api.version ? api.version() : 0;
 }
 
 const char *fabric_strerror(int err) noexcept {

@@ -42,4 +42,7 @@ void endpoint_close(Endpoint &e) noexcept;
 
 const char *fabric_strerror(int err) noexcept;
 
+// The loaded library's FI_VERSION(major, minor); 0 if none.
+std::uint32_t fabric_version() noexcept;
+
 }  // namespace sd::transport

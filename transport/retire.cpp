@@ -61,6 +61,7 @@ void Engine::forget_peers() noexcept {
             Guard guard;
             fi_av_remove(ep_.av, &p.addr, 1, 0);  // the provider unmaps the peer's region
         }
+        p.region.forget();  // our own read-only view of its lock word too
         // The page's place stays mapped (a thread may still look at it) but
         // holds zeros now, nothing of the peer.
         void *z = mmap(const_cast<ProcPage *>(p.page), sizeof(ProcPage), PROT_READ | PROT_WRITE,

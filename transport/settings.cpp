@@ -1,4 +1,5 @@
 #include "settings.hpp"
+#include "registry.hpp"
 
 #include <cstdio>
 #include <cstdlib>
@@ -18,7 +19,8 @@ constexpr Setting table[] = {
      "libfabric provider used for direct mode between processes of this host."},
     {"SDIRECT_REGISTRY", SettingKind::text, "/dev/shm/sdirect-UID",
      "Directory of the per-user host registry (mode 0700); UID is replaced "
-     "by the real user id."},
+     "by the real user id. If another user owns that name, the first of "
+     "NAME-1, NAME-2 ... that is ours or free is used instead."},
     {"SDIRECT_WINDOW", SettingKind::integer, "1048576",
      "Receive window of one direct connection in bytes (credits the peer may "
      "use; its ring's pages are touched only as bytes pass); an SO_RCVBUF the "
@@ -164,11 +166,14 @@ void load_settings() noexcept {
     // over the environment strings later.
     values.provider = copy(raw(Key::provider));
     const char *reg = raw(Key::registry);
+    char base[sizeof registry_path];
     if (!std::strcmp(reg, table[std::size_t(Key::registry)].fallback))
-        std::snprintf(registry_path, sizeof registry_path, "/dev/shm/sdirect-%u",
-                      unsigned(getuid()));
+        std::snprintf(base, sizeof base, "/dev/shm/sdirect-%u", unsigned(getuid()));
     else
-        std::snprintf(registry_path, sizeof registry_path, "%s", reg);
+        std::snprintf(base, sizeof base, "%s", reg);
+    // Decided here, before any thread exists, so that it never changes
+    // under a reader; a name another user took is passed over.
+    choose_registry(base, registry_path, sizeof registry_path);
     values.registry = registry_path;
     values.window = integer(Key::window);
     values.chunk = integer(Key::chunk);
