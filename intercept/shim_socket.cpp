@@ -224,6 +224,12 @@ SD_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t
         s->sndtimeo_ns.store(timeval_ns(val, len));
     else if (level == SOL_SOCKET && name == SO_RCVBUF && on > 0)
         s->rcvbuf.store(std::uint32_t(on));
+    else if (level == SOL_SOCKET && name == SO_RCVLOWAT)
+        s->rcvlowat.store(on < 0 ? 0x7fffffff : on == 0 ? 1 : on);  // as the kernel keeps it
+    else if (level == SOL_SOCKET && name == SO_LINGER && len >= sizeof(linger)) {
+        const auto *l = static_cast<const linger *>(val);
+        s->linger_reset.store(l->l_onoff && l->l_linger == 0);
+    }
     else if (level == IPPROTO_TCP && name == TCP_NODELAY) {
         s->nodelay.store(on != 0);
         if (on) s->flush();

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <vector>
@@ -45,6 +46,13 @@ class Stream {
     std::atomic<bool> nodelay{false};
     std::atomic<bool> cork{false};
     std::atomic<bool> rd_shut{false};
+    // SO_RCVLOWAT: readiness and a blocking recv wait for this many bytes.
+    std::atomic<int> rcvlowat{1};
+    // SO_LINGER {1, 0}: the last close resets the connection.
+    std::atomic<bool> linger_reset{false};
+    // A send found the peer closed and was taken, as TCP takes the one
+    // that draws the peer's reset: the next ones fail.
+    std::atomic<bool> drew_reset{false};
     std::atomic<std::int64_t> rcvtimeo_ns{0};
     std::atomic<std::int64_t> sndtimeo_ns{0};
     std::atomic<std::uint32_t> rcvbuf{0};  // SO_RCVBUF as the application set it
@@ -104,6 +112,9 @@ class Stream {
     void before_exec(bool vforked, int kept) noexcept;
     // recv family; `flags` as for recvmsg. Bytes, 0 at EOF, or -errno.
     ssize_t recv(const iovec *iov, int iovcnt, int flags) noexcept;
+    // What must stay with the kernel socket (semantics.cpp): urgent data
+    // and the error queue are never on the fabric.
+    static bool kernel_only(int flags) noexcept { return flags & (MSG_OOB | MSG_ERRQUEUE); }
     // send family; raises SIGPIPE on EPIPE unless MSG_NOSIGNAL.
     ssize_t send(const iovec *iov, int iovcnt, int flags) noexcept;
     int shutdown(int how) noexcept;
@@ -163,6 +174,14 @@ class Stream {
     // kernel since count for the holders.
     void count_after_leave(std::uint64_t n) noexcept;
     ssize_t kernel_send(const iovec *iov, int iovcnt, int flags, transport::Conn *c) noexcept;
+    // MSG_TRUNC on a connection on the fabric: up to `total` bytes
+    // consumed (peeked) and thrown away, as TCP does (semantics.cpp).
+    ssize_t recv_discard(std::size_t total, int flags) noexcept;
+    // How many bytes a blocking recv of `total` waits for (SO_RCVLOWAT).
+    std::size_t recv_target(std::size_t total, int flags) const noexcept;
+    // The peer closed: the first send is taken (TCP sends it and draws
+    // the peer's reset); true if this one is it (semantics.cpp).
+    bool first_send_to_closed(transport::Conn *c) noexcept;
     ssize_t try_recv(transport::Conn *c, const iovec *iov, int iovcnt, std::size_t skip,
                      std::size_t total, int flags, bool check_kernel) noexcept;
     // -ESTALE (and *left) when the connection is leaving the fabric: the

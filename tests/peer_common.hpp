@@ -93,6 +93,7 @@ enum class Op : std::uint32_t {
                   // back; expect EOF after it; close
     send_die,     // a thread sends size of seed (chunk); SIGKILL self after size2 us
     recv_die,     // receive size2 bytes of seed, then SIGKILL self (size: the whole)
+    linger_close, // SO_LINGER {1, 0}, close (a reset), stay alive size2 milliseconds
 };
 
 inline constexpr std::uint32_t kCmdMagic = 0x53445443;  // "SDTC"
@@ -131,6 +132,8 @@ void expect_ack(int fd, const char *what);
 // Serves commands until Op::exit or a clean EOF between commands.
 // Returns with the socket still open unless *fd was set to -1 (send_close).
 void respond(int *fd);
+// The commands of peer_semantics.cpp.
+void respond_linger_close(int *fd, const Cmd &cmd);
 
 // ---- options and connections -------------------------------------------------
 

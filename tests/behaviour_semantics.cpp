@@ -1,0 +1,62 @@
+// TCP's corners (peer_semantics.cpp): each scenario's driver checks the
+// exact results the kernel gives, with the connection direct, on TCP
+// (mixed) and with nothing preloaded.
+#include <catch2/catch.hpp>
+
+#include "harness.hpp"
+
+using namespace sdt;
+
+namespace {
+
+PairSpec scenario(const char *name) {
+    PairSpec spec;
+    spec.args = {"--scenario", name, "--driver", "client"};
+    return spec;
+}
+
+}  // namespace
+
+TEST_CASE("read and readv of nothing return 0 at once; recv of nothing returns 0 with bytes "
+          "queued, EAGAIN without",
+          "[semantics]") {
+    run_pair(scenario("sem-zero-read"));
+}
+
+TEST_CASE("recv with MSG_TRUNC discards the bytes without copying them", "[semantics]") {
+    run_pair(scenario("sem-trunc"));
+}
+
+TEST_CASE("recvmsg(MSG_ERRQUEUE) with an empty error queue fails with EAGAIN and leaves the "
+          "stream whole",
+          "[semantics]") {
+    run_pair(scenario("sem-errqueue"));
+}
+
+TEST_CASE("SO_RCVLOWAT holds poll, select, epoll and a blocking recv until enough bytes are "
+          "there",
+          "[semantics]") {
+    run_pair(scenario("sem-rcvlowat"));
+}
+
+TEST_CASE("after shutdown(SHUT_RD) recv returns EOF at once, and bytes sent later",
+          "[semantics]") {
+    run_pair(scenario("sem-shut-rd"));
+}
+
+TEST_CASE("close with SO_LINGER {1, 0} resets the connection: POLLERR|POLLHUP, then "
+          "ECONNRESET, then EOF",
+          "[semantics]") {
+    run_pair(scenario("sem-linger-reset"));
+}
+
+TEST_CASE("the first send after the peer closed is taken; the ones after the reset fail "
+          "with EPIPE",
+          "[semantics]") {
+    run_pair(scenario("sem-send-after-close"));
+}
+
+TEST_CASE("close() while another thread is blocked in recv: the recv gets the bytes that come",
+          "[semantics]") {
+    run_pair(scenario("sem-close-in-recv"));
+}
