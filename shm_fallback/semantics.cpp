@@ -3,7 +3,11 @@
 // (SO_RCVLOWAT), and the send that meets a peer that has closed.
 #include "stream.hpp"
 
+#include "transport/sys.hpp"
+
 #include <algorithm>
+#include <fcntl.h>
+#include <sys/resource.h>
 
 namespace sd::fallback {
 
@@ -40,6 +44,28 @@ bool Stream::first_send_to_closed(transport::Conn *c) noexcept {
         c->peer_reset.load(std::memory_order_acquire))
         return false;
     return !drew_reset.exchange(true, std::memory_order_acq_rel);
+}
+
+bool Stream::hold_for_calls() noexcept {
+    // High, out of the way of the numbers the application is given next.
+    rlimit rl{};
+    getrlimit(RLIMIT_NOFILE, &rl);
+    const rlim_t lim = rl.rlim_cur == RLIM_INFINITY ? (1u << 20) : rl.rlim_cur;
+    const int base = lim > 64 ? int(std::min<rlim_t>(lim, 1u << 20) * 3 / 4) : 0;
+    const int priv = transport::sys.fcntl(kfd(), F_DUPFD_CLOEXEC, base);
+    if (priv < 0) return false;
+    fd.store(priv, std::memory_order_relaxed);
+    if (transport::Conn *c = conn.load(std::memory_order_acquire))
+        std::atomic_ref<std::int32_t>(c->stat->fd).store(priv, std::memory_order_relaxed);
+    held_fd.store(priv, std::memory_order_release);
+    return true;
+}
+
+void Stream::close_held() noexcept {
+    const int h = held_fd.exchange(-1, std::memory_order_acq_rel);
+    if (h < 0) return;
+    last_close();
+    (void)transport::sys.close(h);
 }
 
 }  // namespace sd::fallback

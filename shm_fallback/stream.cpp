@@ -195,6 +195,8 @@ void Stream::reset(int f, int dom, bool nb) noexcept {
     share.store(nullptr, std::memory_order_relaxed);
     share_check_ns = 0;
     pre_tx = pre_rx = 0;
+    calls.store(0, std::memory_order_relaxed);
+    held_fd.store(-1, std::memory_order_relaxed);
     refs.store(1, std::memory_order_release);
 }
 

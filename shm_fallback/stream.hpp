@@ -40,6 +40,12 @@ class Stream {
     // inherits even where this process's own fd is closed (a vfork child).
     std::uint64_t ino = 0;
     std::atomic<int> refs{0};   // fd mappings + calls in progress
+    // Calls of the application in progress (the shims' Held). A close()
+    // while there are some keeps the kernel socket open until the last one
+    // is over, as the kernel's calls hold their file: `held_fd` is the
+    // private copy that does it (semantics.cpp).
+    std::atomic<int> calls{0};
+    std::atomic<int> held_fd{-1};
     std::atomic<int> fds{0};    // fd numbers mapping to this stream (dup)
     std::atomic<Phase> phase{Phase::fresh};
     std::atomic<bool> nonblock{false};
@@ -124,6 +130,12 @@ class Stream {
     void flush() noexcept;
     // The last fd of this socket is being closed: the peer learns it now.
     void last_close() noexcept;
+    // The last fd is being closed while calls are in progress: the kernel
+    // socket stays open under a private fd, and the peer learns of the
+    // close when the last call is over (close_held). False if it could
+    // not be kept (the close happens now).
+    bool hold_for_calls() noexcept;
+    void close_held() noexcept;
     // No fd and no call refers to it any more: release the connection.
     void destroy() noexcept;
 
