@@ -1156,8 +1156,12 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
                 }
             });
             if (!ok) return -EFAULT;  // nothing taken
+            const bool started = c->staged == 0;
             c->staged = at;
-            if (more) return ssize_t(total);
+            if (more) {
+                if (started) engine->hold_corked(c);  // out within 200 ms, as TCP's
+                return ssize_t(total);
+            }
             int rc = flush_locked(c, !nb, deadline);
             // Staged bytes are accepted: progress() sends them when credits
             // come, or the kernel takes them if the fabric is being left.

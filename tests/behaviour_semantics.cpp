@@ -60,3 +60,9 @@ TEST_CASE("close() while another thread is blocked in recv: the recv gets the by
           "[semantics]") {
     run_pair(scenario("sem-close-in-recv"));
 }
+
+TEST_CASE("bytes held back by TCP_CORK or MSG_MORE go out after about 200 ms with no further "
+          "write",
+          "[semantics]") {
+    run_pair(scenario("sem-cork"));
+}

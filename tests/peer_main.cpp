@@ -100,6 +100,7 @@ constexpr Entry drivers[] = {
     {"sem-linger-reset", drive_sem_linger_reset},
     {"sem-send-after-close", drive_sem_send_after_close},
     {"sem-close-in-recv", drive_sem_close_in_recv},
+    {"sem-cork", drive_sem_cork},
 };
 
 Options parse(int argc, char **argv, int first) {
