@@ -205,6 +205,12 @@ SD_EXPORT int ioctl(int fd, unsigned long req, ...) {
         *static_cast<int *>(arg) = n;
         return 0;
     }
+    if (s && req == SIOCATMARK && sd::transport::writable(arg, sizeof(int))) {
+        int at = s->at_mark();
+        if (at < 0) return ret(at);
+        *static_cast<int *>(arg) = at;
+        return 0;
+    }
     int r = sys.ioctl(fd, req, arg);
     if (r == 0 && s && req == FIONBIO) s->nonblock.store(*static_cast<int *>(arg) != 0);
     return r;

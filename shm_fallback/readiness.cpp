@@ -66,6 +66,11 @@ bool user_view(Stream *s, short &bits, short &ask) noexcept {
                                  MSG_PEEK | MSG_DONTWAIT);
             if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) b |= kReadBits;
         }
+        // Leaving: urgent data (MSG_OOB) is the kernel socket's to report.
+        if (leaving) {
+            pollfd k{s->fd.load(std::memory_order_relaxed), POLLPRI, 0};
+            if (sys.poll(&k, 1, 0) > 0 && (k.revents & POLLPRI)) b |= POLLPRI;
+        }
         if (fin || closed || eof || s->rd_shut.load(std::memory_order_relaxed))
             b |= kReadBits | POLLRDHUP;
         // Leaving: sends take the kernel socket once what is owed to it is there.

@@ -1,12 +1,17 @@
 // Corners of TCP's semantics that the fabric path must reproduce: reads
 // that throw bytes away (MSG_TRUNC), how much a blocking read waits for
-// (SO_RCVLOWAT), and the send that meets a peer that has closed.
+// (SO_RCVLOWAT), the send that meets a peer that has closed, a close while
+// other calls are in progress, and urgent data (the kernel's alone).
 #include "stream.hpp"
 
+#include "transport/log.hpp"
 #include "transport/sys.hpp"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fcntl.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 
 namespace sd::fallback {
@@ -66,6 +71,44 @@ void Stream::close_held() noexcept {
     if (h < 0) return;
     last_close();
     (void)transport::sys.close(h);
+}
+
+void Stream::leave_for_urgent() noexcept {
+    transport::Conn *c = attached_conn();
+    if (!c || !engine) return;  // the kernel has it
+    using transport::ConnState;
+    ConnState st = c->state.load(std::memory_order_acquire);
+    // Not direct (yet): no upgrade from now on. An upgrade that finished
+    // meanwhile leaves below.
+    if (st != ConnState::direct && st != ConnState::leaving && st != ConnState::final) {
+        engine->hold(c);
+        st = c->state.load(std::memory_order_acquire);
+    }
+    if (st != ConnState::direct && st != ConnState::leaving) return;
+    // The leave ends our fabric stream and writes what we owe the kernel
+    // (staged bytes) before it returns: the urgent byte follows them.
+    const int rc = engine->leave(c, transport::Reason::oob);
+    if (rc < 0)
+        SD_LOG(error, "fd %d: could not move to the kernel for urgent data (%s): the byte "
+                      "goes in line", kfd(), std::strerror(-rc));
+}
+
+int Stream::at_mark() noexcept {
+    if (transport::Conn *c = conn.load(std::memory_order_acquire)) {
+        using transport::ConnState;
+        const ConnState st = c->state.load(std::memory_order_acquire);
+        if (st == ConnState::direct || st == ConnState::leaving) {
+            engine->progress();
+            std::lock_guard lock(c->rx_lock);
+            // Fabric bytes come first: the mark (on the kernel) is after them.
+            if (c->rx_ready() ||
+                (c->peer_end != transport::kNoOffset && c->rx_off < c->peer_end))
+                return 0;
+        }
+    }
+    int at = 0;
+    if (transport::sys.ioctl(kfd(), SIOCATMARK, &at) != 0) return -errno;
+    return at;
 }
 
 }  // namespace sd::fallback

@@ -951,6 +951,7 @@ ssize_t Stream::kernel_send(const iovec *iov, int iovcnt, int flags, Conn *c) no
 
 ssize_t Stream::send(const iovec *iov, int iovcnt, int flags) noexcept {
     if (!claim_inherited()) return orphan_error(kfd());
+    if (flags & MSG_OOB) leave_for_urgent();
     Conn *c = attached_conn();
     if (!c && counting()) {
         std::size_t done = 0;

@@ -121,6 +121,14 @@ class Stream {
     // What must stay with the kernel socket (semantics.cpp): urgent data
     // and the error queue are never on the fabric.
     static bool kernel_only(int flags) noexcept { return flags & (MSG_OOB | MSG_ERRQUEUE); }
+    // Urgent data (MSG_OOB) is TCP's alone: before the first urgent byte
+    // is sent, the connection moves to its kernel socket for good (reason
+    // oob), so that the byte is out of band for the peer too, after every
+    // byte sent before it (semantics.cpp).
+    void leave_for_urgent() noexcept;
+    // SIOCATMARK: 1 when the next byte to read is the urgent mark, as the
+    // kernel says once no fabric byte precedes it; 0 while one does.
+    int at_mark() noexcept;
     // send family; raises SIGPIPE on EPIPE unless MSG_NOSIGNAL.
     ssize_t send(const iovec *iov, int iovcnt, int flags) noexcept;
     int shutdown(int how) noexcept;

@@ -66,3 +66,32 @@ TEST_CASE("bytes held back by TCP_CORK or MSG_MORE go out after about 200 ms wit
           "[semantics]") {
     run_pair(scenario("sem-cork"));
 }
+
+TEST_CASE("urgent data: POLLPRI, SIOCATMARK, recv(MSG_OOB) and SO_OOBINLINE as on TCP; a "
+          "direct connection moves to the kernel for it (reason oob)",
+          "[semantics]") {
+    PairSpec spec = scenario("sem-urgent");
+    spec.check_modes = false;  // direct until the urgent byte: checked below
+    run_pair(spec, [](Pair &pair, const Placement &pl) {
+        for (bool server : {true, false}) {
+            const Proc &p = server ? pair.server : pair.client;
+            const Expect expect = pl.expect(server);
+            if (!p.preloaded || expect == Expect::nothing) continue;
+            const auto stats = read_stats(p.stats);
+            INFO(describe(p));
+            INFO("statistics file:\n" << read_text(p.stats));
+            for (const ConnLine &c : conns_of(p)) {
+                const StatLine *s = find_stat(stats, c.pid, c.local, c.peer);
+                REQUIRE(s != nullptr);
+                CHECK(s->mode == "kernel");
+                if (expect == Expect::direct) {
+                    CHECK(s->reason == "oob");
+                    CHECK(s->num("upgrades") == 1);
+                    CHECK(s->num("leaves") == 1);
+                } else {
+                    CHECK(s->reason == "no_peer");
+                }
+            }
+        }
+    });
+}

@@ -94,7 +94,9 @@ enum class Op : std::uint32_t {
     send_die,     // a thread sends size of seed (chunk); SIGKILL self after size2 us
     recv_die,     // receive size2 bytes of seed, then SIGKILL self (size: the whole)
     linger_close, // SO_LINGER {1, 0}, close (a reset), stay alive size2 milliseconds
+    urgent,       // send size of seed, one urgent byte kUrgentByte (MSG_OOB), size2 of seed2
 };
+inline constexpr char kUrgentByte = 'U';
 
 inline constexpr std::uint32_t kCmdMagic = 0x53445443;  // "SDTC"
 inline constexpr std::uint32_t kNoAck = 1;
@@ -134,6 +136,7 @@ void expect_ack(int fd, const char *what);
 void respond(int *fd);
 // The commands of peer_semantics.cpp.
 void respond_linger_close(int *fd, const Cmd &cmd);
+void respond_urgent(int fd, const Cmd &cmd);
 
 // ---- options and connections -------------------------------------------------
 

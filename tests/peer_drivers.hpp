@@ -91,6 +91,7 @@ void drive_sem_linger_reset(int *fd, const Options &opt);
 void drive_sem_send_after_close(int *fd, const Options &opt);
 void drive_sem_close_in_recv(int *fd, const Options &opt);
 void drive_sem_cork(int *fd, const Options &opt);
+void drive_sem_urgent(int *fd, const Options &opt);
 
 // Helpers shared by the driver files.
 std::uint64_t seed_of(const Options &opt, std::uint64_t n);

@@ -101,6 +101,7 @@ constexpr Entry drivers[] = {
     {"sem-send-after-close", drive_sem_send_after_close},
     {"sem-close-in-recv", drive_sem_close_in_recv},
     {"sem-cork", drive_sem_cork},
+    {"sem-urgent", drive_sem_urgent},
 };
 
 Options parse(int argc, char **argv, int first) {

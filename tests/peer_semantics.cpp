@@ -18,12 +18,20 @@
 #include <sys/uio.h>
 #include <thread>
 #include <unistd.h>
+#include <vector>
 
 namespace peer {
 
 namespace {
 
 double since_s(std::uint64_t start_ns) { return double(now_ns() - start_ns) / 1e9; }
+
+// One send call of `size` bytes of `seed`.
+void send_whole(int fd, std::uint64_t seed, std::uint64_t size) {
+    std::vector<char> buf(std::size_t(size) + 1);
+    pattern_fill(seed, 0, buf.data(), std::size_t(size));
+    write_all(fd, buf.data(), std::size_t(size));
+}
 
 // The responder sends `size` bytes of `seed` in one call, after `delay_us`.
 void ask_send(int fd, std::uint64_t size, std::uint64_t seed, std::uint32_t delay_us = 0) {
@@ -328,6 +336,84 @@ void drive_sem_cork(int *fd, const Options &opt) {
     // comes first: 0.04 s seen).
     if (t > 1.0) fail("4 MSG_MORE bytes arrived after %.3f s, expected at most about 0.2 s", t);
     send_exit(*fd);
+}
+
+namespace {
+
+void ask_urgent(int fd, std::uint64_t size, std::uint64_t seed, std::uint64_t size2,
+                std::uint64_t seed2) {
+    Cmd cmd;
+    cmd.op = Op::urgent;
+    cmd.size = size;
+    cmd.seed = seed;
+    cmd.size2 = size2;
+    cmd.seed2 = seed2;
+    send_cmd(fd, cmd);
+}
+
+// Until poll reports urgent data (5 s at most); the events seen.
+short await_urgent(int fd) {
+    pollfd p{fd, POLLIN | POLLPRI, 0};
+    const std::uint64_t start = now_ns();
+    while (since_s(start) < 5) {
+        p.revents = 0;
+        if (poll(&p, 1, 1000) < 0) fail("poll: %s", errno_name(errno));
+        if (p.revents & POLLPRI) return p.revents;
+        sleep_us(2000);
+    }
+    fail("poll never reported urgent data (POLLPRI) within 5 s: revents 0x%x",
+         unsigned(p.revents));
+}
+
+int at_mark(int fd) {
+    int at = -1;
+    if (ioctl(fd, SIOCATMARK, &at) != 0) fail("ioctl(SIOCATMARK): %s", errno_name(errno));
+    return at;
+}
+
+}  // namespace
+
+void drive_sem_urgent(int *fd, const Options &opt) {
+    const std::uint64_t seed = seed_of(opt, 11), seed2 = seed_of(opt, 12);
+    char buf[4096];
+    // Out of band: the bytes before the mark, the urgent byte by
+    // recv(MSG_OOB), then the bytes after it.
+    ask_urgent(*fd, 1000, seed, 500, seed2);
+    short ev = await_urgent(*fd);
+    if (ev != (POLLIN | POLLPRI)) fail("poll with urgent data: revents 0x%x, expected IN|PRI", unsigned(ev));
+    if (at_mark(*fd) != 0) fail("SIOCATMARK with 1000 bytes before the mark: not 0");
+    EXPECT(recv(*fd, buf, sizeof buf, 0), 1000, 0, "recv up to the urgent mark");
+    count_rx(*fd, 1000);
+    pattern_expect(seed, 0, buf, 1000, "bytes before the urgent mark");
+    if (at_mark(*fd) != 1) fail("SIOCATMARK at the urgent mark: not 1");
+    char urgent = 0;
+    EXPECT(recv(*fd, &urgent, 1, MSG_OOB), 1, 0, "recv(MSG_OOB)");
+    if (urgent != kUrgentByte) fail("recv(MSG_OOB) gave 0x%02x, expected '%c'", unsigned(urgent), kUrgentByte);
+    EXPECT(recv(*fd, &urgent, 1, MSG_OOB | MSG_DONTWAIT), -1, EINVAL, "a second recv(MSG_OOB)");
+    read_all(*fd, buf, 500, "bytes after the urgent byte");
+    pattern_expect(seed2, 0, buf, 500, "bytes after the urgent byte");
+    // SO_OOBINLINE: the urgent byte comes in line, at the mark.
+    const int on = 1;
+    if (setsockopt(*fd, SOL_SOCKET, SO_OOBINLINE, &on, sizeof on) != 0)
+        fail("setsockopt(SO_OOBINLINE): %s", errno_name(errno));
+    ask_urgent(*fd, 300, seed2, 200, seed);
+    (void)await_urgent(*fd);
+    EXPECT(recv(*fd, buf, sizeof buf, 0), 300, 0, "recv up to the in-line urgent mark");
+    count_rx(*fd, 300);
+    pattern_expect(seed2, 0, buf, 300, "bytes before the in-line urgent mark");
+    if (at_mark(*fd) != 1) fail("SIOCATMARK at the in-line urgent mark: not 1");
+    EXPECT(recv(*fd, &urgent, 1, MSG_OOB | MSG_DONTWAIT), -1, EINVAL, "recv(MSG_OOB) with SO_OOBINLINE");
+    read_all(*fd, buf, 201, "the in-line urgent byte and the bytes after it");
+    if (buf[0] != kUrgentByte) fail("in-line urgent byte 0x%02x, expected '%c'", unsigned(buf[0]), kUrgentByte);
+    pattern_expect(seed, 0, buf + 1, 200, "bytes after the in-line urgent byte");
+    send_exit(*fd);
+}
+
+void respond_urgent(int fd, const Cmd &cmd) {
+    send_whole(fd, cmd.seed, cmd.size);
+    EXPECT(send(fd, &kUrgentByte, 1, MSG_OOB), 1, 0, "send(MSG_OOB)");
+    count_tx(fd, 1);
+    send_whole(fd, cmd.seed2, cmd.size2);
 }
 
 void respond_linger_close(int *fd, const Cmd &cmd) {

@@ -38,6 +38,7 @@ enum class Reason : std::uint32_t {
     fabric_error,      // fabric failure; continued on TCP
     shared,            // was direct, went back to the kernel: shared after fork
     exec,              // was direct, went back to the kernel before exec/spawn
+    oob,               // urgent data (MSG_OOB): the kernel carries the connection
     count_
 };
 
