@@ -1110,6 +1110,8 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
     // Combining: MSG_MORE and TCP_CORK keep small writes in the stage
     // until it fills or a write without them comes.
     const bool more = (flags & MSG_MORE) || cork.load(std::memory_order_relaxed);
+    // A write without them ends the hold of what is staged.
+    if (!more) c->cork_since.store(0, std::memory_order_relaxed);
     // Write zero-copy: the peer's recv waits on its own buffer for these
     // bytes; the rest (if any) goes the usual way. To a peer that
     // advertises, a large send looks at the fabric first: an advertisement
