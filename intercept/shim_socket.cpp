@@ -216,6 +216,18 @@ SD_EXPORT int ioctl(int fd, unsigned long req, ...) {
     return r;
 }
 
+// The companion answers every option; SO_ERROR also reports (and clears,
+// as reading it does) a reset that came on the fabric.
+SD_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len) {
+    int r = sys.getsockopt(fd, level, name, val, len);
+    if (r != 0 || level != SOL_SOCKET || name != SO_ERROR) return r;
+    Held s(fd);
+    if (!s || !len || *len < sizeof(int)) return r;
+    const int ours = s->take_error();
+    if (ours && *static_cast<int *>(val) == 0) *static_cast<int *>(val) = ours;
+    return r;
+}
+
 SD_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t len) {
     // Always applied to the kernel socket: it validates, and it is what
     // carries the connection when it is not direct.

@@ -93,6 +93,11 @@ void Stream::leave_for_urgent() noexcept {
                       "goes in line", kfd(), std::strerror(-rc));
 }
 
+int Stream::take_error() noexcept {
+    transport::Conn *c = conn.load(std::memory_order_acquire);
+    return c && c->reset_unreported.exchange(false, std::memory_order_acq_rel) ? ECONNRESET : 0;
+}
+
 int Stream::at_mark() noexcept {
     if (transport::Conn *c = conn.load(std::memory_order_acquire)) {
         using transport::ConnState;

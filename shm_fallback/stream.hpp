@@ -126,6 +126,9 @@ class Stream {
     // oob), so that the byte is out of band for the peer too, after every
     // byte sent before it (semantics.cpp).
     void leave_for_urgent() noexcept;
+    // SO_ERROR: a reset from the fabric not reported yet (ECONNRESET,
+    // now reported), or 0.
+    int take_error() noexcept;
     // SIOCATMARK: 1 when the next byte to read is the urgent mark, as the
     // kernel says once no fabric byte precedes it; 0 while one does.
     int at_mark() noexcept;

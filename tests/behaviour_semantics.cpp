@@ -50,6 +50,14 @@ TEST_CASE("close with SO_LINGER {1, 0} resets the connection: POLLERR|POLLHUP, t
     run_pair(scenario("sem-linger-reset"));
 }
 
+TEST_CASE("after an abortive close by the peer, SO_ERROR reports ECONNRESET once and recv "
+          "then returns EOF",
+          "[semantics]") {
+    PairSpec spec = scenario("sem-linger-reset");
+    spec.args.insert(spec.args.end(), {"--read-error", "so_error"});
+    run_pair(spec);
+}
+
 TEST_CASE("the first send after the peer closed is taken; the ones after the reset fail "
           "with EPIPE",
           "[semantics]") {

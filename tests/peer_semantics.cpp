@@ -218,7 +218,7 @@ void drive_sem_shut_rd(int *fd, const Options &opt) {
     send_exit(*fd);
 }
 
-void drive_sem_linger_reset(int *fd, const Options &) {
+void drive_sem_linger_reset(int *fd, const Options &opt) {
     Cmd cmd;
     cmd.op = Op::linger_close;
     cmd.size2 = 1500;  // the responder stays alive this long after close()
@@ -237,6 +237,19 @@ void drive_sem_linger_reset(int *fd, const Options &) {
         fail("poll after the peer's abortive close: revents 0x%x, expected 0x%x",
              unsigned(p.revents), unsigned(all));
     char buf[16];
+    if (opt.get("read-error") == "so_error") {
+        // Reading SO_ERROR reports the reset, and recv does not again.
+        int err = -1;
+        socklen_t len = sizeof err;
+        if (getsockopt(*fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != ECONNRESET)
+            fail("SO_ERROR after the peer's abortive close: %s, expected ECONNRESET",
+                 errno_name(err));
+        err = -1;
+        if (getsockopt(*fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0)
+            fail("SO_ERROR read a second time: %s, expected 0", errno_name(err));
+        EXPECT(recv(*fd, buf, sizeof buf, 0), 0, 0, "recv after SO_ERROR reported the reset");
+        return;
+    }
     EXPECT(recv(*fd, buf, sizeof buf, 0), -1, ECONNRESET,
                   "recv after the peer's abortive close");
     EXPECT(recv(*fd, buf, sizeof buf, 0), 0, 0, "the recv after ECONNRESET");
