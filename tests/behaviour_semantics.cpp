@@ -23,6 +23,24 @@ TEST_CASE("read and readv of nothing return 0 at once; recv of nothing returns 0
     run_pair(scenario("sem-zero-read"));
 }
 
+TEST_CASE("with SDIRECT_ENABLE=0, read and readv of nothing return 0 at once too",
+          "[semantics]") {
+    if (config() == Config::kernel) {
+        note_skip("a setting of the library");
+        return;
+    }
+    PairSpec spec = scenario("sem-zero-read");
+    spec.env = {"SDIRECT_ENABLE=0"};
+    spec.check_modes = false;  // no connection upgrades: checked below
+    run_pair(spec, [](Pair &pair, const Placement &) {
+        for (const Proc *p : {&pair.server, &pair.client})
+            for (const StatLine &st : read_stats(p->stats)) {
+                INFO(st.text);
+                CHECK(st.mode == "kernel");
+            }
+    });
+}
+
 TEST_CASE("recv with MSG_TRUNC discards the bytes without copying them", "[semantics]") {
     run_pair(scenario("sem-trunc"));
 }
