@@ -83,6 +83,9 @@ void Stream::leave_for_urgent() noexcept {
     if (st != ConnState::direct && st != ConnState::leaving && st != ConnState::final) {
         engine->hold(c);
         st = c->state.load(std::memory_order_acquire);
+        // Held on TCP for good: say why (stats).
+        if (st == ConnState::kernel && c->held.load(std::memory_order_acquire))
+            c->stat->reason.store(std::uint32_t(transport::Reason::oob), std::memory_order_relaxed);
     }
     if (st != ConnState::direct && st != ConnState::leaving) return;
     // The leave ends our fabric stream and writes what we owe the kernel
