@@ -115,7 +115,9 @@ TEST_CASE("urgent data: POLLPRI, SIOCATMARK, recv(MSG_OOB) and SO_OOBINLINE as o
                     CHECK(s->num("upgrades") == 1);
                     CHECK(s->num("leaves") == 1);
                 } else {
-                    CHECK(s->reason == "no_peer");
+                    // Never direct: found without a peer, or held on TCP by
+                    // the urgent byte before that was known.
+                    CHECK((s->reason == "no_peer" || s->reason == "oob"));
                 }
             }
         }
