@@ -249,6 +249,7 @@ void Stream::fork_child(unsigned mark, int parent) noexcept {
     new (&pend_lock) std::mutex();
     new (&alias_lock) std::mutex();
     refs.store(fds.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    calls.store(0, std::memory_order_relaxed);  // the parent's threads are not ours
     next_free = nullptr;
     Phase p = phase.load(std::memory_order_relaxed);
     if (p == Phase::fresh || p == Phase::listener) return;
