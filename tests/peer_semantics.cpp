@@ -84,14 +84,14 @@ void drive_sem_zero_read(int *fd, const Options &opt) {
     if (since_s(start) > 1) fail("reads of nothing took %.3f s", since_s(start));
     // recv of nothing is a recv: nothing queued, EAGAIN without waiting.
     EXPECT(recv(*fd, buf, 0, MSG_DONTWAIT), -1, EAGAIN,
-                  "recv(len 0, MSG_DONTWAIT) on an empty socket");
+           "recv(len 0, MSG_DONTWAIT) on an empty socket");
     const std::uint64_t seed = seed_of(opt, 1);
     ask_send(*fd, 100, seed);
     wait_queued(*fd, 100, "100 bytes");
     // With bytes there, every read of nothing returns 0 and takes none.
     EXPECT(recv(*fd, buf, 0, 0), 0, 0, "recv(len 0) with bytes queued");
     EXPECT(recv(*fd, buf, 0, MSG_DONTWAIT), 0, 0,
-                  "recv(len 0, MSG_DONTWAIT) with bytes queued");
+           "recv(len 0, MSG_DONTWAIT) with bytes queued");
     EXPECT(read(*fd, buf, 0), 0, 0, "read(fd, buf, 0) with bytes queued");
     read_all(*fd, buf, 100, "the bytes after reads of nothing");
     pattern_expect(seed, 0, buf, 100, "the bytes after reads of nothing");
@@ -105,7 +105,7 @@ void drive_sem_trunc(int *fd, const Options &opt) {
     wait_queued(*fd, 10000, "10000 bytes");
     // TCP's MSG_TRUNC: the bytes are consumed and not copied.
     EXPECT(recv(*fd, nullptr, 1000, MSG_TRUNC), 1000, 0,
-                  "recv(NULL, 1000, MSG_TRUNC)");
+           "recv(NULL, 1000, MSG_TRUNC)");
     count_rx(*fd, 1000);
     char buf[10000];
     std::memset(buf, 0x5a, sizeof buf);
@@ -115,14 +115,14 @@ void drive_sem_trunc(int *fd, const Options &opt) {
         if (buf[i] != 0x5a) fail("recv(buf, 500, MSG_TRUNC) wrote into the buffer at %d", i);
     // With MSG_PEEK: counted, neither copied nor consumed.
     EXPECT(recv(*fd, nullptr, 300, MSG_TRUNC | MSG_PEEK), 300, 0,
-                  "recv(NULL, 300, MSG_TRUNC | MSG_PEEK)");
+           "recv(NULL, 300, MSG_TRUNC | MSG_PEEK)");
     int avail = -1;
     if (ioctl(*fd, FIONREAD, &avail) != 0 || avail != 8500)
         fail("FIONREAD after discarding 1500 of 10000: %d, expected 8500", avail);
     read_all(*fd, buf, 8500, "the bytes after MSG_TRUNC");
     pattern_expect(seed, 1500, buf, 8500, "the bytes after MSG_TRUNC");
     EXPECT(recv(*fd, nullptr, 100, MSG_TRUNC | MSG_DONTWAIT), -1, EAGAIN,
-                  "recv(NULL, 100, MSG_TRUNC | MSG_DONTWAIT) on an empty socket");
+           "recv(NULL, 100, MSG_TRUNC | MSG_DONTWAIT) on an empty socket");
     send_exit(*fd);
 }
 
@@ -140,7 +140,7 @@ void drive_sem_errqueue(int *fd, const Options &opt) {
     // Nothing in the error queue: EAGAIN, and the stream stays whole.
     EXPECT(recvmsg(*fd, &m, MSG_ERRQUEUE), -1, EAGAIN, "recvmsg(MSG_ERRQUEUE)");
     EXPECT(recv(*fd, buf, sizeof buf, MSG_ERRQUEUE | MSG_DONTWAIT), -1, EAGAIN,
-                  "recv(MSG_ERRQUEUE | MSG_DONTWAIT)");
+           "recv(MSG_ERRQUEUE | MSG_DONTWAIT)");
     int avail = -1;
     if (ioctl(*fd, FIONREAD, &avail) != 0 || avail != 64)
         fail("FIONREAD after the error queue reads: %d, expected 64", avail);
@@ -164,7 +164,7 @@ void drive_sem_rcvlowat(int *fd, const Options &opt) {
     FD_SET(*fd, &rd);
     timeval tv{0, 300000};
     EXPECT(select(*fd + 1, &rd, nullptr, nullptr, &tv), 0, 0,
-                  "select(read) with 10 bytes of 100");
+           "select(read) with 10 bytes of 100");
     int ep = epoll_create1(EPOLL_CLOEXEC);
     epoll_event ev{};
     ev.events = EPOLLIN;
@@ -174,7 +174,8 @@ void drive_sem_rcvlowat(int *fd, const Options &opt) {
     EXPECT(epoll_wait(ep, &out, 1, 300), 0, 0, "epoll_wait with 10 bytes of 100");
     // A non-blocking recv takes what is there.
     char buf[200];
-    EXPECT(recv(*fd, buf, sizeof buf, MSG_DONTWAIT), 10, 0, "recv(MSG_DONTWAIT) of 10 bytes of 100");
+    EXPECT(recv(*fd, buf, sizeof buf, MSG_DONTWAIT), 10, 0,
+           "recv(MSG_DONTWAIT) of 10 bytes of 100");
     count_rx(*fd, 10);
     pattern_expect(seed, 0, buf, 10, "the first 10 bytes");
     // A blocking recv waits for the low mark: 60 bytes come, later 40.
@@ -250,8 +251,7 @@ void drive_sem_linger_reset(int *fd, const Options &opt) {
         EXPECT(recv(*fd, buf, sizeof buf, 0), 0, 0, "recv after SO_ERROR reported the reset");
         return;
     }
-    EXPECT(recv(*fd, buf, sizeof buf, 0), -1, ECONNRESET,
-                  "recv after the peer's abortive close");
+    EXPECT(recv(*fd, buf, sizeof buf, 0), -1, ECONNRESET, "recv after the peer's abortive close");
     EXPECT(recv(*fd, buf, sizeof buf, 0), 0, 0, "the recv after ECONNRESET");
 }
 
@@ -269,7 +269,7 @@ void drive_sem_send_after_close(int *fd, const Options &opt) {
     expect_eof(*fd, "recv after the peer's close");
     // The peer only closed: the first send is taken (it draws the reset).
     EXPECT(send(*fd, "x", 1, MSG_NOSIGNAL), 1, 0,
-                  "the first send after the peer's close");
+           "the first send after the peer's close");
     const std::uint64_t start = now_ns();
     while (since_s(start) < 2) {
         sleep_us(10000);
@@ -393,7 +393,8 @@ void drive_sem_urgent(int *fd, const Options &opt) {
     // recv(MSG_OOB), then the bytes after it.
     ask_urgent(*fd, 1000, seed, 500, seed2);
     short ev = await_urgent(*fd);
-    if (ev != (POLLIN | POLLPRI)) fail("poll with urgent data: revents 0x%x, expected IN|PRI", unsigned(ev));
+    if (ev != (POLLIN | POLLPRI))
+        fail("poll with urgent data: revents 0x%x, expected IN|PRI", unsigned(ev));
     if (at_mark(*fd) != 0) fail("SIOCATMARK with 1000 bytes before the mark: not 0");
     EXPECT(recv(*fd, buf, sizeof buf, 0), 1000, 0, "recv up to the urgent mark");
     count_rx(*fd, 1000);
@@ -401,7 +402,8 @@ void drive_sem_urgent(int *fd, const Options &opt) {
     if (at_mark(*fd) != 1) fail("SIOCATMARK at the urgent mark: not 1");
     char urgent = 0;
     EXPECT(recv(*fd, &urgent, 1, MSG_OOB), 1, 0, "recv(MSG_OOB)");
-    if (urgent != kUrgentByte) fail("recv(MSG_OOB) gave 0x%02x, expected '%c'", unsigned(urgent), kUrgentByte);
+    if (urgent != kUrgentByte)
+        fail("recv(MSG_OOB) gave 0x%02x, expected '%c'", unsigned(urgent), kUrgentByte);
     EXPECT(recv(*fd, &urgent, 1, MSG_OOB | MSG_DONTWAIT), -1, EINVAL, "a second recv(MSG_OOB)");
     read_all(*fd, buf, 500, "bytes after the urgent byte");
     pattern_expect(seed2, 0, buf, 500, "bytes after the urgent byte");
@@ -415,9 +417,11 @@ void drive_sem_urgent(int *fd, const Options &opt) {
     count_rx(*fd, 300);
     pattern_expect(seed2, 0, buf, 300, "bytes before the in-line urgent mark");
     if (at_mark(*fd) != 1) fail("SIOCATMARK at the in-line urgent mark: not 1");
-    EXPECT(recv(*fd, &urgent, 1, MSG_OOB | MSG_DONTWAIT), -1, EINVAL, "recv(MSG_OOB) with SO_OOBINLINE");
+    EXPECT(recv(*fd, &urgent, 1, MSG_OOB | MSG_DONTWAIT), -1, EINVAL,
+           "recv(MSG_OOB) with SO_OOBINLINE");
     read_all(*fd, buf, 201, "the in-line urgent byte and the bytes after it");
-    if (buf[0] != kUrgentByte) fail("in-line urgent byte 0x%02x, expected '%c'", unsigned(buf[0]), kUrgentByte);
+    if (buf[0] != kUrgentByte)
+        fail("in-line urgent byte 0x%02x, expected '%c'", unsigned(buf[0]), kUrgentByte);
     pattern_expect(seed, 0, buf + 1, 200, "bytes after the in-line urgent byte");
     send_exit(*fd);
 }
