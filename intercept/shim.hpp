@@ -19,9 +19,16 @@ using transport::sys;
 class Held {
   public:
     explicit Held(int fd) noexcept
-        : s_(transport::guarded() ? nullptr : fallback::acquire(fd)) {}
+        : s_(transport::guarded() ? nullptr : fallback::acquire(fd)) {
+        if (s_) s_->calls.fetch_add(1, std::memory_order_acq_rel);
+    }
     ~Held() {
-        if (s_) fallback::release(s_);
+        if (!s_) return;
+        // The last call over a socket closed meanwhile: its close now.
+        if (s_->calls.fetch_sub(1, std::memory_order_acq_rel) == 1 &&
+            s_->held_fd.load(std::memory_order_acquire) >= 0)
+            s_->close_held();
+        fallback::release(s_);
     }
     Held(const Held &) = delete;
     Held &operator=(const Held &) = delete;

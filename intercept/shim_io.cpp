@@ -79,6 +79,9 @@ void pass_fds(const msghdr *m) noexcept {
 SD_EXPORT ssize_t read(int fd, void *buf, size_t len) {
     Held s(fd);
     if (!s) return sys.read(fd, buf, len);
+    // A socket's read of nothing returns at once (a recv of nothing waits
+    // for data, so it must not become one).
+    if (len == 0) return 0;
     return recv_one(s, buf, len, 0);
 }
 
@@ -98,6 +101,9 @@ SD_EXPORT ssize_t readv(int fd, const iovec *iov, int iovcnt) {
     // Bad arguments: the kernel gives the answer (EINVAL, EFAULT).
     if (!s || iovcnt < 0 || iovcnt > IOV_MAX || !readable(iov, sizeof *iov * size_t(iovcnt)))
         return sys.readv(fd, iov, iovcnt);
+    size_t total = 0;
+    for (int i = 0; i < iovcnt; ++i) total += iov[i].iov_len;
+    if (total == 0) return 0;  // as read() of nothing
     return ret(s->recv(iov, iovcnt, 0));
 }
 
@@ -149,7 +155,8 @@ SD_EXPORT ssize_t sendto(int fd, const void *buf, size_t len, int flags, const s
 
 SD_EXPORT ssize_t recvmsg(int fd, msghdr *m, int flags) {
     Held s(fd);
-    if (!s || !writable(m, sizeof *m) || m->msg_iovlen > IOV_MAX ||
+    // The error queue is the kernel socket's, with its control data.
+    if (!s || (flags & MSG_ERRQUEUE) || !writable(m, sizeof *m) || m->msg_iovlen > IOV_MAX ||
         !readable(m->msg_iov, sizeof(iovec) * m->msg_iovlen))
         return sys.recvmsg(fd, m, flags);
     return recv_msg(s, m, flags);

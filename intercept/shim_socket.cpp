@@ -208,8 +208,26 @@ SD_EXPORT int ioctl(int fd, unsigned long req, ...) {
         *static_cast<int *>(arg) = n;
         return 0;
     }
+    if (s && req == SIOCATMARK && sd::transport::writable(arg, sizeof(int))) {
+        int at = s->at_mark();
+        if (at < 0) return ret(at);
+        *static_cast<int *>(arg) = at;
+        return 0;
+    }
     int r = sys.ioctl(fd, req, arg);
     if (r == 0 && s && req == FIONBIO) s->nonblock.store(*static_cast<int *>(arg) != 0);
+    return r;
+}
+
+// The companion answers every option; SO_ERROR also reports (and clears,
+// as reading it does) a reset that came on the fabric.
+SD_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len) {
+    int r = sys.getsockopt(fd, level, name, val, len);
+    if (r != 0 || level != SOL_SOCKET || name != SO_ERROR) return r;
+    Held s(fd);
+    if (!s || !len || *len < sizeof(int)) return r;
+    const int ours = s->take_error();
+    if (ours && *static_cast<int *>(val) == 0) *static_cast<int *>(val) = ours;
     return r;
 }
 
@@ -227,6 +245,12 @@ SD_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t
         s->sndtimeo_ns.store(timeval_ns(val, len));
     else if (level == SOL_SOCKET && name == SO_RCVBUF && on > 0)
         s->rcvbuf.store(std::uint32_t(on));
+    else if (level == SOL_SOCKET && name == SO_RCVLOWAT)
+        s->rcvlowat.store(on < 0 ? 0x7fffffff : on == 0 ? 1 : on);  // as the kernel keeps it
+    else if (level == SOL_SOCKET && name == SO_LINGER && len >= sizeof(linger)) {
+        const auto *l = static_cast<const linger *>(val);
+        s->linger_reset.store(l->l_onoff && l->l_linger == 0);
+    }
     else if (level == IPPROTO_TCP && name == TCP_NODELAY) {
         s->nodelay.store(on != 0);
         if (on) s->flush();

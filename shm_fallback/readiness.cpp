@@ -55,7 +55,9 @@ bool user_view(Stream *s, short &bits, short &ask) noexcept {
     if (c->broken.load(std::memory_order_relaxed)) {
         b = kReadBits | kWriteBits | POLLRDHUP | POLLERR | POLLHUP;
     } else {
-        if (c->rx_ready()) b |= kReadBits;
+        // SO_RCVLOWAT: readable from that many bytes on, as TCP's poll.
+        if (c->rx_ready() >= std::uint64_t(s->rcvlowat.load(std::memory_order_relaxed)))
+            b |= kReadBits;
         // Leaving, with the fabric part read (but bytes still owed to the
         // kernel, so not final yet): the kernel has what comes next.
         if (leaving && !c->rx_ready() && c->peer_end != kNoOffset && c->rx_off >= c->peer_end) {
@@ -63,6 +65,11 @@ bool user_view(Stream *s, short &bits, short &ask) noexcept {
             ssize_t n = sys.recv(s->fd.load(std::memory_order_relaxed), &probe, 1,
                                  MSG_PEEK | MSG_DONTWAIT);
             if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) b |= kReadBits;
+        }
+        // Leaving: urgent data (MSG_OOB) is the kernel socket's to report.
+        if (leaving) {
+            pollfd k{s->fd.load(std::memory_order_relaxed), POLLPRI, 0};
+            if (sys.poll(&k, 1, 0) > 0 && (k.revents & POLLPRI)) b |= POLLPRI;
         }
         if (fin || closed || eof || s->rd_shut.load(std::memory_order_relaxed))
             b |= kReadBits | POLLRDHUP;

@@ -176,6 +176,9 @@ void Stream::reset(int f, int dom, bool nb) noexcept {
     nodelay.store(false, std::memory_order_relaxed);
     cork.store(false, std::memory_order_relaxed);
     rd_shut.store(false, std::memory_order_relaxed);
+    rcvlowat.store(1, std::memory_order_relaxed);
+    linger_reset.store(false, std::memory_order_relaxed);
+    drew_reset.store(false, std::memory_order_relaxed);
     rcvtimeo_ns.store(0, std::memory_order_relaxed);
     sndtimeo_ns.store(0, std::memory_order_relaxed);
     rcvbuf.store(0, std::memory_order_relaxed);
@@ -190,6 +193,8 @@ void Stream::reset(int f, int dom, bool nb) noexcept {
     share.store(nullptr, std::memory_order_relaxed);
     share_check_ns = 0;
     pre_tx = pre_rx = 0;
+    calls.store(0, std::memory_order_relaxed);
+    held_fd.store(-1, std::memory_order_relaxed);
     refs.store(1, std::memory_order_release);
 }
 
@@ -242,6 +247,7 @@ void Stream::fork_child(unsigned mark, int parent) noexcept {
     new (&pend_lock) std::mutex();
     new (&alias_lock) std::mutex();
     refs.store(fds.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    calls.store(0, std::memory_order_relaxed);  // the parent's threads are not ours
     next_free = nullptr;
     Phase p = phase.load(std::memory_order_relaxed);
     if (p == Phase::fresh || p == Phase::listener) return;
@@ -537,9 +543,10 @@ ssize_t Stream::kernel_recv(const iovec *iov, int iovcnt, int flags, Conn *c) no
 }
 
 ssize_t Stream::recv(const iovec *iov, int iovcnt, int flags) noexcept {
-    if (flags & MSG_OOB) {
-        // Urgent data is never carried on the fabric: the companion socket
-        // answers (EINVAL when there is none, as on any TCP connection).
+    if (kernel_only(flags)) {
+        // Urgent data and the error queue are never carried on the fabric:
+        // the companion socket answers (EINVAL or EAGAIN when it has
+        // nothing, as on any TCP connection), and the stream stays intact.
         msghdr mh{};
         mh.msg_iov = const_cast<iovec *>(iov);
         mh.msg_iovlen = std::size_t(iovcnt);
@@ -562,7 +569,7 @@ ssize_t Stream::recv(const iovec *iov, int iovcnt, int flags) noexcept {
         c = attached_conn();
     }
     std::size_t total = iov_total(iov, iovcnt);
-    if (!c || c->state.load(std::memory_order_acquire) == ConnState::final || total == 0) {
+    if (!c || c->state.load(std::memory_order_acquire) == ConnState::final) {
         // On TCP for good: the kernel blocks as the application asked.
         // Only the counters are ours (no later switch needs rx_off).
         msghdr mh{};
@@ -576,8 +583,12 @@ ssize_t Stream::recv(const iovec *iov, int iovcnt, int flags) noexcept {
         }
         return n;
     }
-    if (rd_shut.load(std::memory_order_relaxed)) return 0;
-    const bool nb = nonblock.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
+    if (flags & MSG_TRUNC) return recv_discard(total, flags);
+    // Shut for reading: what is there (TCP keeps taking bytes), else EOF
+    // at once.
+    const bool shut = rd_shut.load(std::memory_order_relaxed);
+    const bool nb = shut || nonblock.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
+    const std::size_t target = recv_target(total, flags);
     const std::int64_t tmo = rcvtimeo_ns.load(std::memory_order_relaxed);
     std::uint64_t deadline = tmo ? monotonic_ns() + std::uint64_t(tmo) : 0;
     std::uint64_t spin_until = 0;
@@ -610,13 +621,13 @@ ssize_t Stream::recv(const iovec *iov, int iovcnt, int flags) noexcept {
         }
         if (r > 0) {
             done += std::size_t(r);
-            if (!(flags & MSG_WAITALL) || (flags & MSG_PEEK) || done == total) return ssize_t(done);
+            if ((flags & MSG_PEEK) || done >= target) return ssize_t(done);
             spin_until = 0;
             continue;
         }
         if (r == 0) return ssize_t(done);
         if (r != -EAGAIN) return done ? ssize_t(done) : r;
-        if (nb) return done ? ssize_t(done) : -EAGAIN;
+        if (nb) return done ? ssize_t(done) : shut ? 0 : -EAGAIN;
         std::uint64_t now = monotonic_ns();
         if (!spin_until)
             spin_until = slot.start(now, std::uint64_t(transport::settings().spin_us) * 1000);
@@ -633,7 +644,7 @@ ssize_t Stream::recv(const iovec *iov, int iovcnt, int flags) noexcept {
                 if (n != -EALREADY) spin_until = 0;
                 if (n > 0) {
                     done += std::size_t(n);
-                    if (!(flags & MSG_WAITALL) || done == total) return ssize_t(done);
+                    if (done >= target) return ssize_t(done);
                     spin_until = 0;
                     continue;
                 }
@@ -711,7 +722,7 @@ ssize_t Stream::try_recv(Conn *c, const iovec *iov, int iovcnt, std::size_t skip
             return ssize_t(n);
         }
         if (c->zc.active && c->rx_off == c->zc.off + c->zc.done)
-            return read_advert(c, lock, iov, iovcnt, skip, total, flags);
+            return skip == total ? 0 : read_advert(c, lock, iov, iovcnt, skip, total, flags);
         if (c->fin_off != kNoOffset && c->rx_off >= c->fin_off)
             return c->reset_unreported.exchange(false) ? -ECONNRESET : 0;
         if (!check_kernel) return -EAGAIN;
@@ -939,6 +950,7 @@ ssize_t Stream::kernel_send(const iovec *iov, int iovcnt, int flags, Conn *c) no
 
 ssize_t Stream::send(const iovec *iov, int iovcnt, int flags) noexcept {
     if (!claim_inherited()) return orphan_error(kfd());
+    if (flags & MSG_OOB) leave_for_urgent();
     Conn *c = attached_conn();
     if (!c && counting()) {
         std::size_t done = 0;
@@ -1081,6 +1093,7 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
         SD_LOG(debug, "fd %d: send refused: %s", kfd(),
                c->tx_fin ? "shut down for writing" : c->broken ? "connection broken" : "peer closed");
         if (!c->tx_fin && c->reset_unreported.exchange(false)) return -ECONNRESET;
+        if (first_send_to_closed(c)) return ssize_t(total);  // to nobody, as TCP's
         return epipe(flags);
     }
     if (!c->tx_fabric) {
@@ -1096,6 +1109,8 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
     // Combining: MSG_MORE and TCP_CORK keep small writes in the stage
     // until it fills or a write without them comes.
     const bool more = (flags & MSG_MORE) || cork.load(std::memory_order_relaxed);
+    // A write without them ends the hold of what is staged.
+    if (!more) c->cork_since.store(0, std::memory_order_relaxed);
     // Write zero-copy: the peer's recv waits on its own buffer for these
     // bytes; the rest (if any) goes the usual way. To a peer that
     // advertises, a large send looks at the fabric first: an advertisement
@@ -1143,8 +1158,12 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
                 }
             });
             if (!ok) return -EFAULT;  // nothing taken
+            const bool started = c->staged == 0;
             c->staged = at;
-            if (more) return ssize_t(total);
+            if (more) {
+                if (started) engine->hold_corked(c);  // out within 200 ms, as TCP's
+                return ssize_t(total);
+            }
             int rc = flush_locked(c, !nb, deadline);
             // Staged bytes are accepted: progress() sends them when credits
             // come, or the kernel takes them if the fabric is being left.
@@ -1334,14 +1353,17 @@ void Stream::last_close() noexcept {
         return;
     }
     std::lock_guard tx(c->tx_lock);
+    // SO_LINGER {1, 0}: an abortive close, whatever is unsent or unread.
+    const bool abort = linger_reset.load(std::memory_order_relaxed);
     // Bounded: a peer that stopped reading must not hang close().
-    (void)flush_locked(c, true, monotonic_ns() + 1000000000ull);
+    if (!abort) (void)flush_locked(c, true, monotonic_ns() + 1000000000ull);
     // Closing with the peer's bytes unread resets the connection (TCP).
     engine->progress();
-    bool unread;
+    bool unread = abort;
     {
         std::lock_guard lock(c->rx_lock);
-        unread = c->rx_ready() != 0 || (c->switch_off != kNoOffset && c->rx_off < c->switch_off);
+        unread = unread || c->rx_ready() != 0 ||
+                 (c->switch_off != kNoOffset && c->rx_off < c->switch_off);
     }
     if (!c->tx_fin && engine->post(c, MsgType::close, nullptr, 0, 0, c->tx_off, 0,
                                    unread ? transport::kCloseReset : 0) == 0)

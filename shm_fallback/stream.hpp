@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <vector>
@@ -39,12 +40,25 @@ class Stream {
     // inherits even where this process's own fd is closed (a vfork child).
     std::uint64_t ino = 0;
     std::atomic<int> refs{0};   // fd mappings + calls in progress
+    // Calls of the application in progress (the shims' Held). A close()
+    // while there are some keeps the kernel socket open until the last one
+    // is over, as the kernel's calls hold their file: `held_fd` is the
+    // private copy that does it (semantics.cpp).
+    std::atomic<int> calls{0};
+    std::atomic<int> held_fd{-1};
     std::atomic<int> fds{0};    // fd numbers mapping to this stream (dup)
     std::atomic<Phase> phase{Phase::fresh};
     std::atomic<bool> nonblock{false};
     std::atomic<bool> nodelay{false};
     std::atomic<bool> cork{false};
     std::atomic<bool> rd_shut{false};
+    // SO_RCVLOWAT: readiness and a blocking recv wait for this many bytes.
+    std::atomic<int> rcvlowat{1};
+    // SO_LINGER {1, 0}: the last close resets the connection.
+    std::atomic<bool> linger_reset{false};
+    // A send found the peer closed and was taken, as TCP takes the one
+    // that draws the peer's reset: the next ones fail.
+    std::atomic<bool> drew_reset{false};
     std::atomic<std::int64_t> rcvtimeo_ns{0};
     std::atomic<std::int64_t> sndtimeo_ns{0};
     std::atomic<std::uint32_t> rcvbuf{0};  // SO_RCVBUF as the application set it
@@ -108,6 +122,20 @@ class Stream {
     void to_kernel_for_good(transport::Reason why) noexcept;
     // recv family; `flags` as for recvmsg. Bytes, 0 at EOF, or -errno.
     ssize_t recv(const iovec *iov, int iovcnt, int flags) noexcept;
+    // What must stay with the kernel socket (semantics.cpp): urgent data
+    // and the error queue are never on the fabric.
+    static bool kernel_only(int flags) noexcept { return flags & (MSG_OOB | MSG_ERRQUEUE); }
+    // Urgent data (MSG_OOB) is TCP's alone: before the first urgent byte
+    // is sent, the connection moves to its kernel socket for good (reason
+    // oob), so that the byte is out of band for the peer too, after every
+    // byte sent before it (semantics.cpp).
+    void leave_for_urgent() noexcept;
+    // SO_ERROR: a reset from the fabric not reported yet (ECONNRESET,
+    // now reported), or 0.
+    int take_error() noexcept;
+    // SIOCATMARK: 1 when the next byte to read is the urgent mark, as the
+    // kernel says once no fabric byte precedes it; 0 while one does.
+    int at_mark() noexcept;
     // send family; raises SIGPIPE on EPIPE unless MSG_NOSIGNAL.
     ssize_t send(const iovec *iov, int iovcnt, int flags) noexcept;
     int shutdown(int how) noexcept;
@@ -117,6 +145,12 @@ class Stream {
     void flush() noexcept;
     // The last fd of this socket is being closed: the peer learns it now.
     void last_close() noexcept;
+    // The last fd is being closed while calls are in progress: the kernel
+    // socket stays open under a private fd, and the peer learns of the
+    // close when the last call is over (close_held). False if it could
+    // not be kept (the close happens now).
+    bool hold_for_calls() noexcept;
+    void close_held() noexcept;
     // No fd and no call refers to it any more: release the connection.
     void destroy() noexcept;
 
@@ -167,6 +201,14 @@ class Stream {
     // kernel since count for the holders.
     void count_after_leave(std::uint64_t n) noexcept;
     ssize_t kernel_send(const iovec *iov, int iovcnt, int flags, transport::Conn *c) noexcept;
+    // MSG_TRUNC on a connection on the fabric: up to `total` bytes
+    // consumed (peeked) and thrown away, as TCP does (semantics.cpp).
+    ssize_t recv_discard(std::size_t total, int flags) noexcept;
+    // How many bytes a blocking recv of `total` waits for (SO_RCVLOWAT).
+    std::size_t recv_target(std::size_t total, int flags) const noexcept;
+    // The peer closed: the first send is taken (TCP sends it and draws
+    // the peer's reset); true if this one is it (semantics.cpp).
+    bool first_send_to_closed(transport::Conn *c) noexcept;
     ssize_t try_recv(transport::Conn *c, const iovec *iov, int iovcnt, std::size_t skip,
                      std::size_t total, int flags, bool check_kernel) noexcept;
     // -ESTALE (and *left) when the connection is leaving the fabric: the

@@ -95,7 +95,10 @@ enum class Op : std::uint32_t {
     recv_die,     // receive size2 bytes of seed, then SIGKILL self (size: the whole)
     send_exit,    // a thread sends size of seed (chunk, MSG_NOSIGNAL, until an error);
                   // exit(0) after size2 us
+    linger_close, // SO_LINGER {1, 0}, close (a reset), stay alive size2 milliseconds
+    urgent,       // send size of seed, one urgent byte kUrgentByte (MSG_OOB), size2 of seed2
 };
+inline constexpr char kUrgentByte = 'U';
 
 inline constexpr std::uint32_t kCmdMagic = 0x53445443;  // "SDTC"
 inline constexpr std::uint32_t kNoAck = 1;
@@ -133,6 +136,9 @@ void expect_ack(int fd, const char *what);
 // Serves commands until Op::exit or a clean EOF between commands.
 // Returns with the socket still open unless *fd was set to -1 (send_close).
 void respond(int *fd);
+// The commands of peer_semantics.cpp.
+void respond_linger_close(int *fd, const Cmd &cmd);
+void respond_urgent(int fd, const Cmd &cmd);
 
 // ---- options and connections -------------------------------------------------
 

@@ -92,6 +92,18 @@ int run_fd_helper(const Options &opt);
 // Invalid arguments, printed for differential comparison (peer_probe.cpp).
 void drive_bad_input(int *fd, const Options &opt);
 
+// TCP's corners (peer_semantics.cpp).
+void drive_sem_zero_read(int *fd, const Options &opt);
+void drive_sem_trunc(int *fd, const Options &opt);
+void drive_sem_errqueue(int *fd, const Options &opt);
+void drive_sem_rcvlowat(int *fd, const Options &opt);
+void drive_sem_shut_rd(int *fd, const Options &opt);
+void drive_sem_linger_reset(int *fd, const Options &opt);
+void drive_sem_send_after_close(int *fd, const Options &opt);
+void drive_sem_close_in_recv(int *fd, const Options &opt);
+void drive_sem_cork(int *fd, const Options &opt);
+void drive_sem_urgent(int *fd, const Options &opt);
+
 // Helpers shared by the driver files.
 std::uint64_t seed_of(const Options &opt, std::uint64_t n);
 void send_exit(int fd);

@@ -96,6 +96,16 @@ constexpr Entry drivers[] = {
     {"sendfile", drive_sendfile},
     {"splice", drive_splice},
     {"bypass", drive_bypass},
+    {"sem-zero-read", drive_sem_zero_read},
+    {"sem-trunc", drive_sem_trunc},
+    {"sem-errqueue", drive_sem_errqueue},
+    {"sem-rcvlowat", drive_sem_rcvlowat},
+    {"sem-shut-rd", drive_sem_shut_rd},
+    {"sem-linger-reset", drive_sem_linger_reset},
+    {"sem-send-after-close", drive_sem_send_after_close},
+    {"sem-close-in-recv", drive_sem_close_in_recv},
+    {"sem-cork", drive_sem_cork},
+    {"sem-urgent", drive_sem_urgent},
 };
 
 Options parse(int argc, char **argv, int first) {

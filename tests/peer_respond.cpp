@@ -185,6 +185,12 @@ void respond(int *fd) {
             close(*fd);
             *fd = -1;
             return;
+        case Op::urgent:
+            respond_urgent(*fd, cmd);
+            break;
+        case Op::linger_close:
+            respond_linger_close(fd, cmd);
+            return;
         default:
             fail("unknown command %u", unsigned(cmd.op));
         }

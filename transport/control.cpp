@@ -18,6 +18,8 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -221,6 +223,7 @@ int Engine::start_control() noexcept {
         return -err;
     }
     ctl_fd_ = fd;
+    cork_bell_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     // The control thread must not take the application's signals.
     sigset_t all, old;
     sigfillset(&all);
@@ -238,9 +241,22 @@ int Engine::start_control() noexcept {
 
 void Engine::control_loop() noexcept {
     for (;;) {
-        int fd = sys.accept4(ctl_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+        // Held stages (cork.cpp) bound the wait; nothing else wakes us but
+        // a control connection or a new held stage.
+        pollfd p[2] = {{ctl_fd_, POLLIN, 0}, {cork_bell_, POLLIN, 0}};
+        int r = sys.poll(p, cork_bell_ >= 0 ? 2 : 1, cork_tick());
+        if (r > 0 && (p[1].revents & POLLIN)) {
+            std::uint64_t n;
+            (void)sys.read(cork_bell_, &n, sizeof n);
+        }
+        if (r <= 0 || !(p[0].revents & POLLIN)) continue;
+        int fd = sys.accept4(ctl_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd >= 0) {
+            // The request is read with blocking calls (bounded below).
+            (void)sys.fcntl(fd, F_SETFL, sys.fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+        }
         if (fd < 0) {
-            if (errno == EINTR || errno == ECONNABORTED) continue;
+            if (errno == EINTR || errno == ECONNABORTED || errno == EAGAIN) continue;
             if (errno == EMFILE || errno == ENFILE) {
                 usleep(10000);
                 continue;

@@ -214,6 +214,11 @@ class Engine {
     // The stage of `c` holds accepted bytes that wait for credits (tx_lock
     // held): the next progress() that finds the credits sends them.
     void want_flush(Conn *c) noexcept;
+    // The stage of `c` was just started by a write with MSG_MORE or under
+    // TCP_CORK (tx_lock held): it is sent within kCorkHoldNs, as TCP sends
+    // corked bytes after 200 ms, by the control thread if nobody else
+    // (cork.cpp).
+    void hold_corked(Conn *c) noexcept;
     // A flush found its credits but could not send yet (look again soon).
     bool flush_pending() const noexcept { return flush_retry_.load(std::memory_order_relaxed); }
     // Tells the peer our send switch point now (upgrade just finished).
@@ -314,6 +319,12 @@ class Engine {
     int rma(Conn *c, const iovec *iov, int iovcnt, const fi_rma_iov *remote, int nremote,
             bool write, std::uint64_t flags = 0) noexcept;
     void flush_due_stages() noexcept;
+    // cork.cpp: the control thread's timer for held stages. The next
+    // deadline (0: none); `cork_tick` sends the stages that are due and
+    // returns how long the control thread may sleep (ms, -1: until woken).
+    std::atomic<std::uint64_t> cork_due_{0};
+    int cork_bell_ = -1;
+    int cork_tick() noexcept;
     Conn *lookup(std::uint32_t id, std::uint32_t gen) noexcept;
     void release_peer(Peer *p) noexcept;
 

@@ -41,6 +41,7 @@ enum class Reason : std::uint32_t {
     stdio,             // on the kernel for good: a stdio stream (fdopen) uses it
     passed,            // on the kernel for good: passed to another process (SCM_RIGHTS)
     privilege,         // on the kernel for good: the process changed its privileges
+    oob,               // urgent data (MSG_OOB): the kernel carries the connection
     count_
 };
 
