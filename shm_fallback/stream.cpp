@@ -1039,6 +1039,16 @@ int Stream::wait_credit(Conn *c, std::uint64_t deadline, std::int64_t need) noex
     }
 }
 
+std::int64_t Stream::credit_after_progress(Conn *c, std::size_t need) noexcept {
+    std::int64_t credit = c->credits.load(std::memory_order_acquire);
+    if (credit >= std::int64_t(need)) return credit;
+    // Credits the reader returned may wait in our queue: only a progress
+    // pass takes them in, and a sender that neither polls nor reads (it
+    // retries after a sleep) would otherwise never see them.
+    engine->progress();
+    return c->credits.load(std::memory_order_acquire);
+}
+
 int Stream::post_data(Conn *c, const iovec *iov, int iovcnt, std::uint32_t len,
                       std::uint64_t deadline) noexcept {
     // Protocol choice, in one place: large pieces are written straight into
@@ -1117,7 +1127,7 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
             return more_sent > 0 ? r + more_sent : r;
         }
     }
-    if (!more && !c->staged && total <= chunk && c->credits.load(std::memory_order_acquire) >=
+    if (!more && !c->staged && total <= chunk && credit_after_progress(c, total) >=
                                                      std::int64_t(total)) {
         // The common small write: straight from the caller's buffer.
         iovec v[3];
@@ -1220,7 +1230,7 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
                 continue;
             }
         }
-        std::int64_t credit = c->credits.load(std::memory_order_acquire);
+        std::int64_t credit = credit_after_progress(c, 1);
         if (credit <= 0) {
             engine->ring(c->peer);
             if (nb || interrupted) {
