@@ -144,6 +144,38 @@ bool state_changed(void *ctx) noexcept {
            c->state.load(std::memory_order_acquire) != ConnState::initiating;
 }
 
+// How long a read zero-copy advertisement waits for a reader whose read
+// counter does not move.
+constexpr std::uint64_t kReaderPatienceNs = 2'000'000;
+
+// Watches the peer's read counter (its process page) during an
+// advertisement: a reader copying our buffer, or bytes before it, is not
+// kept waiting for; one that has done nothing for kReaderPatienceNs is.
+class ReaderWatch {
+  public:
+    ReaderWatch(transport::Engine *e, const Conn *c, std::uint64_t now) noexcept
+        : engine_(e), conn_(c), read_(e->peer_read(c)), moved_(now) {}
+    bool idle(std::uint64_t now) noexcept {
+        const std::uint64_t r = engine_->peer_read(conn_);
+        if (r != read_) {
+            read_ = r;
+            moved_ = now;
+        }
+        return now - moved_ >= kReaderPatienceNs;
+    }
+    // When to look again: the patience's end, or `deadline` if sooner.
+    std::uint64_t due(std::uint64_t deadline) const noexcept {
+        const std::uint64_t end = moved_ + kReaderPatienceNs;
+        return deadline && deadline < end ? deadline : end;
+    }
+
+  private:
+    transport::Engine *engine_;
+    const Conn *conn_;
+    std::uint64_t read_;
+    std::uint64_t moved_;
+};
+
 ssize_t epipe(int flags) noexcept {
     if (!(flags & MSG_NOSIGNAL)) raise(SIGPIPE);
     return -EPIPE;
@@ -865,6 +897,13 @@ long Stream::send_zcopy(Conn *c, const char *buf, std::uint32_t len, std::uint64
     const std::uint64_t spin_until =
         slot.start(monotonic_ns(), std::uint64_t(transport::settings().spin_us) * 1000 +
                                        std::min<std::uint64_t>(len / 4, 2'000'000));
+    // A reader that does not come: the kernel's send buffer would have
+    // taken these bytes without it, and a program may well wait for this
+    // send before it tells its peer to read. So the advertisement lasts
+    // while the reader reads (its read counter moves); once it has been
+    // still for kReaderPatienceNs the advertisement is cancelled and the
+    // rest goes buffered, as far as the window takes it.
+    ReaderWatch reader(engine, c, monotonic_ns());
     for (;;) {
         engine->progress();
         if (c->zc_answer_off.load(std::memory_order_acquire) == off) {
@@ -890,6 +929,11 @@ long Stream::send_zcopy(Conn *c, const char *buf, std::uint32_t len, std::uint64
             continue;
         }
         std::uint64_t now = monotonic_ns();
+        if (!cancelled && reader.idle(now)) {
+            cancelled = engine->cancel_advert(c, off) == 0;
+            asked = now;
+            continue;
+        }
         if (deadline && now >= deadline && !cancelled) {
             // SO_SNDTIMEO: what was read counts; the rest goes buffered,
             // as far as the window takes it (the kernel's send buffer
@@ -906,7 +950,7 @@ long Stream::send_zcopy(Conn *c, const char *buf, std::uint32_t len, std::uint64
         int w = transport::sleep_once(engine, c, -1, 0, zcopy_answered, c,
                                       kick_at     ? ms_until(kick_at)
                                       : cancelled ? -1
-                                                  : ms_until(deadline));
+                                                  : ms_until(reader.due(deadline)));
         if (w == -EINTR && !cancelled &&
             !keep_going_after_eintr(sndtimeo_ns.load(std::memory_order_relaxed))) {
             // As a TCP send hit by a signal: what was taken counts, the

@@ -228,7 +228,7 @@ int Engine::init() noexcept {
         return rc;
     }
     sweep_stale(settings().registry);
-    window_ = settings().window ? settings().window : 1048576;
+    window_ = settings().window ? settings().window : 2097152;
     if ((rc = open_page())) return rc;
     doorbell_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (doorbell_ < 0) return -errno;
