@@ -1149,17 +1149,18 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
     const std::uint64_t deadline = tmo ? monotonic_ns() + std::uint64_t(tmo) : 0;
     const std::uint32_t chunk = engine->chunk();
 
-    // Combining: MSG_MORE and TCP_CORK keep small writes in the stage
-    // until it fills or a write without them comes.
-    const bool more = (flags & MSG_MORE) || cork.load(std::memory_order_relaxed);
+    // MSG_MORE and TCP_CORK hold nothing back: a byte send() accepted must
+    // be in the peer's ring (or on its way there in the provider's queue)
+    // before send returns, or it would die with this process, where the
+    // kernel's corked bytes survive it. Combining would save messages only.
     // Write zero-copy: the peer's recv waits on its own buffer for these
     // bytes; the rest (if any) goes the usual way. To a peer that
     // advertises, a large send looks at the fabric first: an advertisement
     // that came while the caller was busy (copying what it read) would
     // otherwise be found only after our own bytes had crossed it.
-    if (!more && !c->staged && total > chunk && c->psink_seen.load(std::memory_order_relaxed))
+    if (!c->staged && total > chunk && c->psink_seen.load(std::memory_order_relaxed))
         engine->progress();
-    if (!more && !c->staged && c->psink_valid.load(std::memory_order_acquire)) {
+    if (!c->staged && c->psink_valid.load(std::memory_order_acquire)) {
         long r = engine->take_sink(c, iov, iovcnt, total);
         if (r == -EPIPE) return epipe(flags);
         if (r < 0) return r;
@@ -1171,8 +1172,7 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
             return more_sent > 0 ? r + more_sent : r;
         }
     }
-    if (!more && !c->staged && total <= chunk && credit_after_progress(c, total) >=
-                                                     std::int64_t(total)) {
+    if (!c->staged && total <= chunk && credit_after_progress(c, total) >= std::int64_t(total)) {
         // The common small write: straight from the caller's buffer.
         iovec v[3];
         int k = slice(iov, iovcnt, 0, total, v, 3);
@@ -1185,28 +1185,6 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
             }
             if (rc == -EPIPE) return epipe(flags);
             if (rc != -EAGAIN) return rc;
-        }
-    }
-    if (c->staged + total <= chunk) {
-        iovec v[kMaxSlice];
-        int k = slice(iov, iovcnt, 0, total, v, kMaxSlice);
-        if (sliced(v, k) == total) {
-            std::uint32_t at = c->staged;
-            bool ok = transport::guarded([&] {
-                for (int i = 0; i < k; ++i) {
-                    std::memcpy(c->stage + at, v[i].iov_base, v[i].iov_len);
-                    at += std::uint32_t(v[i].iov_len);
-                }
-            });
-            if (!ok) return -EFAULT;  // nothing taken
-            c->staged = at;
-            if (more) return ssize_t(total);
-            int rc = flush_locked(c, !nb, deadline);
-            // Staged bytes are accepted: progress() sends them when credits
-            // come, or the kernel takes them if the fabric is being left.
-            if (rc == 0 || rc == -EAGAIN || rc == -EINTR || rc == -ESTALE) return ssize_t(total);
-            if (rc == -EPIPE) return epipe(flags);
-            return rc;
         }
     }
     if (int rc = flush_locked(c, !nb, deadline)) {
