@@ -1093,6 +1093,18 @@ std::int64_t Stream::credit_after_progress(Conn *c, std::size_t need) noexcept {
     return c->credits.load(std::memory_order_acquire);
 }
 
+int Stream::send_failed(Conn *c, int rc) noexcept {
+    // A write into the peer's ring failed while the peer lives: it closed
+    // (its ring is out of reach), and its CLOSE, posted before, waits in
+    // our queue.
+    if (rc == -EIO) {
+        engine->progress_blocking();
+        if (c->gone()) rc = -EPIPE;
+    }
+    if (rc == -EPIPE && !c->tx_fin && c->reset_unreported.exchange(false)) rc = -ECONNRESET;
+    return rc;
+}
+
 int Stream::post_data(Conn *c, const iovec *iov, int iovcnt, std::uint32_t len,
                       std::uint64_t deadline) noexcept {
     // Protocol choice, in one place: large pieces are written straight into
@@ -1183,6 +1195,7 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
                 engine->ring(c->peer);
                 return ssize_t(total);
             }
+            rc = send_failed(c, rc);
             if (rc == -EPIPE) return epipe(flags);
             if (rc != -EAGAIN) return rc;
         }
@@ -1274,7 +1287,10 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
             rc = -EFAULT;
             break;
         }
-        if ((rc = post_data(c, v, k, std::uint32_t(n), deadline))) break;
+        if ((rc = post_data(c, v, k, std::uint32_t(n), deadline))) {
+            rc = send_failed(c, rc);
+            break;
+        }
         sent += n;
     }
     if (sent) engine->ring(c->peer);

@@ -75,3 +75,44 @@ TEST_CASE("every byte a non-blocking send accepted reaches the reader, then EOF,
         if (!ran) return;
     }
 }
+
+TEST_CASE("after the reader closed with bytes unread, the sender's sends fail with "
+          "ECONNRESET or EPIPE, and so does the next one",
+          "[sendpath]") {
+    for (const char *chunk : {"65536", "1048576"}) {
+        INFO("sends of " << chunk << " bytes");
+        PairSpec spec = scenario("sp-reset-sender", {"--chunk", chunk, "--conns", "20"});
+        spec.timeout = 120;
+        if (!run_pair(spec)) return;
+    }
+}
+
+TEST_CASE("a line written by one thread, which then closes, reaches the reading thread "
+          "whole, then EOF, in every one of 50 rounds",
+          "[sendpath]") {
+    if (!library_ready()) return;
+    if (config() == Config::mixed) {
+        note_skip("one process cannot be half preloaded (the direct configuration covers it)");
+        return;
+    }
+    const bool preload = config() == Config::direct;
+    Scratch scratch;
+    Proc p = spawn(scratch, Launch{"local",
+                                   {"local", "--scenario", "sp-close-line", "--rounds", "50",
+                                    "--settle-ms", settle_ms()},
+                                   preload});
+    wait_exit(p, 60);
+    INFO(describe(p));
+    REQUIRE(exited_with(p, 0));
+    if (!preload) return;
+    // Every connection of the rounds was direct at both ends.
+    const auto stats = read_stats(p.stats);
+    const auto conns = conns_of(p);
+    REQUIRE(conns.size() == 102);
+    for (const ConnLine &c : conns) {
+        const StatLine *st = find_stat(stats, c.pid, c.local, c.peer);
+        INFO(c.role << " " << c.local << " -> " << c.peer);
+        REQUIRE(st != nullptr);
+        CHECK(st->mode == "direct");
+    }
+}

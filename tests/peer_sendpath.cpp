@@ -152,10 +152,95 @@ void tail(int *fd, bool sender, const Options &opt) {
     sleep_us((delay_ms + 1000) * 1000);
 }
 
+// The reader takes 64 KiB of a stream that goes on and closes with bytes
+// unread (TCP answers with a reset): the sender's sends, of --chunk bytes,
+// must then fail with ECONNRESET or EPIPE, and so must the next one.
+void reset_sender(int *fd, bool sender, const Options &opt) {
+    if (!sender) {
+        std::vector<char> buf(65536);
+        read_all(*fd, buf.data(), buf.size(), "the first 64 KiB");
+        pattern_expect(kSeed, 0, buf.data(), buf.size(), "the first 64 KiB");
+        report_bytes(*fd);
+        if (close(*fd) != 0) fail("close: %s", errno_name(errno));
+        *fd = -1;
+        return;
+    }
+    std::vector<char> buf(std::size_t(opt.num("chunk", 65536)));
+    std::uint64_t sent = 0;
+    const std::uint64_t t0 = now_ns();
+    ssize_t n = 0;
+    while (ms_since(t0) < 5000) {
+        pattern_fill(kSeed, sent, buf.data(), buf.size());
+        n = send(*fd, buf.data(), buf.size(), MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        sent += std::uint64_t(n);
+        count_tx(*fd, std::uint64_t(n));
+    }
+    if (n > 0) fail("sends kept succeeding for 5 s (%llu bytes) after the reader closed",
+                    (unsigned long long)sent);
+    if (n == 0 || (errno != ECONNRESET && errno != EPIPE))
+        fail("send after the reader closed: %zd (%s), expected ECONNRESET or EPIPE", n,
+             n < 0 ? errno_name(errno) : "0");
+    const int first = errno;
+    n = send(*fd, buf.data(), buf.size(), MSG_NOSIGNAL);
+    if (n >= 0 || (errno != EPIPE && errno != ECONNRESET))
+        fail("the send after %s: %zd (%s), expected EPIPE", errno_name(first), n,
+             n < 0 ? errno_name(errno) : "bytes taken");
+}
+
+// One thread writes a line and closes, another reads: the line, then EOF,
+// never a reset (nothing was left unread). --rounds connections, made in
+// this process besides the one the harness gave it.
+void close_line(bool driver, const Options &opt) {
+    if (!driver) return;
+    std::uint16_t port = 0;
+    int l = listen_loopback(family_of(opt), 16, &port);
+    const int rounds = int(opt.num("rounds", 50));
+    static const char line[] = "one line, then the end\n";
+    const std::size_t len = sizeof line - 1;
+    for (int i = 0; i < rounds; ++i) {
+        int w = connect_loopback(family_of(opt), port);
+        int r = accept(l, nullptr, nullptr);
+        if (r < 0) fail("accept: %s", errno_name(errno));
+        report_conn(w, "writer");
+        report_conn(r, "reader");
+        // A byte each way first, so that both ends are direct before the line.
+        char b = 0;
+        write_all(w, "x", 1);
+        read_all(r, &b, 1, "the writer's first byte");
+        write_all(r, "y", 1);
+        read_all(w, &b, 1, "the reader's first byte");
+        std::thread writer([&] {
+            write_all(w, line, len);
+            report_bytes(w);
+            if (close(w) != 0) fail("close: %s", errno_name(errno));
+        });
+        char got[sizeof line] = {};
+        std::size_t have = 0;
+        while (have < len) {
+            ssize_t n = recv(r, got + have, sizeof got - have, 0);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0)
+                fail("round %d: recv after %zu bytes of the line: %zd (%s)", i, have, n,
+                     n < 0 ? errno_name(errno) : "EOF");
+            have += std::size_t(n);
+            count_rx(r, std::uint64_t(n));
+        }
+        if (std::memcmp(got, line, len) != 0) fail("round %d: the line differs", i);
+        expect_eof(r, "after the line");
+        writer.join();
+        report_bytes(r);
+        close(r);
+    }
+    close(l);
+}
+
 }  // namespace
 
 bool is_sendpath_scenario(const std::string &scenario) {
-    return scenario == "sp-bigsend" || scenario == "sp-eagain-sleep" || scenario == "sp-tail";
+    return scenario == "sp-bigsend" || scenario == "sp-eagain-sleep" || scenario == "sp-tail" ||
+           scenario == "sp-reset-sender" || scenario == "sp-close-line";
 }
 
 void serve_sendpath(int *fd, bool is_client, const Options &opt) {
@@ -165,6 +250,8 @@ void serve_sendpath(int *fd, bool is_client, const Options &opt) {
     if (scenario == "sp-bigsend") bigsend(*fd, is_client, opt);
     else if (scenario == "sp-eagain-sleep") eagain_sleep(*fd, is_client, opt);
     else if (scenario == "sp-tail") tail(fd, !is_client, opt);
+    else if (scenario == "sp-reset-sender") reset_sender(fd, is_client, opt);
+    else if (scenario == "sp-close-line") close_line(is_client, opt);
     else fail("unknown scenario '%s'", scenario.c_str());
 }
 

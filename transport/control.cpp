@@ -323,7 +323,7 @@ int Engine::make_ring(Conn *c) noexcept {
     // the ring in the memory model too, not only in time.
     std::lock_guard rx(c->rx_lock);
     if (c->ring) return 0;
-    c->ring = static_cast<char *>(std::malloc(c->window));
+    c->ring = ring_alloc(c->window);
     c->stage = static_cast<char *>(std::malloc(chunk_));
     if (!c->ring || !c->stage) return -ENOMEM;
     c->ring_cap = c->window;

@@ -53,6 +53,9 @@ inline constexpr std::uint32_t kMaxInline = 16384 - 32;
 class Engine;
 Engine *the_engine_for_exit() noexcept;
 
+// A receive ring of `cap` bytes, in a mapping of its own (ringmem.cpp).
+char *ring_alloc(std::uint32_t cap) noexcept;
+
 // Asks process `owner`, whose direct connection socket `fd` also is here
 // (inherited through fork), to move it back to the kernel (leave), because
 // of `why` (shared or exec). 0 when the kernel socket carries it all now;
@@ -288,6 +291,23 @@ class Engine {
     int rma(Conn *c, const iovec *iov, int iovcnt, const fi_rma_iov *remote, int nremote,
             bool write, std::uint64_t flags = 0) noexcept;
     void flush_due_stages() noexcept;
+    // ringmem.cpp: the end of a closed connection's ring (detach, after the
+    // last delivery). `keep`: the peer may still write into it
+    // (peer_may_write, judged before our reference to the peer goes), so
+    // its addresses stay reserved, inaccessible, and a reference to the
+    // peer with them, until reap_rings_locked (conn_lock_ held) finds the
+    // peer's connection closed or the peer gone.
+    bool peer_may_write(const Conn *c) const noexcept;
+    void end_ring(Conn *c, bool keep) noexcept;
+    void reap_rings_locked() noexcept;
+    struct RetiredRing {
+        char *mem;
+        std::size_t len;
+        Peer *peer;
+        std::uint32_t peer_id;
+    };
+    RetiredRing retired_[1024] = {};
+    std::size_t nretired_ = 0;
     Conn *lookup(std::uint32_t id, std::uint32_t gen) noexcept;
     void release_peer(Peer *p) noexcept;
 
