@@ -33,7 +33,8 @@ constexpr Setting table[] = {
     {"SDIRECT_ZCOPY_MIN", SettingKind::integer, "131072",
      "Smallest piece of a blocking send that goes by read zero-copy: the "
      "sender advertises its buffer and the receiver reads it straight into "
-     "its own (one copy); the send returns once all was read. 0: never."},
+     "its own (one copy); the send returns once all was read, or goes on "
+     "buffered when the reader has not read for 2 ms. 0: never."},
     {"SDIRECT_PROTOCOLS", SettingKind::text, "thresholds",
      "How a send's bytes pick their protocol: thresholds (by size: "
      "SDIRECT_RMA_MIN, SDIRECT_ZCOPY_MIN), auto (per size, the fastest "
