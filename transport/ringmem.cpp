@@ -9,7 +9,6 @@
 // is released once the peer's connection is closed too (it never writes
 // after its own close) or the peer process is gone.
 #include "engine.hpp"
-#include "log.hpp"
 
 #include <sys/mman.h>
 #include <unistd.h>
