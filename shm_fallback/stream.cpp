@@ -142,6 +142,38 @@ bool state_changed(void *ctx) noexcept {
     return !static_cast<Conn *>(ctx)->upgrading();
 }
 
+// How long a read zero-copy advertisement waits for a reader whose read
+// counter does not move.
+constexpr std::uint64_t kReaderPatienceNs = 2'000'000;
+
+// Watches the peer's read counter (its process page) during an
+// advertisement: a reader copying our buffer, or bytes before it, is not
+// kept waiting for; one that has done nothing for kReaderPatienceNs is.
+class ReaderWatch {
+  public:
+    ReaderWatch(transport::Engine *e, const Conn *c, std::uint64_t now) noexcept
+        : engine_(e), conn_(c), read_(e->peer_read(c)), moved_(now) {}
+    bool idle(std::uint64_t now) noexcept {
+        const std::uint64_t r = engine_->peer_read(conn_);
+        if (r != read_) {
+            read_ = r;
+            moved_ = now;
+        }
+        return now - moved_ >= kReaderPatienceNs;
+    }
+    // When to look again: the patience's end, or `deadline` if sooner.
+    std::uint64_t due(std::uint64_t deadline) const noexcept {
+        const std::uint64_t end = moved_ + kReaderPatienceNs;
+        return deadline && deadline < end ? deadline : end;
+    }
+
+  private:
+    transport::Engine *engine_;
+    const Conn *conn_;
+    std::uint64_t read_;
+    std::uint64_t moved_;
+};
+
 ssize_t epipe(int flags) noexcept {
     if (!(flags & MSG_NOSIGNAL)) raise(SIGPIPE);
     return -EPIPE;
@@ -874,6 +906,13 @@ long Stream::send_zcopy(Conn *c, const char *buf, std::uint32_t len, std::uint64
     const std::uint64_t spin_until =
         slot.start(monotonic_ns(), std::uint64_t(transport::settings().spin_us) * 1000 +
                                        std::min<std::uint64_t>(len / 4, 2'000'000));
+    // A reader that does not come: the kernel's send buffer would have
+    // taken these bytes without it, and a program may well wait for this
+    // send before it tells its peer to read. So the advertisement lasts
+    // while the reader reads (its read counter moves); once it has been
+    // still for kReaderPatienceNs the advertisement is cancelled and the
+    // rest goes buffered, as far as the window takes it.
+    ReaderWatch reader(engine, c, monotonic_ns());
     for (;;) {
         engine->progress();
         if (c->zc_answer_off.load(std::memory_order_acquire) == off) {
@@ -899,6 +938,11 @@ long Stream::send_zcopy(Conn *c, const char *buf, std::uint32_t len, std::uint64
             continue;
         }
         std::uint64_t now = monotonic_ns();
+        if (!cancelled && reader.idle(now)) {
+            cancelled = engine->cancel_advert(c, off) == 0;
+            asked = now;
+            continue;
+        }
         if (deadline && now >= deadline && !cancelled) {
             // SO_SNDTIMEO: what was read counts; the rest goes buffered,
             // as far as the window takes it (the kernel's send buffer
@@ -915,7 +959,7 @@ long Stream::send_zcopy(Conn *c, const char *buf, std::uint32_t len, std::uint64
         int w = transport::sleep_once(engine, c, -1, 0, zcopy_answered, c,
                                       kick_at     ? ms_until(kick_at)
                                       : cancelled ? -1
-                                                  : ms_until(deadline));
+                                                  : ms_until(reader.due(deadline)));
         if (w == -EINTR && !cancelled &&
             !keep_going_after_eintr(sndtimeo_ns.load(std::memory_order_relaxed))) {
             // As a TCP send hit by a signal: what was taken counts, the
@@ -1008,6 +1052,8 @@ ssize_t Stream::send(const iovec *iov, int iovcnt, int flags) noexcept {
         }
         bool left = false;
         ssize_t r = direct_send(c, v, k, done ? sliced(v, k) : total, flags, &left);
+        // An error told is the reset drawn: no later send is taken silently.
+        if (r == -EPIPE || r == -ECONNRESET) drew_reset.store(true, std::memory_order_release);
         if (!left) return r < 0 && done ? ssize_t(done) : (r < 0 ? r : ssize_t(done) + r);
         if (r > 0) done += std::size_t(r);
         const bool nb = nonblock.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
@@ -1047,6 +1093,28 @@ int Stream::wait_credit(Conn *c, std::uint64_t deadline, std::int64_t need) noex
         if (w == -EINTR && !keep_going_after_eintr(sndtimeo_ns.load(std::memory_order_relaxed)))
             return -EINTR;
     }
+}
+
+std::int64_t Stream::credit_after_progress(Conn *c, std::size_t need) noexcept {
+    std::int64_t credit = c->credits.load(std::memory_order_acquire);
+    if (credit >= std::int64_t(need)) return credit;
+    // Credits the reader returned may wait in our queue: only a progress
+    // pass takes them in, and a sender that neither polls nor reads (it
+    // retries after a sleep) would otherwise never see them.
+    engine->progress();
+    return c->credits.load(std::memory_order_acquire);
+}
+
+int Stream::send_failed(Conn *c, int rc) noexcept {
+    // A write into the peer's ring failed while the peer lives: it closed
+    // (its ring is out of reach), and its CLOSE, posted before, waits in
+    // our queue.
+    if (rc == -EIO) {
+        engine->progress_blocking();
+        if (c->gone()) rc = -EPIPE;
+    }
+    if (rc == -EPIPE && !c->tx_fin && c->reset_unreported.exchange(false)) rc = -ECONNRESET;
+    return rc;
 }
 
 int Stream::post_data(Conn *c, const iovec *iov, int iovcnt, std::uint32_t len,
@@ -1106,19 +1174,18 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
     const std::uint64_t deadline = tmo ? monotonic_ns() + std::uint64_t(tmo) : 0;
     const std::uint32_t chunk = engine->chunk();
 
-    // Combining: MSG_MORE and TCP_CORK keep small writes in the stage
-    // until it fills or a write without them comes.
-    const bool more = (flags & MSG_MORE) || cork.load(std::memory_order_relaxed);
-    // A write without them ends the hold of what is staged.
-    if (!more) c->cork_since.store(0, std::memory_order_relaxed);
+    // MSG_MORE and TCP_CORK hold nothing back: a byte send() accepted must
+    // be in the peer's ring (or on its way there in the provider's queue)
+    // before send returns, or it would die with this process, where the
+    // kernel's corked bytes survive it. Combining would save messages only.
     // Write zero-copy: the peer's recv waits on its own buffer for these
     // bytes; the rest (if any) goes the usual way. To a peer that
     // advertises, a large send looks at the fabric first: an advertisement
     // that came while the caller was busy (copying what it read) would
     // otherwise be found only after our own bytes had crossed it.
-    if (!more && !c->staged && total > chunk && c->psink_seen.load(std::memory_order_relaxed))
+    if (!c->staged && total > chunk && c->psink_seen.load(std::memory_order_relaxed))
         engine->progress();
-    if (!more && !c->staged && c->psink_valid.load(std::memory_order_acquire)) {
+    if (!c->staged && c->psink_valid.load(std::memory_order_acquire)) {
         long r = engine->take_sink(c, iov, iovcnt, total);
         if (r == -EPIPE) return epipe(flags);
         if (r < 0) return r;
@@ -1130,8 +1197,7 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
             return more_sent > 0 ? r + more_sent : r;
         }
     }
-    if (!more && !c->staged && total <= chunk && c->credits.load(std::memory_order_acquire) >=
-                                                     std::int64_t(total)) {
+    if (!c->staged && total <= chunk && credit_after_progress(c, total) >= std::int64_t(total)) {
         // The common small write: straight from the caller's buffer.
         iovec v[3];
         int k = slice(iov, iovcnt, 0, total, v, 3);
@@ -1142,34 +1208,9 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
                 engine->ring(c->peer);
                 return ssize_t(total);
             }
+            rc = send_failed(c, rc);
             if (rc == -EPIPE) return epipe(flags);
             if (rc != -EAGAIN) return rc;
-        }
-    }
-    if (c->staged + total <= chunk) {
-        iovec v[kMaxSlice];
-        int k = slice(iov, iovcnt, 0, total, v, kMaxSlice);
-        if (sliced(v, k) == total) {
-            std::uint32_t at = c->staged;
-            bool ok = transport::guarded([&] {
-                for (int i = 0; i < k; ++i) {
-                    std::memcpy(c->stage + at, v[i].iov_base, v[i].iov_len);
-                    at += std::uint32_t(v[i].iov_len);
-                }
-            });
-            if (!ok) return -EFAULT;  // nothing taken
-            const bool started = c->staged == 0;
-            c->staged = at;
-            if (more) {
-                if (started) engine->hold_corked(c);  // out within 200 ms, as TCP's
-                return ssize_t(total);
-            }
-            int rc = flush_locked(c, !nb, deadline);
-            // Staged bytes are accepted: progress() sends them when credits
-            // come, or the kernel takes them if the fabric is being left.
-            if (rc == 0 || rc == -EAGAIN || rc == -EINTR || rc == -ESTALE) return ssize_t(total);
-            if (rc == -EPIPE) return epipe(flags);
-            return rc;
         }
     }
     if (int rc = flush_locked(c, !nb, deadline)) {
@@ -1237,7 +1278,7 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
                 continue;
             }
         }
-        std::int64_t credit = c->credits.load(std::memory_order_acquire);
+        std::int64_t credit = credit_after_progress(c, 1);
         if (credit <= 0) {
             engine->ring(c->peer);
             if (nb || interrupted) {
@@ -1259,7 +1300,10 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
             rc = -EFAULT;
             break;
         }
-        if ((rc = post_data(c, v, k, std::uint32_t(n), deadline))) break;
+        if ((rc = post_data(c, v, k, std::uint32_t(n), deadline))) {
+            rc = send_failed(c, rc);
+            break;
+        }
         sent += n;
     }
     if (sent) engine->ring(c->peer);

@@ -215,6 +215,12 @@ class Stream {
     // rest goes through the kernel once the leave is under way.
     ssize_t direct_send(transport::Conn *c, const iovec *iov, int iovcnt, std::size_t total,
                         int flags, bool *left) noexcept;
+    // The credits, after a progress pass (try-lock) if they are short of
+    // `need`.
+    std::int64_t credit_after_progress(transport::Conn *c, std::size_t need) noexcept;
+    // What a failed post tells the application: -EPIPE (or -ECONNRESET
+    // once, after a reset) when the peer closed meanwhile.
+    int send_failed(transport::Conn *c, int rc) noexcept;
     int post_data(transport::Conn *c, const iovec *iov, int iovcnt, std::uint32_t len,
                   std::uint64_t deadline) noexcept;
     int flush_locked(transport::Conn *c, bool blocking, std::uint64_t deadline) noexcept;

@@ -16,6 +16,7 @@
 #include "peer_common.hpp"
 #include "peer_drivers.hpp"
 #include "peer_ready.hpp"
+#include "peer_sendpath.hpp"
 
 #include <cerrno>
 #include <csignal>
@@ -124,7 +125,8 @@ void serve_connection(int *fd, bool is_client, const Options &opt) {
     const bool client_drives = opt.get("driver", "client") == "client";
     if (is_client) settle_client(*fd, std::uint32_t(opt.num("settle-ms", 0)));
     else settle_server(*fd);
-    if (is_client == client_drives) drive(scenario, fd, opt);
+    if (is_sendpath_scenario(scenario)) serve_sendpath(fd, is_client, opt);
+    else if (is_client == client_drives) drive(scenario, fd, opt);
     else respond(fd);
     if (*fd >= 0) {
         report_bytes(*fd);
@@ -392,7 +394,8 @@ int main(int argc, char **argv) {
     Options opt = parse(argc, argv, positional ? 3 : 2);
     arm_watchdog(unsigned(opt.num("watchdog", 120)));
     const std::string scenario = opt.get("scenario", "bulk");
-    if (scenario != "many" && mode != "upgrade" && !is_driver_scenario(scenario))
+    if (scenario != "many" && mode != "upgrade" && !is_driver_scenario(scenario) &&
+        !is_sendpath_scenario(scenario))
         fail("unknown scenario '%s'", scenario.c_str());
     int rc = 2;
     if (mode == "server") rc = run_server(argv[2], opt);

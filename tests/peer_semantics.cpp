@@ -338,7 +338,10 @@ void drive_sem_cork(int *fd, const Options &opt) {
         fail("setsockopt(TCP_CORK): %s", errno_name(errno));
     double t = held_bytes_delay(*fd, 6, 0, seed);
     note("corked bytes acknowledged after %.3f s", t);
-    if (t < 0.1 || t > 1.0) fail("6 corked bytes arrived after %.3f s, expected about 0.2 s", t);
+    // The kernel sends them after 200 ms; the library at once (a byte
+    // send() took never waits in process memory, where a kill would lose
+    // it): within 200 ms either way, never held for good.
+    if (t > 1.0) fail("6 corked bytes arrived after %.3f s, expected at most about 0.2 s", t);
     on = 0;
     if (setsockopt(*fd, IPPROTO_TCP, TCP_CORK, &on, sizeof on) != 0)
         fail("setsockopt(TCP_CORK, 0): %s", errno_name(errno));

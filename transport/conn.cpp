@@ -98,11 +98,15 @@ void Engine::detach(Conn *c) noexcept {
             ring(c->peer);
         c->tx_fin = true;
     }
+    bool keep_ring = false;
     {
         std::lock_guard lock(conn_lock_);
         if (c->state.load() != ConnState::direct) unpublish(c);
         conns_[c->id].store(nullptr, std::memory_order_release);
-        release_peer(c->peer);
+        // The peer may still write into our ring: it keeps its reference
+        // to the peer until end_ring lets the ring go.
+        keep_ring = c->ring && peer_may_write(c);
+        if (!keep_ring) release_peer(c->peer);
         c->stat->state.store(std::uint32_t(SlotState::closed), std::memory_order_release);
     }
     // No delivery may still be using it: deliveries run under the progress
@@ -121,7 +125,7 @@ void Engine::detach(Conn *c) noexcept {
         fi_close(&c->sink_mr->fid);
         sink_bytes_.fetch_sub(c->sink_held, std::memory_order_relaxed);
     }
-    std::free(c->ring);
+    end_ring(c, keep_ring);
     std::free(c->stage);
     std::free(c->back);
     c->~Conn();

@@ -63,9 +63,6 @@ struct Waiter : boost::intrusive::slist_base_hook<boost::intrusive::link_mode<
 using WaiterList = boost::intrusive::slist<Waiter, boost::intrusive::constant_time_size<false>>;
 
 inline constexpr std::uint64_t kNoOffset = ~std::uint64_t(0);
-// How long bytes held back by MSG_MORE or TCP_CORK may wait: TCP sends a
-// corked partial segment after 200 ms.
-inline constexpr std::uint64_t kCorkHoldNs = 200'000'000;
 
 // The peer's read zero-copy advertisement being read here (receive side,
 // under rx_lock). At most one per connection: its sender waits in send()
@@ -138,9 +135,6 @@ struct Conn {
     // The staged bytes were accepted (the application was told they are
     // sent) but credits were short: progress() sends them when credits come.
     std::atomic<bool> flush_due{false};
-    // When a stage held back by MSG_MORE or TCP_CORK got its first byte
-    // (0: none held): it goes out at the latest kCorkHoldNs later (cork.cpp).
-    std::atomic<std::uint64_t> cork_since{0};
     std::uint64_t tx_ring = 0;      // fabric bytes sent = the peer's ring tail
     // Offset of our last stream message (wire.hpp is_stream_msg), set by
     // post(): a registered sink of the peer at or before it is never

@@ -223,7 +223,6 @@ int Engine::start_control() noexcept {
         return -err;
     }
     ctl_fd_ = fd;
-    cork_bell_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     // The control thread must not take the application's signals.
     sigset_t all, old;
     sigfillset(&all);
@@ -241,22 +240,9 @@ int Engine::start_control() noexcept {
 
 void Engine::control_loop() noexcept {
     for (;;) {
-        // Held stages (cork.cpp) bound the wait; nothing else wakes us but
-        // a control connection or a new held stage.
-        pollfd p[2] = {{ctl_fd_, POLLIN, 0}, {cork_bell_, POLLIN, 0}};
-        int r = sys.poll(p, cork_bell_ >= 0 ? 2 : 1, cork_tick());
-        if (r > 0 && (p[1].revents & POLLIN)) {
-            std::uint64_t n;
-            (void)sys.read(cork_bell_, &n, sizeof n);
-        }
-        if (r <= 0 || !(p[0].revents & POLLIN)) continue;
-        int fd = sys.accept4(ctl_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd >= 0) {
-            // The request is read with blocking calls (bounded below).
-            (void)sys.fcntl(fd, F_SETFL, sys.fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-        }
+        int fd = sys.accept4(ctl_fd_, nullptr, nullptr, SOCK_CLOEXEC);
         if (fd < 0) {
-            if (errno == EINTR || errno == ECONNABORTED || errno == EAGAIN) continue;
+            if (errno == EINTR || errno == ECONNABORTED) continue;
             if (errno == EMFILE || errno == ENFILE) {
                 usleep(10000);
                 continue;
@@ -327,7 +313,7 @@ int Engine::make_ring(Conn *c) noexcept {
     // the ring in the memory model too, not only in time.
     std::lock_guard rx(c->rx_lock);
     if (c->ring) return 0;
-    c->ring = static_cast<char *>(std::malloc(c->window));
+    c->ring = ring_alloc(c->window);
     c->stage = static_cast<char *>(std::malloc(chunk_));
     if (!c->ring || !c->stage) return -ENOMEM;
     c->ring_cap = c->window;

@@ -206,7 +206,7 @@ int Engine::init() noexcept {
     }
     report_registry_choice();
     sweep_registry(settings().registry);
-    window_ = settings().window ? settings().window : 1048576;
+    window_ = settings().window ? settings().window : 2097152;
     if ((rc = open_page())) return rc;
     doorbell_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (doorbell_ < 0) return -errno;
@@ -379,10 +379,6 @@ void Engine::flush_due_stages() noexcept {
     for (std::uint32_t id = 0; id < kSlots; ++id) {
         Conn *c = conns_[id].load(std::memory_order_acquire);
         if (!c || !c->flush_due.load(std::memory_order_acquire)) continue;
-        // Held back by MSG_MORE or TCP_CORK, and not for long yet.
-        if (const std::uint64_t since = c->cork_since.load(std::memory_order_acquire);
-            since && monotonic_ns() < since + kCorkHoldNs)
-            continue;
         // Leaving the fabric: our leave, then bytes owed to the kernel.
         const bool left = c->leave_due.load(std::memory_order_acquire) ||
                           c->tx_owed.load(std::memory_order_acquire) ||
@@ -433,7 +429,6 @@ int Engine::post_stage_locked(Conn *c, std::uint64_t deadline_ns) noexcept {
     if (rc) return rc;
     sent_into_ring(c, c->staged);
     c->staged = 0;
-    c->cork_since.store(0, std::memory_order_release);
     if (c->flush_due.exchange(false)) flush_due_count_.fetch_sub(1, std::memory_order_relaxed);
     ring(c->peer);
     return 0;

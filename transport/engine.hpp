@@ -61,6 +61,8 @@ Engine *the_engine_for_exit() noexcept;
 bool retired() noexcept;
 // False when it already was.
 bool set_retired() noexcept;
+// A receive ring of `cap` bytes, in a mapping of its own (ringmem.cpp).
+char *ring_alloc(std::uint32_t cap) noexcept;
 
 // Asks process `owner`, whose direct connection socket `fd` also is here
 // (inherited through fork), to move it back to the kernel (leave), because
@@ -214,11 +216,6 @@ class Engine {
     // The stage of `c` holds accepted bytes that wait for credits (tx_lock
     // held): the next progress() that finds the credits sends them.
     void want_flush(Conn *c) noexcept;
-    // The stage of `c` was just started by a write with MSG_MORE or under
-    // TCP_CORK (tx_lock held): it is sent within kCorkHoldNs, as TCP sends
-    // corked bytes after 200 ms, by the control thread if nobody else
-    // (cork.cpp).
-    void hold_corked(Conn *c) noexcept;
     // A flush found its credits but could not send yet (look again soon).
     bool flush_pending() const noexcept { return flush_retry_.load(std::memory_order_relaxed); }
     // Tells the peer our send switch point now (upgrade just finished).
@@ -319,12 +316,23 @@ class Engine {
     int rma(Conn *c, const iovec *iov, int iovcnt, const fi_rma_iov *remote, int nremote,
             bool write, std::uint64_t flags = 0) noexcept;
     void flush_due_stages() noexcept;
-    // cork.cpp: the control thread's timer for held stages. The next
-    // deadline (0: none); `cork_tick` sends the stages that are due and
-    // returns how long the control thread may sleep (ms, -1: until woken).
-    std::atomic<std::uint64_t> cork_due_{0};
-    int cork_bell_ = -1;
-    int cork_tick() noexcept;
+    // ringmem.cpp: the end of a closed connection's ring (detach, after the
+    // last delivery). `keep`: the peer may still write into it
+    // (peer_may_write, judged before our reference to the peer goes), so
+    // its addresses stay reserved, inaccessible, and a reference to the
+    // peer with them, until reap_rings_locked (conn_lock_ held) finds the
+    // peer's connection closed or the peer gone.
+    bool peer_may_write(const Conn *c) const noexcept;
+    void end_ring(Conn *c, bool keep) noexcept;
+    void reap_rings_locked() noexcept;
+    struct RetiredRing {
+        char *mem;
+        std::size_t len;
+        Peer *peer;
+        std::uint32_t peer_id;
+    };
+    RetiredRing retired_[1024] = {};
+    std::size_t nretired_ = 0;
     Conn *lookup(std::uint32_t id, std::uint32_t gen) noexcept;
     void release_peer(Peer *p) noexcept;
 

@@ -50,7 +50,7 @@ TEST_CASE("settings fall back to defaults on bad values") {
     EnvGuard l("SDIRECT_LOG", "loud");
     EnvGuard e("SDIRECT_ENABLE", "maybe");
     load_settings();
-    CHECK(settings().window == 1048576);
+    CHECK(settings().window == 2097152);
     CHECK(settings().log == 0);
     CHECK(settings().enable);
 }
