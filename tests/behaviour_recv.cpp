@@ -46,7 +46,8 @@ TEST_CASE("small MSG_DONTWAIT sends on a full connection arrive without a later 
     // Small sends accepted while the window is shut must go out when it
     // opens: the responder acknowledges only after the very last byte.
     PairSpec spec = scenario("send-dontwait");
-    spec.args.insert(spec.args.end(), {"--size", std::to_string((4u << 20) + 333), "--piece", "1000"});
+    spec.args.insert(spec.args.end(), {"--size", std::to_string((4u << 20) + 333), "--piece", "1000",
+                                       "--reader-delay-us", "2000000"});
     run_pair(spec);
 }
 

@@ -344,7 +344,9 @@ void mmsgs(int s, const Options &opt) {
         const std::uint64_t start = now_ns();
         while (sent < total) {
             if (seconds_since(start) > 20) fail("non-blocking sendmmsg: not done within 20 s");
-            Batch b(seed2, sent, total, 65536, 16);
+            // Messages of a size the window is no multiple of, so that some
+            // call ends in a message half taken.
+            Batch b(seed2, sent, total, 65536 + 1000, 16);
             const int rc = sendmmsg(s, b.msgs.data(), unsigned(b.msgs.size()), 0);
             if (rc < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
                 ++eagains;

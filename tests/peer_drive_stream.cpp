@@ -267,10 +267,13 @@ void drive_send_dontwait(int *fd, const Options &opt) {
     cmd.api = std::uint32_t(Rx::recv);
     cmd.size = total;
     cmd.seed = seed;
-    cmd.pre_delay_us = 500000;
+    // Long enough for the window to fill first, also in small pieces on a
+    // loaded host (2 MiB in 1000-byte sends is 2000 calls).
+    const std::uint64_t delay_us = opt.num("reader-delay-us", 500000);
+    cmd.pre_delay_us = std::uint32_t(delay_us);
     cmd.flags = kSmallRcvbuf;
     send_cmd(*fd, cmd);
-    // --piece: bytes per send call (small ones are combined on the way).
+    // --piece: bytes per send call.
     std::vector<char> buf(std::size_t(opt.num("piece", 65536)));
     std::uint64_t off = 0, eagain_at = 0;
     int eagains = 0;
@@ -293,7 +296,8 @@ void drive_send_dontwait(int *fd, const Options &opt) {
                            (unsigned long long)total);
     if (eagains == 0)
         fail("send(MSG_DONTWAIT) never returned EAGAIN although the peer did not read "
-             "for 500 ms (%llu bytes)", (unsigned long long)total);
+             "for %llu ms (%llu bytes)", (unsigned long long)(delay_us / 1000),
+             (unsigned long long)total);
     note("send_dontwait first EAGAIN after %llu bytes, %d EAGAINs",
          (unsigned long long)eagain_at, eagains);
     expect_ack(*fd, "send(MSG_DONTWAIT): responder's ack");
