@@ -405,21 +405,18 @@ it_expect_direct() {
     done
 }
 
-# it_expect_mode PORT ROLE MODE REASON [COND...]: the connections to or from
-# PORT in $it_tmp/ROLE.stats number at least one, and every one ended in
-# MODE with REASON and meets every COND: KEY=N or KEY>N, where KEY is a
-# counter of the stats line or a sum of them (tx_fabric+rx_fabric). For
-# connections that are not direct, or not only. Skipped in kernel mode.
-it_expect_mode() {
-    local port="$1" role="$2" mode="$3" reason="$4" out
+# it_mode_check PORT ROLE MODE REASON [COND...]: whether the connections to
+# or from PORT in $it_tmp/ROLE.stats number at least one, and every one
+# ended in MODE with REASON and meets every COND: KEY=N or KEY>N, where KEY
+# is a counter of the stats line or a sum of them (tx_fabric+rx_fabric).
+# Status 0 if so, 1 if not, 2 without stats or connection; the words in
+# it_mode_text (the first connection that differs, else the first one).
+it_mode_check() {
+    local port="$1" role="$2" mode="$3" reason="$4" out total bad text
     shift 4
-    if ((it_kernel)); then
-        it_log "mode check skipped ($role; SDIRECT_IT_KERNEL=1)"
-        return 0
-    fi
     if [[ ! -s "$it_tmp/$role.stats" ]]; then
-        it_bad "$role: no stats written (process did not exit normally, or library not active)"
-        return 0
+        it_mode_text="$role: no stats written (process did not exit normally, or library not active)"
+        return 2
     fi
     out="$(awk -v port="$port" -v mode="$mode" -v reason="$reason" -v conds="$*" '
         {
@@ -452,15 +449,26 @@ it_expect_mode() {
             if (n == 0) { print "0 0 -"; exit }
             printf "%d %d %s\n", n, nbad + 0, (firstbad != "" ? firstbad : first)
         }' "$it_tmp/$role.stats")"
-    local total bad text
     read -r total bad text <<<"$out"
     if ((total == 0)); then
-        it_bad "$role: no connection to or from port $port in the stats; expected $mode/$reason"
+        it_mode_text="$role: no connection to or from port $port in the stats; expected $mode/$reason"
+        return 2
     elif ((bad > 0)); then
-        it_bad "$role: $bad of $total connections not $mode/$reason $*: $text"
-    else
-        it_ok "$role: $total connection(s) $text"
+        it_mode_text="$role: $bad of $total connections not $mode/$reason $*: $text"
+        return 1
     fi
+    it_mode_text="$role: $total connection(s) $text"
+    return 0
+}
+
+# it_expect_mode PORT ROLE MODE REASON [COND...]: it_mode_check as a check,
+# for connections that are not direct, or not only. Skipped in kernel mode.
+it_expect_mode() {
+    if ((it_kernel)); then
+        it_log "mode check skipped ($2; SDIRECT_IT_KERNEL=1)"
+        return 0
+    fi
+    if it_mode_check "$@"; then it_ok "$it_mode_text"; else it_bad "$it_mode_text"; fi
 }
 
 # it_finish: prints the verdict and exits 0 (pass) or 1 (fail); on failure

@@ -62,12 +62,15 @@ opts=(-F /dev/null -i "$it_tmp/client_ed25519" -o IdentitiesOnly=yes
     -o StrictHostKeyChecking=no -o "UserKnownHostsFile=$it_tmp/known_hosts"
     -o BatchMode=yes -o ConnectTimeout=10 -o LogLevel=ERROR)
 
+# since START: the time since START (an $EPOCHREALTIME), e.g. "0.71 s".
+since() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f s", b - a }'; }
+
 # timed ROLE SECONDS CMD...: it_run, with the time it took in `took`.
 timed() {
     local start=$EPOCHREALTIME rc
     it_run "$@"
     rc=$?
-    took="$(awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f s", b - a }')"
+    took="$(since "$start")"
     return "$rc"
 }
 
@@ -94,6 +97,7 @@ variant() {
         it_bad "$name: sshd -t rejects the configuration: $(tail -n 1 "$it_tmp/sshd-$name-t.log")"
         return 1
     fi
+    local start=$EPOCHREALTIME
     it_start "sshd-$name" 60 /usr/sbin/sshd -D -e "$@" -f "$it_tmp/sshd-$name.conf"
     srv=$it_pid
     if ! it_wait_listen "$port" "$srv"; then
@@ -101,6 +105,7 @@ variant() {
         it_stop "$srv" TERM 3
         return 1
     fi
+    it_log "$name: sshd $* listening on 127.0.0.1:$port after $(since "$start")"
     variant_port=$port
 
     timed "$name-cat" 30 ssh "${opts[@]}" -p "$port" root@127.0.0.1 cat \
@@ -121,8 +126,9 @@ variant() {
     same "$name-scp-down" $? "$it_tmp/down-1m.bin" "$it_tmp/$name-scp-down.bin" "scp 1 MiB down"
 
     # SIGTERM: the listener closes its socket and exits 0.
+    start=$EPOCHREALTIME
     it_stop "$srv" TERM
-    it_check "$it_stop_rc" "$name: sshd ended on SIGTERM: $it_stop_text"
+    it_check "$it_stop_rc" "$name: sshd ended on SIGTERM: $it_stop_text, $(since "$start")"
     if grep -E 'fatal|terminated by signal' "$it_tmp/sshd-$name.log" >"$it_tmp/$name-alerts.txt"; then
         it_bad "$name: sshd log: $(head -n 1 "$it_tmp/$name-alerts.txt" | cut -c 1-200)"
     fi
@@ -170,15 +176,39 @@ fi
 # listener's child, the client's peer_pid), with the reason privilege,
 # which the client takes over. So direct once, then kernel, reason
 # privilege: one upgrade, one leave, some fabric bytes.
-# (The upgrade needs the listener's close to come before the child's read
-# of the client's banner, microseconds after the fork; a listener held off
-# the CPU for that long would leave the connection on TCP from the start,
-# shared through the fork. Not seen in 40 runs at load 6 on 2 CPUs.)
+# The upgrade must happen before the pre-auth fork. When it does not, the
+# connection never goes direct and the client never finds a peer: kernel,
+# no_peer, no upgrade. One way: the listener closes its copy late, so the
+# child is not alone during the identification exchange (delaying that
+# close by 1.5 s with strace's fault injection gives exactly this; 0.3 s
+# does not). Seen once in about 70 runs of this script, cause not caught.
+# Either is correct; at least one of the four must have gone direct.
 if variant no-reexec -r; then
-    for role in $(roles no-reexec); do
-        it_expect_mode "$variant_port" "$role" kernel privilege peer_pid'>0' upgrades=1 leaves=1 \
-            tx_fabric+rx_fabric'>0'
-    done
+    if ((it_kernel)); then
+        it_log "mode check skipped (no-reexec; SDIRECT_IT_KERNEL=1)"
+    else
+        went_direct=0
+        for role in $(roles no-reexec); do
+            if it_mode_check "$variant_port" "$role" kernel privilege peer_pid'>0' upgrades=1 \
+                leaves=1 tx_fabric+rx_fabric'>0'; then
+                it_ok "$it_mode_text"
+                went_direct=$((went_direct + 1))
+            else
+                first="$it_mode_text"
+                if it_mode_check "$variant_port" "$role" kernel no_peer peer_pid=0 upgrades=0 \
+                    leaves=0 tx_fabric+rx_fabric=0; then
+                    it_ok "$it_mode_text (never direct: not upgraded before the pre-auth fork)"
+                else
+                    it_bad "$first"
+                fi
+            fi
+        done
+        if ((went_direct > 0)); then
+            it_ok "no-reexec: $went_direct of 4 connections went direct, then left for privilege"
+        else
+            it_bad "no-reexec: none of the 4 connections went direct before the privilege drop"
+        fi
+    fi
 fi
 
 it_finish
