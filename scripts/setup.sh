@@ -26,6 +26,7 @@ packages=(
     netpipe-tcp iperf3 iperf sockperf qperf netperf gnuplot-nox
     iproute2 procps
     redis-server redis-tools postgresql memcached nginx-light
+    openssh-server openssh-client
     python3
 )
 
@@ -89,8 +90,30 @@ if [[ -z "$todo" ]]; then
     echo "setup: all packages present"
     exit 0
 fi
+# openssh-server's installation would start the system's sshd on port 22;
+# the tests run their own sshd on a private port and need none. Where no
+# policy-rc.d is in place (a container's usually denies every start), one
+# that denies sshd's alone stands in while apt runs; invoke-rc.d and
+# deb-systemd-invoke both ask it.
+policy=/usr/sbin/policy-rc.d
+own_policy=0
+if [[ ! -e "$policy" ]]; then
+    cat >"$policy" <<'POLICY'
+#!/bin/sh
+# Put in place by sdirect's scripts/setup.sh while it installs packages.
+case "$1" in
+ssh | ssh.* | sshd | sshd.* | rescue-ssh.target) exit 101 ;;
+esac
+exit 0
+POLICY
+    chmod 755 "$policy"
+    own_policy=1
+    trap 'rm -f "$policy"' EXIT
+fi
+
 echo "setup: installing: ${todo//$'\n'/ }"
 timeout 600 apt-get update
 # shellcheck disable=SC2086
 timeout 1800 apt-get install -y --no-install-recommends $todo
+((own_policy)) && rm -f "$policy" && trap - EXIT
 echo "setup: done"

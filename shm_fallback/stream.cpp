@@ -452,11 +452,8 @@ ssize_t Stream::pending_io(const iovec *iov, int iovcnt, int flags, bool out,
             if (redo) return -EALREADY;  // attached, or ours alone: redo
             iovec v[kMaxSlice];
             int k = slice(iov, iovcnt, done, total - done, v, kMaxSlice);
-            msghdr mh{};
-            mh.msg_iov = v;
-            mh.msg_iovlen = std::size_t(k);
-            n = out ? sys.sendmsg(kfd(), &mh, flags | MSG_DONTWAIT)
-                    : sys.recvmsg(kfd(), &mh, (flags & ~MSG_WAITALL) | MSG_DONTWAIT);
+            n = out ? transport::kernel_writev(kfd(), v, k, flags | MSG_DONTWAIT)
+                    : transport::kernel_readv(kfd(), v, k, (flags & ~MSG_WAITALL) | MSG_DONTWAIT);
             if (n > 0 && !(flags & MSG_PEEK)) {
                 if (sh || left) sharers_count(sh ? sh : left, out, std::uint64_t(n));
                 else (out ? pre_tx : pre_rx) += std::uint64_t(n);
@@ -562,10 +559,7 @@ void Stream::count_after_leave(std::uint64_t n) noexcept {
 }
 
 ssize_t Stream::kernel_recv(const iovec *iov, int iovcnt, int flags, Conn *c) noexcept {
-    msghdr mh{};
-    mh.msg_iov = const_cast<iovec *>(iov);
-    mh.msg_iovlen = std::size_t(iovcnt);
-    ssize_t n = sys.recvmsg(kfd(), &mh, flags);
+    ssize_t n = transport::kernel_readv(kfd(), iov, iovcnt, flags);
     if (n < 0) return -errno;
     if (c && !(flags & MSG_PEEK)) {
         c->rx_off += std::uint64_t(n);
@@ -604,10 +598,7 @@ ssize_t Stream::recv(const iovec *iov, int iovcnt, int flags) noexcept {
     if (!c || c->state.load(std::memory_order_acquire) == ConnState::final) {
         // On TCP for good: the kernel blocks as the application asked.
         // Only the counters are ours (no later switch needs rx_off).
-        msghdr mh{};
-        mh.msg_iov = const_cast<iovec *>(iov);
-        mh.msg_iovlen = std::size_t(iovcnt);
-        ssize_t n = sys.recvmsg(kfd(), &mh, flags);
+        ssize_t n = transport::kernel_readv(kfd(), iov, iovcnt, flags);
         if (n < 0) return -errno;
         if (c && !(flags & MSG_PEEK)) {
             c->stat->rx_kernel.fetch_add(std::uint64_t(n), std::memory_order_relaxed);
@@ -640,10 +631,7 @@ ssize_t Stream::recv(const iovec *iov, int iovcnt, int flags) noexcept {
             }
             // Off the fabric now: the kernel has the rest, and blocks as
             // the application asked.
-            msghdr mh{};
-            mh.msg_iov = v;
-            mh.msg_iovlen = std::size_t(k);
-            ssize_t n = sys.recvmsg(kfd(), &mh, flags);
+            ssize_t n = transport::kernel_readv(kfd(), v, k, flags);
             if (n < 0) return done ? ssize_t(done) : -errno;
             if (!(flags & MSG_PEEK)) {
                 c->stat->rx_kernel.fetch_add(std::uint64_t(n), std::memory_order_relaxed);
@@ -980,10 +968,7 @@ long Stream::send_zcopy(Conn *c, const char *buf, std::uint32_t len, std::uint64
 }
 
 ssize_t Stream::kernel_send(const iovec *iov, int iovcnt, int flags, Conn *c) noexcept {
-    msghdr mh{};
-    mh.msg_iov = const_cast<iovec *>(iov);
-    mh.msg_iovlen = std::size_t(iovcnt);
-    ssize_t n = sys.sendmsg(kfd(), &mh, flags);
+    ssize_t n = transport::kernel_writev(kfd(), iov, iovcnt, flags);
     if (n < 0) return -errno;
     if (c) {
         c->tx_off += std::uint64_t(n);

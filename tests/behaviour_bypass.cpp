@@ -94,6 +94,17 @@ TEST_CASE("a privilege-separated child (chroot, setuid nobody, a seccomp filter 
     });
 }
 
+TEST_CASE("a sandboxed child (chroot, setuid nobody, a seccomp filter that allows only read, "
+          "write, poll and what memory and exit need, as sshd's pre-auth child) echoes over its "
+          "inherited connection with write and read: the library makes no other call for it",
+          "[bypass]") {
+    PairSpec spec = part("sandbox");
+    spec.check_modes = false;
+    run_pair(spec, [](Pair &pair, const Placement &pl) {
+        check_left_for_good(pair, pl, "privilege");
+    });
+}
+
 TEST_CASE("a connection handed to another process with SCM_RIGHTS goes on there, byte for byte, "
           "and the sender's close of its copy does not end it",
           "[bypass]") {

@@ -1,7 +1,7 @@
 // Paths around the socket calls: sendfile and splice on a full
 // non-blocking socket, close_range and closefrom, sendmmsg and recvmmsg,
-// stdio on a socket, a socket passed to another process, and privilege
-// changes. Scenario "bypass", the case chosen by --part.
+// stdio on a socket, a socket passed to another process, privilege
+// changes and a sandboxed child. Scenario "bypass", the case chosen by --part.
 #include "peer_ready.hpp"
 
 #include <cerrno>
@@ -508,6 +508,104 @@ void privilege(int *fd, const Options &opt) {
     *fd = -1;
 }
 
+// An allow-list seccomp filter like a privilege-separated network child's
+// (OpenSSH's pre-auth sandbox): read, write, poll and select, and what
+// memory, time, futexes and exit need; any other call kills the process.
+// A library that carried the child's write as sendmsg, or made a call of
+// its own, would end it with SIGSYS.
+void allow_only_plain_io() {
+    static const int allowed[] = {
+        __NR_read, __NR_write, __NR_poll, __NR_ppoll, __NR_select, __NR_pselect6,
+        __NR_close, __NR_exit, __NR_exit_group, __NR_futex, __NR_brk, __NR_mmap,
+        __NR_munmap, __NR_mremap, __NR_madvise, __NR_mprotect, __NR_clock_gettime,
+        __NR_clock_nanosleep, __NR_nanosleep, __NR_gettimeofday, __NR_getpid,
+        __NR_getrandom, __NR_rt_sigprocmask, __NR_rt_sigreturn, __NR_shutdown,
+    };
+    constexpr std::uint8_t n = sizeof allowed / sizeof allowed[0];
+    std::vector<sock_filter> code = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+    };
+    // Each match jumps past the rest and the kill, to the allow.
+    for (std::uint8_t i = 0; i < n; ++i)
+        code.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, std::uint32_t(allowed[i]),
+                                std::uint8_t(n - i), 0));
+    code.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS));
+    code.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
+    sock_fprog prog{std::uint16_t(code.size()), code.data()};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) fail("PR_SET_NO_NEW_PRIVS: %s", errno_name(errno));
+    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0) != 0)
+        fail("PR_SET_SECCOMP: %s", errno_name(errno));
+}
+
+// write() until all of it went, as a program in that filter must.
+void write_only_all(int fd, const void *buf, std::size_t len) {
+    const auto *p = static_cast<const char *>(buf);
+    for (std::size_t done = 0; done < len;) {
+        ssize_t n = write(fd, p + done, len - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) fail("write of %zu bytes: %s", len, n < 0 ? errno_name(errno) : "0");
+        done += std::size_t(n);
+    }
+}
+
+// One echo round of `size` bytes with write, poll and read alone.
+void plain_echo_round(int s, std::uint64_t size, std::uint64_t seed) {
+    Cmd cmd;
+    cmd.op = Op::echo;
+    cmd.size = size;
+    cmd.seed = seed;
+    cmd.seed2 = seed + 1;
+    cmd.chunk = 4096;
+    pollfd p{s, POLLOUT, 0};
+    if (poll(&p, 1, 5000) != 1 || !(p.revents & POLLOUT))
+        fail("sandboxed: the connection is not writable (revents 0x%x)", unsigned(p.revents));
+    write_only_all(s, &cmd, sizeof cmd);
+    send_pattern(s, Tx::write, seed, size, 4096, 0);
+    p = {s, POLLIN, 0};
+    if (poll(&p, 1, 5000) != 1 || !(p.revents & POLLIN))
+        fail("sandboxed: no echo within 5 s (revents 0x%x)", unsigned(p.revents));
+    recv_pattern(s, Rx::read, seed + 1, size, 4096, "sandboxed echo");
+}
+
+// sshd's pre-auth child: chroot, nobody, then a filter that allows plain
+// read, write and poll only. Every byte must arrive both ways, and the
+// child must end by itself.
+void sandbox(int *fd, const Options &opt) {
+    if (geteuid() != 0) skip("privilege changes need root");
+    const int s = *fd;
+    std::uint64_t seed = seed_of(opt, 50);
+    echo_round(s, s, 200000, seed++);
+    char root[] = "/tmp/sdirect-chroot-XXXXXX";
+    if (!mkdtemp(root)) fail("mkdtemp: %s", errno_name(errno));
+    std::fflush(stdout);
+    const pid_t kid = fork();
+    if (kid < 0) fail("fork: %s", errno_name(errno));
+    if (kid == 0) {
+        if (chroot(root) != 0 || chdir("/") != 0) fail("chroot: %s", errno_name(errno));
+        if (setgroups(0, nullptr) != 0 || setgid(kNobody) != 0 || setuid(kNobody) != 0)
+            fail("dropping to nobody: %s", errno_name(errno));
+        allow_only_plain_io();
+        for (int i = 0; i < 3; ++i) plain_echo_round(s, 300000, seed + 2 * std::uint64_t(i));
+        _exit(0);
+    }
+    int status = 0;
+    if (waitpid(kid, &status, 0) != kid) fail("waitpid: %s", errno_name(errno));
+    rmdir(root);
+    if (WIFSIGNALED(status) && WTERMSIG(status) == SIGSYS)
+        fail("the child in its read/write/poll filter was killed (SIGSYS): a call it did not "
+             "make was made for it");
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail("the sandboxed child ended with status 0x%x", unsigned(status));
+    seed += 6;
+    for (int i = 0; i < 2; ++i) echo_round(s, s, 200000, seed++);
+    send_exit(s);
+    close(s);
+    *fd = -1;
+}
+
 void send_fd(int u, int fd) {
     char tag = 'F';
     iovec v{&tag, 1};
@@ -655,6 +753,7 @@ void drive_bypass(int *fd, const Options &opt) {
     else if (part == "close-range") close_ranges(fd, opt);
     else if (part == "mmsg") mmsgs(*fd, opt);
     else if (part == "privilege") privilege(fd, opt);
+    else if (part == "sandbox") sandbox(fd, opt);
     else if (part == "hand-off") hand_off(fd, opt);
     else if (part == "stdio") stdio_stream(*fd, opt);
     else if (part == "raw-syscall") raw_syscalls(*fd, opt);

@@ -142,4 +142,26 @@ void resolve_sys() noexcept {
     sys_resolved.store(true, std::memory_order_release);
 }
 
+ssize_t kernel_readv(int fd, const iovec *iov, int iovcnt, int flags) noexcept {
+    if (iovcnt == 1)
+        return flags ? sys.recv(fd, iov[0].iov_base, iov[0].iov_len, flags)
+                     : sys.read(fd, iov[0].iov_base, iov[0].iov_len);
+    if (!flags) return sys.readv(fd, iov, iovcnt);
+    msghdr mh{};
+    mh.msg_iov = const_cast<iovec *>(iov);
+    mh.msg_iovlen = std::size_t(iovcnt);
+    return sys.recvmsg(fd, &mh, flags);
+}
+
+ssize_t kernel_writev(int fd, const iovec *iov, int iovcnt, int flags) noexcept {
+    if (iovcnt == 1)
+        return flags ? sys.send(fd, iov[0].iov_base, iov[0].iov_len, flags)
+                     : sys.write(fd, iov[0].iov_base, iov[0].iov_len);
+    if (!flags) return sys.writev(fd, iov, iovcnt);
+    msghdr mh{};
+    mh.msg_iov = const_cast<iovec *>(iov);
+    mh.msg_iovlen = std::size_t(iovcnt);
+    return sys.sendmsg(fd, &mh, flags);
+}
+
 }  // namespace sd::transport

@@ -72,4 +72,14 @@ struct Guard {
 };
 inline bool guarded() noexcept { return guard_depth != 0; }
 
+// A stream's bytes to or from its kernel socket, through the plainest call
+// that does it: read/write for one buffer without flags, readv/writev for
+// several, recv/send with flags, recvmsg/sendmsg for several with flags.
+// The application's own calls then reach the kernel as the calls it made
+// (a write as write): a seccomp sandbox allows those, and may kill the
+// process on any other (OpenSSH's pre-auth child allows read and write,
+// not sendmsg). -1 and errno, as libc.
+ssize_t kernel_readv(int fd, const iovec *iov, int iovcnt, int flags) noexcept;
+ssize_t kernel_writev(int fd, const iovec *iov, int iovcnt, int flags) noexcept;
+
 }  // namespace sd::transport

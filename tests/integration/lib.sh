@@ -6,7 +6,8 @@
 #   records each check with it_ok / it_bad,
 #   stops the server with it_stop (by pid, never by name),
 #   asserts from the stats files that the connections ran direct
-#   (it_expect_direct) and ends with it_finish.
+#   (it_expect_direct), or in which mode they ended and why
+#   (it_expect_mode), and ends with it_finish.
 #
 # Every preloaded process writes its connections to $it_tmp/<role>.stats
 # (SDIRECT_STATS_FILE) when it exits, so servers are stopped with a signal
@@ -246,7 +247,9 @@ it_status() {
         0) echo "exit 0" ;;
         124) echo "timed out" ;;
         137) echo "killed by SIGKILL (timed out)" ;;
-        *) if (($1 > 128)); then echo "killed by signal $(($1 - 128))"; else echo "exit $1"; fi ;;
+        # 129-192: the shell's status of a child killed by signal 1-64;
+        # above, a program's own exit status (ssh's 255).
+        *) if (($1 > 128 && $1 <= 192)); then echo "killed by signal $(($1 - 128))"; else echo "exit $1"; fi ;;
     esac
 }
 
@@ -400,6 +403,72 @@ it_expect_direct() {
             it_ok "$text"
         fi
     done
+}
+
+# it_mode_check PORT ROLE MODE REASON [COND...]: whether the connections to
+# or from PORT in $it_tmp/ROLE.stats number at least one, and every one
+# ended in MODE with REASON and meets every COND: KEY=N or KEY>N, where KEY
+# is a counter of the stats line or a sum of them (tx_fabric+rx_fabric).
+# Status 0 if so, 1 if not, 2 without stats or connection; the words in
+# it_mode_text (the first connection that differs, else the first one).
+it_mode_check() {
+    local port="$1" role="$2" mode="$3" reason="$4" out total bad text
+    shift 4
+    if [[ ! -s "$it_tmp/$role.stats" ]]; then
+        it_mode_text="$role: no stats written (process did not exit normally, or library not active)"
+        return 2
+    fi
+    out="$(awk -v port="$port" -v mode="$mode" -v reason="$reason" -v conds="$*" '
+        {
+            lp = ""; pp = ""; delete v
+            for (i = 1; i <= NF; i++) {
+                if ($i ~ /^local=/) { lp = $i; sub(/.*:/, "", lp) }
+                else if ($i ~ /^peer=/) { pp = $i; sub(/.*:/, "", pp) }
+                if (index($i, "=")) v[substr($i, 1, index($i, "=") - 1)] = substr($i, index($i, "=") + 1)
+            }
+            if (!("mode" in v) || pp == "0" || (lp != port && pp != port)) next
+            n++
+            text = "mode=" v["mode"] " reason=" v["reason"]
+            bad = v["mode"] != mode || v["reason"] != reason
+            k = split(conds, c, " ")
+            for (j = 1; j <= k; j++) {
+                op = index(c[j], ">") ? ">" : "="
+                split(c[j], kv, op)
+                m = split(kv[1], keys, "+")
+                sum = 0
+                for (q = 1; q <= m; q++) sum += v[keys[q]]
+                ok = op == ">" ? sum > kv[2] + 0 : sum == kv[2] + 0
+                text = text " " kv[1] "=" sum
+                if (!ok) { bad = 1; text = text "(want " op kv[2] ")" }
+            }
+            if (bad) nbad++
+            if (bad || first == "") first = text
+            if (bad && firstbad == "") firstbad = text
+        }
+        END {
+            if (n == 0) { print "0 0 -"; exit }
+            printf "%d %d %s\n", n, nbad + 0, (firstbad != "" ? firstbad : first)
+        }' "$it_tmp/$role.stats")"
+    read -r total bad text <<<"$out"
+    if ((total == 0)); then
+        it_mode_text="$role: no connection to or from port $port in the stats; expected $mode/$reason"
+        return 2
+    elif ((bad > 0)); then
+        it_mode_text="$role: $bad of $total connections not $mode/$reason $*: $text"
+        return 1
+    fi
+    it_mode_text="$role: $total connection(s) $text"
+    return 0
+}
+
+# it_expect_mode PORT ROLE MODE REASON [COND...]: it_mode_check as a check,
+# for connections that are not direct, or not only. Skipped in kernel mode.
+it_expect_mode() {
+    if ((it_kernel)); then
+        it_log "mode check skipped ($2; SDIRECT_IT_KERNEL=1)"
+        return 0
+    fi
+    if it_mode_check "$@"; then it_ok "$it_mode_text"; else it_bad "$it_mode_text"; fi
 }
 
 # it_finish: prints the verdict and exits 0 (pass) or 1 (fail); on failure

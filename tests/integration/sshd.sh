@@ -1,0 +1,214 @@
+#!/usr/bin/env bash
+# OpenSSH's sshd from Debian, run as root the way users run it (privilege
+# separation: each connection's pre-auth child chroots to /run/sshd,
+# becomes the sshd user and enters a seccomp sandbox), on a private port
+# with its own configuration, host key and authorized key, in two forms:
+#   reexec  the default: the listener's child re-executes sshd for each
+#           connection (the socket reaches the new program on fd 0/1);
+#   no-reexec  sshd -r: the listener's child goes on with the connection
+#           itself, and forks the sandboxed pre-auth child from there.
+# Against each, Debian's ssh and scp (every end preloaded):
+#   ssh ... cat, 4 MiB of random bytes in and the same bytes back;
+#   ssh ... 'cat > file', 4 MiB, the file compared;
+#   scp of 1 MiB up and of 1 MiB down (sftp protocol), compared.
+# Then the modes, from the clients' stats: ssh is the only end whose
+# connection is recorded (sshd's connection processes end through _exit,
+# which writes no stats; the pre-auth child could not open the file in its
+# sandbox anyway).
+source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib.sh"
+it_need ssh:openssh-client scp:openssh-client ssh-keygen:openssh-client cmp:diffutils
+[[ -x /usr/sbin/sshd ]] ||
+    it_skip "'/usr/sbin/sshd' is not installed (Debian package openssh-server; scripts/setup.sh installs it)"
+((EUID == 0)) || it_skip "sshd's privilege separation (chroot, setuid) and root's login need root"
+it_preflight
+
+# The privilege separation directory (the pre-auth child's chroot), which
+# systemd or the init script would make.
+if [[ ! -d /run/sshd ]]; then
+    mkdir -p /run/sshd && chmod 0755 /run/sshd
+fi
+
+if ! ssh-keygen -q -t ed25519 -N '' -C sdirect-host -f "$it_tmp/host_ed25519" </dev/null ||
+    ! ssh-keygen -q -t ed25519 -N '' -C sdirect-client -f "$it_tmp/client_ed25519" </dev/null; then
+    it_bad "ssh-keygen failed"
+    it_finish
+fi
+cp "$it_tmp/client_ed25519.pub" "$it_tmp/authorized_keys"
+head -c 4194304 /dev/urandom >"$it_tmp/4m.bin"
+head -c 1048576 /dev/urandom >"$it_tmp/up-1m.bin"
+head -c 1048576 /dev/urandom >"$it_tmp/down-1m.bin"
+sftp_server=/usr/lib/openssh/sftp-server
+[[ -x "$sftp_server" ]] || sftp_server=internal-sftp
+
+# config PORT: a configuration that reads nothing of the system's.
+config() {
+    cat <<EOF
+Port $1
+ListenAddress 127.0.0.1
+HostKey $it_tmp/host_ed25519
+PidFile $it_tmp/sshd-$1.pid
+PermitRootLogin prohibit-password
+AuthorizedKeysFile $it_tmp/authorized_keys
+StrictModes no
+UsePAM no
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PrintMotd no
+Subsystem sftp $sftp_server
+EOF
+}
+
+opts=(-F /dev/null -i "$it_tmp/client_ed25519" -o IdentitiesOnly=yes
+    -o StrictHostKeyChecking=no -o "UserKnownHostsFile=$it_tmp/known_hosts"
+    -o BatchMode=yes -o ConnectTimeout=10 -o LogLevel=ERROR)
+
+# since START: the time since START (an $EPOCHREALTIME), e.g. "0.71 s".
+since() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f s", b - a }'; }
+
+# timed ROLE SECONDS CMD...: it_run, with the time it took in `took`.
+timed() {
+    local start=$EPOCHREALTIME rc
+    it_run "$@"
+    rc=$?
+    took="$(since "$start")"
+    return "$rc"
+}
+
+# same ROLE EXPECTED GOT TEXT: one check that the transfer's bytes are
+# exactly the expected ones.
+same() {
+    local role="$1" rc="$2" want="$3" got="$4" text="$5"
+    if ((rc != 0)); then
+        it_bad "$role: $text: $(it_status "$rc"); $(tail -n 1 "$it_tmp/$role.err" 2>/dev/null)"
+    elif cmp -s "$want" "$got"; then
+        it_ok "$role: $text, byte-exact, $took"
+    else
+        it_bad "$role: $text: $(cmp "$want" "$got" 2>&1 | head -n 1)"
+    fi
+}
+
+# variant NAME SSHD-FLAG...: starts sshd, runs the four transfers, stops it.
+variant() {
+    local name="$1" port srv rc
+    shift
+    port="$(it_free_port)"
+    config "$port" >"$it_tmp/sshd-$name.conf"
+    if ! timeout 10 /usr/sbin/sshd -t -f "$it_tmp/sshd-$name.conf" >"$it_tmp/sshd-$name-t.log" 2>&1; then
+        it_bad "$name: sshd -t rejects the configuration: $(tail -n 1 "$it_tmp/sshd-$name-t.log")"
+        return 1
+    fi
+    local start=$EPOCHREALTIME
+    it_start "sshd-$name" 60 /usr/sbin/sshd -D -e "$@" -f "$it_tmp/sshd-$name.conf"
+    srv=$it_pid
+    if ! it_wait_listen "$port" "$srv"; then
+        it_bad "$name: sshd did not listen on 127.0.0.1:$port: $(tail -n 1 "$it_tmp/sshd-$name.log")"
+        it_stop "$srv" TERM 3
+        return 1
+    fi
+    it_log "$name: sshd $* listening on 127.0.0.1:$port after $(since "$start")"
+    variant_port=$port
+
+    timed "$name-cat" 30 ssh "${opts[@]}" -p "$port" root@127.0.0.1 cat \
+        <"$it_tmp/4m.bin" >"$it_tmp/$name-cat.out" 2>"$it_tmp/$name-cat.err"
+    same "$name-cat" $? "$it_tmp/4m.bin" "$it_tmp/$name-cat.out" "ssh cat, 4 MiB there and back"
+
+    rm -f "$it_tmp/$name-remote.bin"
+    timed "$name-upload" 30 ssh "${opts[@]}" -p "$port" root@127.0.0.1 \
+        "cat > $it_tmp/$name-remote.bin" <"$it_tmp/4m.bin" >/dev/null 2>"$it_tmp/$name-upload.err"
+    same "$name-upload" $? "$it_tmp/4m.bin" "$it_tmp/$name-remote.bin" "ssh 'cat > file', 4 MiB"
+
+    timed "$name-scp-up" 30 scp "${opts[@]}" -P "$port" "$it_tmp/up-1m.bin" \
+        "root@127.0.0.1:$it_tmp/$name-scp-up.bin" </dev/null >/dev/null 2>"$it_tmp/$name-scp-up.err"
+    same "$name-scp-up" $? "$it_tmp/up-1m.bin" "$it_tmp/$name-scp-up.bin" "scp 1 MiB up"
+
+    timed "$name-scp-down" 30 scp "${opts[@]}" -P "$port" "root@127.0.0.1:$it_tmp/down-1m.bin" \
+        "$it_tmp/$name-scp-down.bin" </dev/null >/dev/null 2>"$it_tmp/$name-scp-down.err"
+    same "$name-scp-down" $? "$it_tmp/down-1m.bin" "$it_tmp/$name-scp-down.bin" "scp 1 MiB down"
+
+    # SIGTERM: the listener closes its socket and exits 0.
+    start=$EPOCHREALTIME
+    it_stop "$srv" TERM
+    it_check "$it_stop_rc" "$name: sshd ended on SIGTERM: $it_stop_text, $(since "$start")"
+    if grep -E 'fatal|terminated by signal' "$it_tmp/sshd-$name.log" >"$it_tmp/$name-alerts.txt"; then
+        it_bad "$name: sshd log: $(head -n 1 "$it_tmp/$name-alerts.txt" | cut -c 1-200)"
+    fi
+    rc=$(grep -c '^Accepted publickey for root' "$it_tmp/sshd-$name.log")
+    if ((rc == 4)); then
+        it_ok "$name: sshd accepted 4 logins"
+    else
+        it_bad "$name: sshd accepted $rc logins, expected 4"
+    fi
+
+    if ((!it_kernel)); then
+        # The listener ran the library (its process line is written at
+        # exit) and has no connection of its own: it accepts, forks, and
+        # closes its copy before any I/O.
+        if ! grep -q '^process pid=[0-9]* comm=sshd ' "$it_tmp/sshd-$name.stats" 2>/dev/null; then
+            it_bad "$name: the sshd listener wrote no stats (library not active in it?)"
+        elif grep -q "^pid=.*:$port " "$it_tmp/sshd-$name.stats"; then
+            it_bad "$name: the sshd listener recorded a connection: $(grep -m1 "^pid=.*:$port " "$it_tmp/sshd-$name.stats" | cut -c 1-200)"
+        else
+            it_ok "$name: the sshd listener ran the library and kept no connection"
+        fi
+    fi
+    return 0
+}
+
+roles() { echo "$1-cat $1-upload $1-scp-up $1-scp-down"; }
+
+# Re-exec: the listener's child executes sshd again with the socket never
+# used (never attached: it goes to the new program as a plain TCP socket,
+# which that program's library does not track). Nothing publishes the
+# server's end, so each client finds no peer and stays on TCP from the
+# start: kernel, reason no_peer, no upgrade.
+if variant reexec; then
+    for role in $(roles reexec); do
+        it_expect_mode "$variant_port" "$role" kernel no_peer peer_pid=0 upgrades=0 leaves=0 \
+            tx_fabric+rx_fabric=0
+    done
+fi
+
+# -r: the listener's child, alone with the socket once the listener closed
+# its copy, upgrades it at the identification exchange (the client sends
+# its banner, and sometimes its key exchange offer, on the fabric). Then it
+# forks the pre-auth child, whose chroot retires it from the fabric: the
+# connection leaves for good, by the hand of the process that owns it (the
+# listener's child, the client's peer_pid), with the reason privilege,
+# which the client takes over. So direct once, then kernel, reason
+# privilege: one upgrade, one leave, some fabric bytes.
+# The upgrade must happen before the pre-auth fork. When it does not, the
+# connection never goes direct and the client never finds a peer: kernel,
+# no_peer, no upgrade. One way: the listener closes its copy late, so the
+# child is not alone during the identification exchange (delaying that
+# close by 1.5 s with strace's fault injection gives exactly this; 0.3 s
+# does not). Seen once in about 70 runs of this script, cause not caught.
+# Either is correct; at least one of the four must have gone direct.
+if variant no-reexec -r; then
+    if ((it_kernel)); then
+        it_log "mode check skipped (no-reexec; SDIRECT_IT_KERNEL=1)"
+    else
+        went_direct=0
+        for role in $(roles no-reexec); do
+            if it_mode_check "$variant_port" "$role" kernel privilege peer_pid'>0' upgrades=1 \
+                leaves=1 tx_fabric+rx_fabric'>0'; then
+                it_ok "$it_mode_text"
+                went_direct=$((went_direct + 1))
+            else
+                first="$it_mode_text"
+                if it_mode_check "$variant_port" "$role" kernel no_peer peer_pid=0 upgrades=0 \
+                    leaves=0 tx_fabric+rx_fabric=0; then
+                    it_ok "$it_mode_text (never direct: not upgraded before the pre-auth fork)"
+                else
+                    it_bad "$first"
+                fi
+            fi
+        done
+        if ((went_direct > 0)); then
+            it_ok "no-reexec: $went_direct of 4 connections went direct, then left for privilege"
+        else
+            it_bad "no-reexec: none of the 4 connections went direct before the privilege drop"
+        fi
+    fi
+fi
+
+it_finish
