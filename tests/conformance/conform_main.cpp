@@ -93,7 +93,10 @@ std::string bit_names(unsigned bits, const std::vector<std::pair<unsigned, const
             v += name;
             bits &= ~bit;
         }
-    if (bits) v += (v.empty() ? "" : "|") + std::to_string(bits);
+    if (bits) {
+        if (!v.empty()) v += '|';
+        v += std::to_string(bits);
+    }
     return v;
 }
 
@@ -362,6 +365,7 @@ std::vector<Case> catalogue() {
     add_ready_cases(all);
     add_opt_cases(all);
     add_file_cases(all);
+    add_child_cases(all);
     return all;
 }
 
