@@ -172,7 +172,7 @@ void note_mode(int fd) {
     std::string mode = "plain";
     if (preloaded()) {
         // The upgrade runs beside the connection: wait for it (bounded).
-        for (int i = 0; i < 300; ++i) {
+        for (int i = 0; i < 600; ++i) {  // 6 s
             mode = page_mode(fd);
             if (mode == "direct") break;
             msleep(10);
