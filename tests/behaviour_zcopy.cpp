@@ -279,3 +279,18 @@ TEST_CASE("a large send cut short by SO_SNDTIMEO or a signal ends as a TCP send 
     if (!run_pair(zc("zc-sndtimeo", {}), expect_used("tx_zcopy"))) return;
     run_pair(zc("zc-eintr", {}), expect_used("tx_zcopy"));
 }
+
+TEST_CASE("large blocking sends both ways under a 200 us interval timer in both processes, "
+          "with and without SA_RESTART, arrive byte-exact and each send counts exactly what "
+          "its peer read",
+          "[zcopy]") {
+    // Read zero-copy from 128 KiB on (the sends are 128 KiB .. 1 MiB);
+    // signals cut the senders' waits for their readers and the readers'
+    // waits all the time. Each buffer is overwritten once send() returns.
+    const std::vector<std::string> env = {"SDIRECT_ZCOPY_MIN=131072"};
+    for (const char *restart : {"0", "1"}) {
+        INFO("SA_RESTART " << restart);
+        PairSpec spec = zc("storm-duplex", env, {"--restart", restart, "--size", "300000000"});
+        if (!run_pair(spec, expect_used("tx_zcopy"))) return;
+    }
+}

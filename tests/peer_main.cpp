@@ -17,6 +17,7 @@
 #include "peer_drivers.hpp"
 #include "peer_ready.hpp"
 #include "peer_sendpath.hpp"
+#include "peer_storm.hpp"
 
 #include <cerrno>
 #include <csignal>
@@ -126,6 +127,7 @@ void serve_connection(int *fd, bool is_client, const Options &opt) {
     if (is_client) settle_client(*fd, std::uint32_t(opt.num("settle-ms", 0)));
     else settle_server(*fd);
     if (is_sendpath_scenario(scenario)) serve_sendpath(fd, is_client, opt);
+    else if (is_storm_scenario(scenario)) serve_storm(*fd, is_client, opt);
     else if (is_client == client_drives) drive(scenario, fd, opt);
     else respond(fd);
     if (*fd >= 0) {
@@ -395,7 +397,7 @@ int main(int argc, char **argv) {
     arm_watchdog(unsigned(opt.num("watchdog", 120)));
     const std::string scenario = opt.get("scenario", "bulk");
     if (scenario != "many" && mode != "upgrade" && !is_driver_scenario(scenario) &&
-        !is_sendpath_scenario(scenario))
+        !is_sendpath_scenario(scenario) && !is_storm_scenario(scenario))
         fail("unknown scenario '%s'", scenario.c_str());
     int rc = 2;
     if (mode == "server") rc = run_server(argv[2], opt);

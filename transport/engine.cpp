@@ -993,8 +993,18 @@ bool Engine::peer_exit_wait(const Peer *p, int ms) const noexcept {
 
 bool Engine::peer_alive(const Peer *p) const noexcept {
     if (p->pid == pid_) return true;
-    pollfd pfd{p->pidfd, POLLIN, 0};
-    if (p->pidfd >= 0) return sys.poll(&pfd, 1, 0) == 0;
+    // A pidfd is readable once its process has exited. Even a poll that
+    // does not wait fails with EINTR when a signal is pending, which says
+    // nothing about the peer: a "dead" answer then would end a read
+    // zero-copy send while its reader still copies the buffer, or fail a
+    // post with EPIPE. So ask again; a storm that outlasts the retries is
+    // answered by kill(), which is not interrupted.
+    for (int tries = 0; p->pidfd >= 0 && tries < 16; ++tries) {
+        pollfd pfd{p->pidfd, POLLIN, 0};
+        const int r = sys.poll(&pfd, 1, 0);
+        if (r >= 0) return r == 0;
+        if (errno != EINTR) break;
+    }
     return kill(p->pid, 0) == 0 || errno != ESRCH;
 }
 
