@@ -48,6 +48,15 @@ bool Stream::first_send_to_closed(transport::Conn *c) noexcept {
     if (c->tx_fin || c->broken.load(std::memory_order_relaxed) ||
         c->peer_reset.load(std::memory_order_acquire))
         return false;
+    // A send of ours that went out before we had taken in the peer's close
+    // (it was still in our queue) reached it closed: that one drew the
+    // reset. The peer's counters outlive its close in its process page.
+    const std::uint64_t read = engine->peer_read(c);
+    if (read != transport::kNoOffset &&
+        c->stat->tx_fabric.load(std::memory_order_relaxed) - c->tx_fabric_base > read) {
+        drew_reset.store(true, std::memory_order_release);
+        return false;
+    }
     return !drew_reset.exchange(true, std::memory_order_acq_rel);
 }
 
@@ -94,6 +103,22 @@ void Stream::leave_for_urgent() noexcept {
     if (rc < 0)
         SD_LOG(error, "fd %d: could not move to the kernel for urgent data (%s): the byte "
                       "goes in line", kfd(), std::strerror(-rc));
+}
+
+ssize_t Stream::told(ssize_t r) noexcept {
+    if (r == -ECONNRESET)
+        if (transport::Conn *c = conn.load(std::memory_order_acquire)) {
+            // The kernel socket may have told it before the fabric's word
+            // of it came: that word then finds it told already.
+            c->peer_reset.store(true, std::memory_order_release);
+            c->reset_unreported.store(false, std::memory_order_release);
+            // The companion's own reset, when it came too, is told with it:
+            // reading SO_ERROR clears it, as the kernel's recv would have.
+            int pending = 0;
+            socklen_t len = sizeof pending;
+            (void)transport::sys.getsockopt(kfd(), SOL_SOCKET, SO_ERROR, &pending, &len);
+        }
+    return r;
 }
 
 int Stream::take_error() noexcept {

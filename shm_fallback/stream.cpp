@@ -568,7 +568,7 @@ ssize_t Stream::kernel_recv(const iovec *iov, int iovcnt, int flags, Conn *c) no
     return n;
 }
 
-ssize_t Stream::recv(const iovec *iov, int iovcnt, int flags) noexcept {
+ssize_t Stream::recv_stream(const iovec *iov, int iovcnt, int flags) noexcept {
     if (kernel_only(flags)) {
         // Urgent data and the error queue are never carried on the fabric:
         // the companion socket answers (EINVAL or EAGAIN when it has
@@ -977,7 +977,7 @@ ssize_t Stream::kernel_send(const iovec *iov, int iovcnt, int flags, Conn *c) no
     return n;
 }
 
-ssize_t Stream::send(const iovec *iov, int iovcnt, int flags) noexcept {
+ssize_t Stream::send_stream(const iovec *iov, int iovcnt, int flags) noexcept {
     if (!claim_inherited()) return orphan_error(kfd());
     if (flags & MSG_OOB) leave_for_urgent();
     Conn *c = attached_conn();

@@ -121,7 +121,12 @@ class Stream {
     // attached yet) never upgrades.
     void to_kernel_for_good(transport::Reason why) noexcept;
     // recv family; `flags` as for recvmsg. Bytes, 0 at EOF, or -errno.
-    ssize_t recv(const iovec *iov, int iovcnt, int flags) noexcept;
+    // A reset told to the application (from the fabric or from the kernel
+    // socket) is told once: SO_ERROR does not report it again.
+    ssize_t recv(const iovec *iov, int iovcnt, int flags) noexcept {
+        return told(recv_stream(iov, iovcnt, flags));
+    }
+    ssize_t recv_stream(const iovec *iov, int iovcnt, int flags) noexcept;
     // What must stay with the kernel socket (semantics.cpp): urgent data
     // and the error queue are never on the fabric.
     static bool kernel_only(int flags) noexcept { return flags & (MSG_OOB | MSG_ERRQUEUE); }
@@ -137,7 +142,11 @@ class Stream {
     // kernel says once no fabric byte precedes it; 0 while one does.
     int at_mark() noexcept;
     // send family; raises SIGPIPE on EPIPE unless MSG_NOSIGNAL.
-    ssize_t send(const iovec *iov, int iovcnt, int flags) noexcept;
+    ssize_t send(const iovec *iov, int iovcnt, int flags) noexcept {
+        return told(send_stream(iov, iovcnt, flags));
+    }
+    ssize_t send_stream(const iovec *iov, int iovcnt, int flags) noexcept;
+    ssize_t told(ssize_t r) noexcept;
     int shutdown(int how) noexcept;
     // FIONREAD
     int readable_bytes() noexcept;
