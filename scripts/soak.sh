@@ -11,16 +11,11 @@
 # usage: soak.sh [--short] [--bytes N] [--seconds T] [--procs P]
 #                [--clients K] [--actions LIST] [--seed S]
 #   defaults: 10 GB, 3600 s, 2 sessions at a time, 50 clients, all actions
-#   --short:  200 MB, 60 s, 20 clients, and only the actions the library
-#             passes today (the meson test soak-short): fork, timer, setuid
-#             and close-range are left out while they fail: after a fork
-#             hand-off a large (zero-copy) send can wait forever while its
-#             peer polls the kernel socket; under an interval-timer storm a
-#             blocking recv returns 0 (EOF) mid-stream on both sides; a side
-#             that drops its uid once direct hangs; a forked child's
-#             close_range(3, ~0) leaves the library taking the freed
-#             descriptor numbers for the socket, so file I/O on them goes
-#             astray. Give --actions all after --short to include them.
+#   --short:  200 MB, 60 s, 20 clients, and every action but the fork
+#             hand-off (the meson test soak-short): after a hand-off the
+#             peer or the child sometimes reads a wrong byte (seen with
+#             --actions fork,families, about one session in three). Give
+#             --actions all after --short to include it.
 # Environment: SDIRECT_SOAK_WORKER, SDIRECT_SOAK_LIB (default: build/),
 # SDIRECT_SOAK_PLAIN=1 runs without the library (checks the soak itself).
 # Prints each session's line, a summary, and the modes the library's
@@ -34,7 +29,7 @@ bytes=10000000000 seconds=3600 procs=2 clients=50 actions=all seed=$(date +%s)
 while (($#)); do
     case $1 in
         --short) bytes=200000000 seconds=60 clients=20
-                 actions=fork-idle,exec,stop,kill,families,sendfile; shift ;;
+                 actions=fork-idle,exec,stop,kill,families,sendfile,timer,setuid,close-range; shift ;;
         --bytes) bytes=$2; shift 2 ;;
         --seconds) seconds=$2; shift 2 ;;
         --procs) procs=$2; shift 2 ;;
