@@ -32,26 +32,6 @@ namespace peer {
 
 namespace {
 
-// An unlinked regular file holding `size` bytes of stream `seed`.
-int pattern_file(std::uint64_t seed, std::uint64_t size) {
-    const char *dir = std::getenv("TMPDIR");
-    std::string path = std::string(dir && *dir ? dir : "/tmp") + "/sdirect-bypass-XXXXXX";
-    std::vector<char> name(path.begin(), path.end());
-    name.push_back('\0');
-    int f = mkostemp(name.data(), O_CLOEXEC);
-    if (f < 0) fail("mkostemp %s: %s", path.c_str(), errno_name(errno));
-    unlink(name.data());
-    std::vector<char> buf(1 << 20);
-    for (std::uint64_t off = 0; off < size;) {
-        const std::size_t n = std::size_t(std::min<std::uint64_t>(buf.size(), size - off));
-        pattern_fill(seed, off, buf.data(), n);
-        if (pwrite(f, buf.data(), n, off_t(off)) != ssize_t(n)) fail("pwrite: %s", errno_name(errno));
-        off += n;
-    }
-    return f;
-}
-
-off_t position(int f) { return lseek(f, 0, SEEK_CUR); }
 
 void set_nonblocking(int fd, bool on) {
     const int fl = fcntl(fd, F_GETFL);
@@ -92,14 +72,14 @@ void nonblocking_sendfile(int s, const Options &opt) {
         off_t off = off_t(sent);
         ssize_t n = own_position ? sendfile(s, f, nullptr, want) : sendfile(s, f, &off, want);
         const int err = errno;
-        if (own_position && position(f) != off_t(sent) + (n > 0 ? n : 0))
+        if (own_position && file_position(f) != off_t(sent) + (n > 0 ? n : 0))
             fail("sendfile(NULL, %zu) at %llu returned %zd (%s) but left the file position at "
                  "%lld", want, (unsigned long long)sent, n, n < 0 ? errno_name(err) : "-",
-                 (long long)position(f));
-        if (!own_position && (off != off_t(sent) + (n > 0 ? n : 0) || position(f) != off_t(sent)))
+                 (long long)file_position(f));
+        if (!own_position && (off != off_t(sent) + (n > 0 ? n : 0) || file_position(f) != off_t(sent)))
             fail("sendfile(&offset, %zu) at %llu returned %zd (%s): offset %lld, position %lld",
                  want, (unsigned long long)sent, n, n < 0 ? errno_name(err) : "-", (long long)off,
-                 (long long)position(f));
+                 (long long)file_position(f));
         if (n < 0 && (err == EAGAIN || err == EWOULDBLOCK)) {
             ++eagains;
             wait_writable(s, "non-blocking sendfile");

@@ -518,4 +518,25 @@ void settle_server(int fd) {
     fail("settle: client never ended the ping-pong");
 }
 
+// An unlinked regular file holding `size` bytes of stream `seed`.
+int pattern_file(std::uint64_t seed, std::uint64_t size) {
+    const char *dir = std::getenv("TMPDIR");
+    std::string path = std::string(dir && *dir ? dir : "/tmp") + "/sdirect-sendfile-XXXXXX";
+    std::vector<char> name(path.begin(), path.end());
+    name.push_back('\0');
+    int f = mkostemp(name.data(), O_CLOEXEC);
+    if (f < 0) fail("mkostemp %s: %s", path.c_str(), errno_name(errno));
+    unlink(name.data());
+    std::vector<char> buf(1 << 20);
+    for (std::uint64_t off = 0; off < size;) {
+        const std::size_t n = std::size_t(std::min<std::uint64_t>(buf.size(), size - off));
+        pattern_fill(seed, off, buf.data(), n);
+        if (pwrite(f, buf.data(), n, off_t(off)) != ssize_t(n)) fail("pwrite: %s", errno_name(errno));
+        off += n;
+    }
+    return f;
+}
+
+off_t file_position(int f) { return lseek(f, 0, SEEK_CUR); }
+
 }  // namespace peer

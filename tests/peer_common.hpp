@@ -182,4 +182,9 @@ bool is_driver_scenario(const std::string &scenario);
 // at once, driven by poll().
 void many_exchange(int *fds, std::size_t n, bool client, const Options &opt);
 
+// An unlinked regular file (in TMPDIR) holding `size` bytes of stream
+// `seed`; its fd. A file's own offset.
+int pattern_file(std::uint64_t seed, std::uint64_t size);
+off_t file_position(int f);
+
 }  // namespace peer

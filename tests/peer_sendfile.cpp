@@ -20,26 +20,6 @@ namespace peer {
 
 namespace {
 
-// An unlinked regular file holding `size` bytes of stream `seed`.
-int pattern_file(std::uint64_t seed, std::uint64_t size) {
-    const char *dir = std::getenv("TMPDIR");
-    std::string path = std::string(dir && *dir ? dir : "/tmp") + "/sdirect-sendfile-XXXXXX";
-    std::vector<char> name(path.begin(), path.end());
-    name.push_back('\0');
-    int f = mkostemp(name.data(), O_CLOEXEC);
-    if (f < 0) fail("mkostemp %s: %s", path.c_str(), errno_name(errno));
-    unlink(name.data());
-    std::vector<char> buf(1 << 20);
-    for (std::uint64_t off = 0; off < size;) {
-        const std::size_t n = std::size_t(std::min<std::uint64_t>(buf.size(), size - off));
-        pattern_fill(seed, off, buf.data(), n);
-        if (pwrite(f, buf.data(), n, off_t(off)) != ssize_t(n)) fail("pwrite: %s", errno_name(errno));
-        off += n;
-    }
-    return f;
-}
-
-off_t position(int f) { return lseek(f, 0, SEEK_CUR); }
 
 void expect_count(const char *what, ssize_t n, ssize_t want) {
     if (n != want)
@@ -68,25 +48,25 @@ void drive_sendfile(int *fd, const Options &opt) {
     // the receiver sees the file once, in order.
     long off = 0;
     expect_count("sendfile(&off 0, 1000)", sendfile_symbol(s, f, &off, 1000), 1000);
-    if (off != 1000 || position(f) != 0)
+    if (off != 1000 || file_position(f) != 0)
         fail("sendfile with an offset: offset %lld, file position %lld; expected 1000 and 0",
-             (long long)off, (long long)position(f));
+             (long long)off, (long long)file_position(f));
     lseek(f, 1000, SEEK_SET);
     expect_count("sendfile(NULL, 5000)", sendfile_symbol(s, f, nullptr, 5000), 5000);
-    if (position(f) != 6000) fail("sendfile without an offset left the position at %lld, not 6000",
-                                  (long long)position(f));
+    if (file_position(f) != 6000) fail("sendfile without an offset left the position at %lld, not 6000",
+                                  (long long)file_position(f));
     off64_t off64 = 6000;
     expect_count("sendfile64(&off 6000, 100000)", sendfile64(s, f, &off64, 100000), 100000);
-    if (off64 != 106000 || position(f) != 6000)
+    if (off64 != 106000 || file_position(f) != 6000)
         fail("sendfile64: offset %lld, position %lld; expected 106000 and 6000",
-             (long long)off64, (long long)position(f));
+             (long long)off64, (long long)file_position(f));
     off = 106000;
     expect_count("sendfile of 0 bytes", sendfile_symbol(s, f, &off, 0), 0);
     lseek(f, 106000, SEEK_SET);
     // Asking for more than is left gives what is left.
     expect_count("sendfile64(NULL, more than is left)", sendfile64(s, f, nullptr, size),
                  ssize_t(size - 106000));
-    if (position(f) != off_t(size)) fail("position %lld after sending to the end", (long long)position(f));
+    if (file_position(f) != off_t(size)) fail("position %lld after sending to the end", (long long)file_position(f));
     expect_count("sendfile at the end of the file", sendfile_symbol(s, f, nullptr, 100), 0);
     off = long(size) + 10;
     expect_count("sendfile past the end of the file", sendfile_symbol(s, f, &off, 100), 0);
