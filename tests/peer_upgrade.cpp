@@ -144,60 +144,70 @@ int run_stopped(const Options &opt) {
     return wait_child(child);
 }
 
-int run_signals(const Options &opt) {
-    const std::size_t conns = opt.num("conns", 30);
-    const std::size_t len = opt.num("size", 4096);
+// Listens, forks a client that runs `client(family, port)` and ends
+// through the library's exit handlers (its statistics), serves with
+// `server(listener)`, and waits for the client.
+template <class Client, class Server>
+int client_and_server(const Options &opt, int backlog, Client client, Server server) {
     std::uint16_t port = 0;
     const int family = family_of(opt);
-    int l = listen_loopback(family, 64, &port);
+    int l = listen_loopback(family, backlog, &port);
     pid_t child = fork();
     if (child < 0) fail("fork: %s", errno_name(errno));
     if (child == 0) {
         close(l);
-        signal_storm();
-        for (std::size_t i = 0; i < conns; ++i) {
-            int fd = connect_loopback(family, port);
-            report_conn(fd, "client");
-            echo(fd, 500 + i, len, "echo under signals");
-            close(fd);
-        }
-        stop_storm();
-        exit(0);  // through the library's exit handlers: its statistics
+        client(family, port);
+        exit(0);
     }
-    signal_storm();
-    serve_echo(l, conns, len, false);
-    stop_storm();
-    note("%zu echoes under an interval timer", conns);
+    server(l);
     close(l);
     return wait_child(child);
+}
+
+int run_signals(const Options &opt) {
+    const std::size_t conns = opt.num("conns", 30);
+    const std::size_t len = opt.num("size", 4096);
+    return client_and_server(
+        opt, 64,
+        [&](int family, std::uint16_t port) {
+            signal_storm();
+            for (std::size_t i = 0; i < conns; ++i) {
+                int fd = connect_loopback(family, port);
+                report_conn(fd, "client");
+                echo(fd, 500 + i, len, "echo under signals");
+                close(fd);
+            }
+            stop_storm();
+        },
+        [&](int l) {
+            signal_storm();
+            serve_echo(l, conns, len, false);
+            stop_storm();
+            note("%zu echoes under an interval timer", conns);
+        });
 }
 
 int run_fdlimit(const Options &opt) {
     const std::size_t conns = opt.num("conns", 50);
     const std::size_t len = opt.num("size", 1000);
-    std::uint16_t port = 0;
-    const int family = family_of(opt);
-    int l = listen_loopback(family, 128, &port);
-    pid_t child = fork();
-    if (child < 0) fail("fork: %s", errno_name(errno));
-    if (child == 0) {
-        close(l);
-        rlimit lim{64, 64};
-        if (setrlimit(RLIMIT_NOFILE, &lim) != 0) fail("setrlimit: %s", errno_name(errno));
-        std::vector<int> fds;
-        for (std::size_t i = 0; i < conns; ++i) {
-            int fd = connect_loopback(family, port);
-            report_conn(fd, "client");
-            fds.push_back(fd);
-        }
-        for (std::size_t i = 0; i < conns; ++i) echo(fds[i], 700 + i, len, "echo at the fd limit");
-        for (int fd : fds) close(fd);
-        exit(0);  // through the library's exit handlers: its statistics
-    }
-    serve_echo(l, conns, len, true);
-    note("%zu echoes at the fd limit", conns);
-    close(l);
-    return wait_child(child);
+    return client_and_server(
+        opt, 128,
+        [&](int family, std::uint16_t port) {
+            rlimit lim{64, 64};
+            if (setrlimit(RLIMIT_NOFILE, &lim) != 0) fail("setrlimit: %s", errno_name(errno));
+            std::vector<int> fds;
+            for (std::size_t i = 0; i < conns; ++i) {
+                int fd = connect_loopback(family, port);
+                report_conn(fd, "client");
+                fds.push_back(fd);
+            }
+            for (std::size_t i = 0; i < conns; ++i) echo(fds[i], 700 + i, len, "echo at the fd limit");
+            for (int fd : fds) close(fd);
+        },
+        [&](int l) {
+            serve_echo(l, conns, len, true);
+            note("%zu echoes at the fd limit", conns);
+        });
 }
 
 }  // namespace
