@@ -1336,8 +1336,17 @@ int Stream::shutdown(int how) noexcept {
                 (void)engine->leave_flush_locked(c, true, monotonic_ns() + 1000000000ull);
         }
     }
-    if (kernel_how >= 0 && sys.shutdown(kfd(), kernel_how) != 0) return -errno;
-    if (how == SHUT_RD || how == SHUT_RDWR) rd_shut.store(true, std::memory_order_relaxed);
+    // Our state first: the kernel's shutdown wakes a thread blocked in
+    // poll or epoll on the socket, which must then see both directions
+    // shut (POLLHUP), as the kernel shows them at once.
+    const bool rd = how == SHUT_RD || how == SHUT_RDWR;
+    const bool was_shut = rd_shut.load(std::memory_order_relaxed);
+    if (rd) rd_shut.store(true, std::memory_order_release);
+    if (kernel_how >= 0 && sys.shutdown(kfd(), kernel_how) != 0) {
+        const int err = errno;
+        if (rd) rd_shut.store(was_shut, std::memory_order_release);
+        return -err;
+    }
     return 0;
 }
 
