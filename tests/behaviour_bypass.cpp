@@ -70,21 +70,22 @@ TEST_CASE("splice from a pipe into a full non-blocking socket takes out of the p
     run_pair(part("splice-nonblock"));
 }
 
-TEST_CASE("close_range and closefrom close a connection's fds as close() does: EBADF after, a "
+TEST_CASE("close_range and closefrom close a connection's fds as close() does; EBADF after, a "
           "file that gets the number is a file, CLOSE_RANGE_CLOEXEC closes nothing, the last fd "
           "ends the stream",
           "[bypass]") {
     run_pair(part("close-range"));
 }
 
-TEST_CASE("sendmmsg and recvmmsg move every message through the connection: counts, lengths, "
-          "MSG_WAITFORONE, the timeout, short counts and EAGAIN as the kernel gives them",
+// Counts, lengths, MSG_WAITFORONE, the timeout, short counts and EAGAIN as
+// the kernel gives them.
+TEST_CASE("sendmmsg and recvmmsg move every message through the connection",
           "[bypass]") {
     run_pair(part("mmsg"));
 }
 
 TEST_CASE("a privilege-separated child (chroot, setuid nobody, a seccomp filter against socket "
-          "calls) uses its inherited connection, then the parent drops to nobody: every byte "
+          "calls) uses its inherited connection, then the parent drops to nobody; every byte "
           "arrives, the library makes no forbidden call and keeps no map of the peer",
           "[bypass]") {
     PairSpec spec = part("privilege");
@@ -96,7 +97,7 @@ TEST_CASE("a privilege-separated child (chroot, setuid nobody, a seccomp filter 
 
 TEST_CASE("a sandboxed child (chroot, setuid nobody, a seccomp filter that allows only read, "
           "write, poll and what memory and exit need, as sshd's pre-auth child) echoes over its "
-          "inherited connection with write and read: the library makes no other call for it",
+          "inherited connection with write and read; the library makes no other call for it",
           "[bypass]") {
     PairSpec spec = part("sandbox");
     spec.check_modes = false;

@@ -62,7 +62,7 @@ TEST_CASE("after shutdown(SHUT_RD) recv returns EOF at once, and bytes sent late
     run_pair(scenario("sem-shut-rd"));
 }
 
-TEST_CASE("close with SO_LINGER {1, 0} resets the connection: POLLERR|POLLHUP, then "
+TEST_CASE("close with SO_LINGER {1, 0} resets the connection; POLLERR|POLLHUP, then "
           "ECONNRESET, then EOF",
           "[semantics]") {
     run_pair(scenario("sem-linger-reset"));
@@ -82,7 +82,7 @@ TEST_CASE("the first send after the peer closed is taken; the ones after the res
     run_pair(scenario("sem-send-after-close"));
 }
 
-TEST_CASE("close() while another thread is blocked in recv: the recv gets the bytes that come",
+TEST_CASE("close() while another thread is blocked in recv; the recv gets the bytes that come",
           "[semantics]") {
     run_pair(scenario("sem-close-in-recv"));
 }
