@@ -146,6 +146,11 @@ bool state_changed(void *ctx) noexcept {
 // counter does not move.
 constexpr std::uint64_t kReaderPatienceNs = 2'000'000;
 
+// How long a non-blocking send waits for room in the peer's message queue
+// (its control thread is kicked after 1 ms to make it): a peer that cannot
+// run at all (stopped) must not hold it.
+constexpr std::uint64_t kQueueWaitNs = 10'000'000;
+
 // Watches the peer's read counter (its process page) during an
 // advertisement: a reader copying our buffer, or bytes before it, is not
 // kept waiting for; one that has done nothing for kReaderPatienceNs is.
@@ -1172,6 +1177,9 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
     const bool nb = nonblock.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
     const std::int64_t tmo = sndtimeo_ns.load(std::memory_order_relaxed);
     const std::uint64_t deadline = tmo ? monotonic_ns() + std::uint64_t(tmo) : 0;
+    // Messages wait for room in the peer's queue until this: a full queue
+    // is a full window to a non-blocking send (EAGAIN), if only briefly.
+    const std::uint64_t post_by = nb ? monotonic_ns() + kQueueWaitNs : deadline;
     const std::uint32_t chunk = engine->chunk();
 
     // MSG_MORE and TCP_CORK hold nothing back: a byte send() accepted must
@@ -1203,7 +1211,7 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
         int k = slice(iov, iovcnt, 0, total, v, 3);
         if (sliced(v, k) == total) {
             if (!transport::readable_iov(v, k, total)) return -EFAULT;
-            int rc = post_data(c, v, k, std::uint32_t(total), deadline);
+            int rc = post_data(c, v, k, std::uint32_t(total), post_by);
             if (rc == 0) {
                 engine->ring(c->peer);
                 return ssize_t(total);
@@ -1300,7 +1308,7 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
             rc = -EFAULT;
             break;
         }
-        if ((rc = post_data(c, v, k, std::uint32_t(n), deadline))) {
+        if ((rc = post_data(c, v, k, std::uint32_t(n), post_by))) {
             rc = send_failed(c, rc);
             break;
         }
