@@ -1316,6 +1316,12 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
     }
     if (sent) engine->ring(c->peer);
     *left = rc == -ESTALE;
+    // EAGAIN with credits left: the peer's queue stayed full (post_by).
+    // Readiness still says writable, but an edge-triggered waiter is told
+    // only of credits coming back, which may never happen: a new edge, so
+    // that it tries again.
+    if (rc == -EAGAIN && c->credits.load(std::memory_order_acquire) > 0)
+        c->tx_seq.fetch_add(1, std::memory_order_release);
     if (sent) return ssize_t(sent);
     if (rc == -EPIPE) return epipe(flags);
     return rc;
