@@ -145,8 +145,9 @@ class Engine {
     void progress_blocking() noexcept;
 
     // Sends one message (header + iov payload, total within inject size),
-    // retrying -FI_EAGAIN until `deadline_ns` (0 = forever while the peer
-    // lives). 0, -EAGAIN on deadline, -EPIPE if the peer is gone, -EIO.
+    // retrying -FI_EAGAIN (the peer's queue is full: it is rung, then
+    // kicked) until `deadline_ns` (0 = forever while the peer lives).
+    // 0, -EAGAIN on deadline, -EPIPE if the peer is gone, -EIO.
     int post(Conn *c, MsgType type, const iovec *iov, int iovcnt, std::uint32_t len,
              std::uint64_t offset, std::uint64_t deadline_ns, std::uint32_t flags = 0) noexcept;
     // Writes `len` bytes of iov straight into the peer's ring (RMA), then
