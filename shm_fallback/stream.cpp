@@ -146,6 +146,11 @@ bool state_changed(void *ctx) noexcept {
 // counter does not move.
 constexpr std::uint64_t kReaderPatienceNs = 2'000'000;
 
+// How long a non-blocking send waits for room in the peer's message queue
+// (its control thread is kicked after 1 ms to make it): a peer that cannot
+// run at all (stopped) must not hold it.
+constexpr std::uint64_t kQueueWaitNs = 10'000'000;
+
 // Watches the peer's read counter (its process page) during an
 // advertisement: a reader copying our buffer, or bytes before it, is not
 // kept waiting for; one that has done nothing for kReaderPatienceNs is.
@@ -1157,6 +1162,9 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
     const bool nb = nonblock.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
     const std::int64_t tmo = sndtimeo_ns.load(std::memory_order_relaxed);
     const std::uint64_t deadline = tmo ? monotonic_ns() + std::uint64_t(tmo) : 0;
+    // Messages wait for room in the peer's queue until this: a full queue
+    // is a full window to a non-blocking send (EAGAIN), if only briefly.
+    const std::uint64_t post_by = nb ? monotonic_ns() + kQueueWaitNs : deadline;
     const std::uint32_t chunk = engine->chunk();
 
     // MSG_MORE and TCP_CORK hold nothing back: a byte send() accepted must
@@ -1188,7 +1196,7 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
         int k = slice(iov, iovcnt, 0, total, v, 3);
         if (sliced(v, k) == total) {
             if (!transport::readable_iov(v, k, total)) return -EFAULT;
-            int rc = post_data(c, v, k, std::uint32_t(total), deadline);
+            int rc = post_data(c, v, k, std::uint32_t(total), post_by);
             if (rc == 0) {
                 engine->ring(c->peer);
                 return ssize_t(total);
@@ -1285,7 +1293,7 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
             rc = -EFAULT;
             break;
         }
-        if ((rc = post_data(c, v, k, std::uint32_t(n), deadline))) {
+        if ((rc = post_data(c, v, k, std::uint32_t(n), post_by))) {
             rc = send_failed(c, rc);
             break;
         }
@@ -1293,6 +1301,12 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
     }
     if (sent) engine->ring(c->peer);
     *left = rc == -ESTALE;
+    // EAGAIN with credits left: the peer's queue stayed full (post_by).
+    // Readiness still says writable, but an edge-triggered waiter is told
+    // only of credits coming back, which may never happen: a new edge, so
+    // that it tries again.
+    if (rc == -EAGAIN && c->credits.load(std::memory_order_acquire) > 0)
+        c->tx_seq.fetch_add(1, std::memory_order_release);
     if (sent) return ssize_t(sent);
     if (rc == -EPIPE) return epipe(flags);
     return rc;

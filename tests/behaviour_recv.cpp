@@ -51,6 +51,18 @@ TEST_CASE("small MSG_DONTWAIT sends on a full connection arrive without a later 
     run_pair(spec);
 }
 
+TEST_CASE("tiny MSG_DONTWAIT sends to a reader that does not read fail with EAGAIN at once "
+          "when the connection is full",
+          "[recv-flags]") {
+    // 100-byte sends are one message each: the peer's message queue fills
+    // twenty times over before the window does, and the reader calls
+    // nothing meanwhile.
+    PairSpec spec = scenario("send-dontwait");
+    spec.args.insert(spec.args.end(), {"--size", std::to_string((3u << 20) + 77), "--piece", "100",
+                                       "--reader-delay-us", "2000000"});
+    run_pair(spec);
+}
+
 TEST_CASE("FIONREAD reports exactly the unread bytes", "[recv-flags]") {
     both_ends("fionread");
 }

@@ -277,10 +277,18 @@ void drive_send_dontwait(int *fd, const Options &opt) {
     std::vector<char> buf(std::size_t(opt.num("piece", 65536)));
     std::uint64_t off = 0, eagain_at = 0;
     int eagains = 0;
+    // The longest send call: a non-blocking send must not wait for the
+    // reader (a kernel send never does), however small its pieces.
+    std::uint64_t longest_ns = 0, longest_at = 0;
     for (int i = 0; off < total && i < 10000000; ++i) {
         std::size_t len = std::size_t(total - off < buf.size() ? total - off : buf.size());
         pattern_fill(seed, off, buf.data(), len);
+        const std::uint64_t t0 = now_ns();
         ssize_t n = send(*fd, buf.data(), len, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (now_ns() - t0 > longest_ns) {
+            longest_ns = now_ns() - t0;
+            longest_at = off;
+        }
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             if (eagains++ == 0) eagain_at = off;
             pollfd p{*fd, POLLOUT, 0};
@@ -294,12 +302,18 @@ void drive_send_dontwait(int *fd, const Options &opt) {
     }
     if (off != total) fail("sent %llu of %llu bytes", (unsigned long long)off,
                            (unsigned long long)total);
+    // Half the reader's delay: far beyond any scheduling delay of a loaded
+    // host, far below a send that waited for the reader.
+    if (longest_ns > delay_us * 500)
+        fail("a send(MSG_DONTWAIT) of at most %zu bytes took %llu ms (at offset %llu): it "
+             "waited for the reader", buf.size(), (unsigned long long)(longest_ns / 1000000),
+             (unsigned long long)longest_at);
     if (eagains == 0)
         fail("send(MSG_DONTWAIT) never returned EAGAIN although the peer did not read "
              "for %llu ms (%llu bytes)", (unsigned long long)(delay_us / 1000),
              (unsigned long long)total);
-    note("send_dontwait first EAGAIN after %llu bytes, %d EAGAINs",
-         (unsigned long long)eagain_at, eagains);
+    note("send_dontwait first EAGAIN after %llu bytes, %d EAGAINs, longest send %llu us",
+         (unsigned long long)eagain_at, eagains, (unsigned long long)(longest_ns / 1000));
     expect_ack(*fd, "send(MSG_DONTWAIT): responder's ack");
     send_exit(*fd);
 }

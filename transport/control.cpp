@@ -723,7 +723,11 @@ void Engine::handle_request(int fd) noexcept {
     if (req.type == std::uint16_t(CtlType::kick)) {
         for (int f : fds)
             if (f >= 0) sys.close(f);
-        if (peer_cred_ok(fd, req.pid)) progress();
+        // Until the queue is empty (a sender may be waiting for room in
+        // it), within a bound: new messages may keep coming.
+        if (peer_cred_ok(fd, req.pid))
+            for (int pass = 0; pass < kKickPasses && progress(); ++pass) {
+            }
         return;
     }
     if (req.type == std::uint16_t(CtlType::leave)) {

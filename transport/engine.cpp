@@ -316,22 +316,23 @@ Conn *Engine::lookup(std::uint32_t id, std::uint32_t gen) noexcept {
     return c && c->gen == gen ? c : nullptr;
 }
 
-void Engine::progress() noexcept {
+std::size_t Engine::progress() noexcept {
     // A delivery's own answer may post and so come back here.
-    if (!fabric_ok_ || progress_lock_.held() || !progress_lock_.try_lock()) return;
+    if (!fabric_ok_ || progress_lock_.held() || !progress_lock_.try_lock()) return 0;
     // The provider takes our region's lock and would spin on it for ever
     // if a peer died holding it: then nothing comes in any more (and no
     // new connection upgrades: fabric_usable()), but no thread is stuck.
     if (!own_region_.wait_free(kRegionLockBoundNs)) {
         progress_lock_.unlock();
-        return;
+        return 0;
     }
     InProvider in;  // after the wait: an exit does not wait for a wait
     if (!in.ok()) {
         progress_lock_.unlock();
-        return;
+        return 0;
     }
     Guard guard;
+    std::size_t taken = 0;
     fi_cq_data_entry entries[32];
     for (int round = 0; round < 8; ++round) {
         ssize_t n = fi_cq_read(ep_.cq, entries, 32);
@@ -362,10 +363,12 @@ void Engine::progress() noexcept {
             // it can take new messages at once.
             if (e.flags & FI_MULTI_RECV) post_rx(reinterpret_cast<RxBuffer *>(e.op_context));
         }
+        taken += std::size_t(n);
         if (n < 32) break;
     }
     progress_lock_.unlock();
     flush_due_stages();
+    return taken;
 }
 
 // Runs wherever progress() runs, so possibly under a lock of its caller
@@ -868,7 +871,7 @@ int Engine::post(Conn *c, MsgType type, const iovec *iov, int iovcnt, std::uint3
     msg.iov_count = std::size_t(n);
     msg.addr = c->peer->addr;
     Guard guard;
-    std::uint64_t start = 0;
+    std::uint64_t start = 0, kicked = 0;
     for (unsigned tries = 0;; ++tries) {
         // As in rma(): the peer's region lock, watched with a bound.
         // (Waited for outside the gate: an exit does not wait for a wait.)
@@ -892,6 +895,14 @@ int Engine::post(Conn *c, MsgType type, const iovec *iov, int iovcnt, std::uint3
         if (tries == 0) start = now_ns();
         if ((tries & 63) == 63) {
             std::uint64_t t = now_ns();
+            // A peer whose threads are all outside the library (asleep,
+            // computing) drains its queue only when it calls in again:
+            // its control thread does it for us. The queue holds a fixed
+            // number of messages, whatever their size, so small sends fill
+            // it long before the window (1024 sends of 1000 bytes are half
+            // of 2 MiB), and without this a send waited, even a
+            // non-blocking one, until the peer's application called in.
+            (void)kick_overdue(c->peer, start, &kicked);
             if (!peer_alive(c->peer)) {
                 c->unreturned.fetch_add(h.credits, std::memory_order_relaxed);
                 return -EPIPE;

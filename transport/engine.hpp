@@ -140,12 +140,14 @@ class Engine {
     bool rejoin_locked(Conn *c, std::uint64_t sent, std::uint64_t received) noexcept;
 
     // Progress the CQ if no other thread does (try-lock), or wait for it.
-    void progress() noexcept;
+    // progress(): the completions taken (0 also when another thread had it).
+    std::size_t progress() noexcept;
     void progress_blocking() noexcept;
 
     // Sends one message (header + iov payload, total within inject size),
-    // retrying -FI_EAGAIN until `deadline_ns` (0 = forever while the peer
-    // lives). 0, -EAGAIN on deadline, -EPIPE if the peer is gone, -EIO.
+    // retrying -FI_EAGAIN (the peer's queue is full: it is rung, then
+    // kicked) until `deadline_ns` (0 = forever while the peer lives).
+    // 0, -EAGAIN on deadline, -EPIPE if the peer is gone, -EIO.
     int post(Conn *c, MsgType type, const iovec *iov, int iovcnt, std::uint32_t len,
              std::uint64_t offset, std::uint64_t deadline_ns, std::uint32_t flags = 0) noexcept;
     // Writes `len` bytes of iov straight into the peer's ring (RMA), then
@@ -225,9 +227,11 @@ class Engine {
     void announce_switch_locked(Conn *c) noexcept;
     // Rings the peer's doorbell if one of its threads sleeps.
     void ring(const Peer *p) noexcept;
-    // Makes the peer process progress its fabric once, through its control
-    // thread (for an answer it owes while none of its threads may call in:
-    // a cancelled advertisement, a leave).
+    // Makes the peer process progress its fabric, through its control
+    // thread, until its queue is empty (for an answer it owes while none
+    // of its threads may call in: a cancelled advertisement, a leave; or
+    // room in its queue, full of messages its application has not called
+    // in to take).
     void kick(const Peer *p) noexcept;
     // The one policy for an answer the peer owes us since `asked_ns` (a
     // cancelled advertisement or sink, a leave): a peer with a thread in
@@ -237,6 +241,9 @@ class Engine {
     // is due, for the caller's sleep.
     static constexpr std::uint64_t kKickAfterNs = 1'000'000;
     static constexpr std::uint64_t kKickAgainNs = 100'000'000;
+    // A kicked control thread's progress passes at most (one takes up to
+    // 256 completions: 16 cover the CQ's 4096).
+    static constexpr int kKickPasses = 16;
     std::uint64_t kick_overdue(const Peer *p, std::uint64_t asked_ns,
                                std::uint64_t *kicked_ns) noexcept;
     // Returns accumulated credits now if they reach the threshold.
