@@ -309,6 +309,15 @@ void Stream::fork_child(unsigned mark, int parent) noexcept {
     if (left) {
         holders.store(nullptr, std::memory_order_relaxed);
         share.store(left, std::memory_order_relaxed);
+    } else if (c && !orphan.load(std::memory_order_relaxed) &&
+               !share.load(std::memory_order_relaxed)) {
+        // On the kernel in the parent (held, or for good): its bytes there
+        // were counted by nobody, so no holder here may upgrade it from
+        // counts (a later fork of ours would start them at stale offsets).
+        if (Sharers *sh = sharers_open(0, 0)) {
+            sharers_stick(sh);
+            share.store(sh, std::memory_order_relaxed);
+        }
     }
     share_check_ns = 0;
     phase.store(Phase::deferred, std::memory_order_relaxed);
@@ -527,6 +536,13 @@ bool Stream::claim_inherited(int proof, transport::Reason why) noexcept {
     if (h && sharers_left(h)) {
         // Counted from now on, like a socket shared before its upgrade:
         // the last holder left upgrades it again.
+        holders.store(nullptr, std::memory_order_relaxed);
+        share.store(h, std::memory_order_release);
+    } else if (h) {
+        // Its owner's connection was off the fabric without adding its
+        // offsets: nobody knows where the kernel took over, so no holder
+        // may ever upgrade it from the counts.
+        sharers_stick(h);
         holders.store(nullptr, std::memory_order_relaxed);
         share.store(h, std::memory_order_release);
     }

@@ -176,6 +176,30 @@ TEST_CASE("a forked sharer killed while blocked in recv leaves the connection to
     run_pair(spec, [](Pair &pair, const Placement &pl) { check_back_direct(pair, pl); });
 }
 
+TEST_CASE("both ends hand a direct connection to a forked child, the peer first; the children "
+          "go on, one forks and hands over again, byte-exact, direct again at the end",
+          "[fork]") {
+    // The end that answers the peer's leave had forked while direct: its
+    // holders must get its offsets, or the grandchild upgrades from
+    // counts that start at zero.
+    PairSpec spec = driven_by("server", {"--scenario", "fork-handoff-both", "--seed", "9"});
+    run_pair(spec, [](Pair &pair, const Placement &pl) {
+        if (pl.expect(true) != Expect::direct) {
+            check_modes(pair.server, pl.expect(true));
+            check_modes(pair.client, pl.expect(false));
+            return;
+        }
+        // The last holder of each end (grandchild, the peer's child) is
+        // direct again; this end's first process left for sharing.
+        for (const Proc *end : {&pair.server, &pair.client}) {
+            const std::string text = read_text(end->stats);
+            INFO("statistics file:\n" << text);
+            CHECK(text.find("mode=direct") != std::string::npos);
+            if (end == &pair.server) CHECK(text.find("reason=shared") != std::string::npos);
+        }
+    });
+}
+
 TEST_CASE("cat started by posix_spawn on an inherited socket echoes the stream exactly, then "
           "EOF follows the peer's shutdown",
           "[fork]") {

@@ -97,6 +97,8 @@ enum class Op : std::uint32_t {
                   // exit(0) after size2 us
     linger_close, // SO_LINGER {1, 0}, close (a reset), stay alive size2 milliseconds
     urgent,       // send size of seed, one urgent byte kUrgentByte (MSG_OOB), size2 of seed2
+    handoff,      // fork: the parent closes its copy and waits; the child answers the
+                  // next commands after size2 us
 };
 inline constexpr char kUrgentByte = 'U';
 

@@ -411,6 +411,48 @@ void drive_fork_sharer_killed(int *fd, const Options &opt) {
     finish_alone(s, opt);
 }
 
+// Both ends hand the connection to a forked child, the peer first (a
+// forking server on each end). This process forked while direct, so the
+// peer's leave (its parent's close, its child holding on) reaches an end
+// whose child may take over; our own close follows while the connection
+// is off the fabric. The child goes on, forks and hands over in turn; the
+// grandchild finishes. Every byte is checked on both ends.
+void drive_fork_handoff_both(int *fd, const Options &opt) {
+    const int s = *fd;
+    rounds_before(s, opt);
+    Pipe go = make_pipe();
+    const pid_t child = fork_child([&] {
+        close(go.w);
+        token_take(go.r, "the parent's close");
+        for (std::uint64_t r = 0; r < 3; ++r)
+            echo_round(s, s, 20000 + 777 * r, seed_of(opt, 60 + r));
+        Pipe next = make_pipe();
+        const pid_t grandchild = fork_child([&] {
+            close(next.w);
+            token_take(next.r, "the child's close");
+            finish_alone(s, opt);
+        });
+        close(next.r);
+        close(s);
+        token_put(next.w, 1);
+        close(next.w);
+        reap(grandchild, "grandchild");
+    });
+    close(go.r);
+    Cmd cmd;
+    cmd.op = Op::handoff;
+    cmd.size2 = opt.num("peer-pause-us", 600000);
+    send_cmd(s, cmd);
+    // The peer's parent closes at once and leaves the fabric meanwhile
+    // (our control thread answers); its child waits longer than we do.
+    sleep_us(opt.num("pause-us", 300000));
+    close(s);
+    *fd = -1;
+    token_put(go.w, 1);
+    close(go.w);
+    reap(child, "child");
+}
+
 void drive_spawn_cat(int *fd, const Options &opt) {
     const char *cat = "/bin/cat";
     if (access(cat, X_OK) != 0) skip("%s is not installed", cat);

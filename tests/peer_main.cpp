@@ -75,6 +75,7 @@ constexpr Entry drivers[] = {
     {"fork-peer-busy", drive_fork_peer_busy},
     {"fork-inflight", drive_fork_inflight},
     {"fork-sharer-killed", drive_fork_sharer_killed},
+    {"fork-handoff-both", drive_fork_handoff_both},
     {"spawn-cat", drive_spawn_cat},
     {"bad-input", drive_bad_input},
     {"ready-data", drive_ready_data},

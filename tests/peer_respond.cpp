@@ -12,6 +12,7 @@
 #include <csignal>
 #include <cstring>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
 #include <vector>
@@ -65,6 +66,28 @@ void echo_to_eof(int fd, const Cmd &cmd) {
     // The harness kills this process; the bound only matters if it never does.
     for (int i = 0; i < 600; ++i) sleep_us(100000);
     fail("hang: nobody killed this process within 60 s");
+}
+
+// A server that forks per connection: the parent closes its copy and
+// waits for the child, which goes on with the connection (after a pause,
+// so that the parent's close has left the fabric by then).
+void hand_off(int fd, const Cmd &cmd) {
+    std::fflush(stdout);
+    std::fflush(stderr);
+    const pid_t pid = fork();
+    if (pid < 0) fail("fork: %s", errno_name(errno));
+    if (pid == 0) {
+        arm_watchdog(20);
+        sleep_us(cmd.size2);
+        return;
+    }
+    close(fd);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    std::fflush(stdout);
+    // exit, not _exit: this process's statistics are written too.
+    std::exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
 }
 
 }  // namespace
@@ -191,6 +214,9 @@ void respond(int *fd) {
         case Op::linger_close:
             respond_linger_close(fd, cmd);
             return;
+        case Op::handoff:
+            hand_off(*fd, cmd);
+            break;
         default:
             fail("unknown command %u", unsigned(cmd.op));
         }

@@ -316,6 +316,9 @@ class Engine {
     // (tx_lock and rx_lock held): back to kernel mode, as a connection
     // before its upgrade (publish and try_initiate follow, unlocked).
     void rearm_locked(Conn *c) noexcept;
+    // Instead of rearming: the connection was forked while direct, so its
+    // holders take over from our offsets (final here). False if not forked.
+    bool hand_to_holders_locked(Conn *c) noexcept;
     int write_owed_locked(Conn *c) noexcept;
     // The provider's RMA write or read of our iov (with `flags` too),
     // waited for as long as the peer lives. 0, -EIO, -EPIPE (a write whose

@@ -206,10 +206,37 @@ int Engine::leave_work_locked(Conn *c) noexcept {
     std::lock_guard rx(c->rx_lock);
     if (!c->settle_left_locked()) c->wake_locked();
     if (c->rearm_due.load(std::memory_order_acquire)) {
+        if (hand_to_holders_locked(c)) return 0;
         rearm_locked(c);
         return 1;
     }
     return 0;
+}
+
+bool Engine::hand_to_holders_locked(Conn *c) noexcept {
+    // Forked while direct: a child may hold the socket, and this process
+    // may close its copy at any time (a forking server does at once). Were
+    // the connection rearmed here, in kernel mode under our offsets, the
+    // holders' slot would never learn where the kernel took over, and the
+    // last holder would attach from counts that start at zero: its switch
+    // would skip or repeat bytes. So the answering side hands over as a
+    // side that left first does: final, its offsets added for the holders
+    // (everything of the fabric is read and nothing is owed by now).
+    auto *k = c->holder_counts.load(std::memory_order_acquire);
+    if (!k) return false;
+    c->rearm = false;
+    c->rearm_due.store(false, std::memory_order_relaxed);
+    c->stat->reason.store(std::uint32_t(Reason::shared), std::memory_order_relaxed);
+    c->stat->mode.store(std::uint32_t(Mode::kernel), std::memory_order_relaxed);
+    c->state.store(ConnState::final, std::memory_order_release);
+    k[0].fetch_add(c->tx_off, std::memory_order_acq_rel);
+    k[1].fetch_add(c->rx_off, std::memory_order_acq_rel);
+    k[2].store(1, std::memory_order_release);
+    c->wake_locked();
+    SD_LOG(info, "fd %d left the fabric after its peer (shared) at offsets %llu sent, %llu "
+                 "received; its holders go on from there", c->stat->fd,
+           (unsigned long long)c->tx_off, (unsigned long long)c->rx_off);
+    return true;
 }
 
 bool Engine::peer_conn_closed(const Conn *c) const noexcept {
@@ -373,10 +400,16 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
         send_leave_locked(c, true, why);
     } else if (!c->leave_first) {
         // We answered the peer's leave already, keeping our unread bytes
-        // to read them ourselves: too late to return them.
+        // to read them ourselves: too late to return them. What we owe
+        // the kernel goes now; with everything read, the fabric part is
+        // over (handed to our forked holders, if any).
         c->leave_wanted.store(false, std::memory_order_release);
+        (void)leave_flush_locked(c, true, deadline);
         tx.unlock();
         std::lock_guard rx(c->rx_lock);
+        // Final, or rearmed (kernel mode): nothing of it is on the fabric.
+        const ConnState now = c->state.load(std::memory_order_acquire);
+        if (now != ConnState::direct && now != ConnState::leaving) return 1;
         if (c->settle_left_locked()) return 1;  // nothing left unread
         SD_LOG(error, "fd %d: the peer left the fabric first while bytes of it were unread "
                       "here; they can be read by this process only", fd);
