@@ -99,6 +99,13 @@ TEST_CASE("a sandboxed child (chroot, setuid nobody, a seccomp filter that allow
           "write, poll and what memory and exit need, as sshd's pre-auth child) echoes over its "
           "inherited connection with write and read; the library makes no other call for it",
           "[bypass]") {
+    // A sanitizer's runtime makes calls of its own (in the child too) that
+    // the narrow filter forbids: not the library's.
+    for (const char *v : {"SDIRECT_TEST_PRELOAD_FIRST", "SDIRECT_TEST_PRELOAD_AFTER"})
+        if (const char *s = std::getenv(v); s && *s) {
+            note_skip("a sanitizer's runtime calls what the sandbox's filter forbids");
+            return;
+        }
     PairSpec spec = part("sandbox");
     spec.check_modes = false;
     run_pair(spec, [](Pair &pair, const Placement &pl) {
