@@ -1345,14 +1345,10 @@ int Stream::shutdown(int how) noexcept {
     (void)claim_inherited();
     if (Sharers *h = holders.load(std::memory_order_acquire)) sharers_stick(h);
     Conn *c = conn.load(std::memory_order_acquire);
-    // Shut down before its upgrade: the kernel carries it for good (an
-    // upgrade after the kernel's FIN would not know of it). One whose
-    // upgrade is under way is waited for (bounded) and shut down direct.
-    // The reason it had (no peer found yet, as a rule) still says why.
-    if (c && engine && c->upgrading()) {
-        const auto had = transport::Reason(c->stat->reason.load(std::memory_order_relaxed));
-        engine->stay_on_kernel(c, had == transport::Reason::none ? transport::Reason::shutdown : had);
-    }
+    // An upgrade under way is waited for (bounded): shut down while the
+    // responder commits, the connection would turn direct with its kernel
+    // socket already shut, and nothing on the fabric would say so.
+    if (c && engine) engine->await_upgrade(c);
     int kernel_how = how;
     if (c && (how == SHUT_WR || how == SHUT_RDWR)) {
         std::lock_guard tx(c->tx_lock);

@@ -83,15 +83,20 @@ Conn *Engine::attach(int fd, bool acceptor, std::uint32_t rcvbuf, std::uint64_t 
     return c;
 }
 
+void Engine::await_upgrade(const Conn *c) noexcept {
+    for (std::uint32_t ms = 0; ms < settings().upgrade_timeout_ms + 100; ++ms) {
+        const ConnState st = c->state.load(std::memory_order_acquire);
+        if (st != ConnState::initiating && st != ConnState::committing) return;
+        timespec nap{0, 1000000};
+        nanosleep(&nap, nullptr);
+    }
+}
+
 void Engine::detach(Conn *c) noexcept {
     // An upgrade we accepted waits for its commit: once the peer has sent
     // it, it may be sending on the fabric, and only a direct connection
     // can tell it that we closed.
-    for (std::uint32_t ms = 0;
-         c->state.load() == ConnState::committing && ms < settings().upgrade_timeout_ms + 100; ++ms) {
-        timespec nap{0, 1000000};
-        nanosleep(&nap, nullptr);
-    }
+    await_upgrade(c);
     if (c->is_direct()) {
         std::lock_guard tx(c->tx_lock);
         if (!c->tx_fin && !c->broken && post(c, MsgType::close, nullptr, 0, 0, c->tx_off, 0) == 0)

@@ -123,6 +123,9 @@ class Engine {
     // `why` (retire.cpp): unpublished, no upgrade either way. One that left
     // for sharing no longer comes back.
     void stay_on_kernel(Conn *c, Reason why) noexcept;
+    // Waits (bounded by the upgrade timeout) while an upgrade of `c` is
+    // under way, ours or the peer's, so that it ends direct or on TCP.
+    void await_upgrade(const Conn *c) noexcept;
     // After every connection left (retired()): the peers' process pages
     // and fabric regions are no longer mapped here, their doorbells and
     // pidfds closed, our entries gone from the registry.
@@ -353,6 +356,7 @@ class Engine {
     void try_initiate(Conn *c) noexcept;
     // Both ends committed: the connection is direct from here (conn_lock_).
     void go_direct(Conn *c) noexcept;
+
     void handle_request(int fd) noexcept;
     void handle_leave(int fd, pid_t pid, const Tuple &tuple, int proof, Reason why) noexcept;
     Peer *attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why) noexcept;

@@ -42,7 +42,6 @@ enum class Reason : std::uint32_t {
     passed,            // on the kernel for good: passed to another process (SCM_RIGHTS)
     privilege,         // on the kernel for good: the process changed its privileges
     oob,               // urgent data (MSG_OOB): the kernel carries the connection
-    shutdown,          // shut down before its upgrade: the kernel carries it for good
     count_
 };
 
