@@ -1,7 +1,7 @@
 // Starting programs: the exec family, posix_spawn, system and popen. The
 // new program may not run the library (or runs a fresh copy that knows
 // nothing of our connections), so every socket it inherits goes back to
-// the kernel first (brief §7). glibc's own calls between these entry
+// the kernel first. glibc's own calls between these entry
 // points are internal and not interposable: each public one is caught.
 // vfork needs nothing of its own: its child reaches exec through here.
 #include "shim.hpp"

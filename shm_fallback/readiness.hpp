@@ -1,4 +1,4 @@
-// Readiness (brief §6): poll, select and epoll over sockets whose bytes
+// Readiness: poll, select and epoll over sockets whose bytes
 // may travel on the fabric. A direct connection past its switch points
 // answers from our own state (ring bytes, FIN, credits); every other fd,
 // and a connection still reading bytes due on the kernel, answers from the

@@ -1,4 +1,4 @@
-// Sockets shared through fork (brief §7): which processes hold one, and how
+// Sockets shared through fork: which processes hold one, and how
 // many stream bytes went each way through its kernel socket, counted by all
 // of them. One slot per socket in an anonymous MAP_SHARED arena made at the
 // first fork, so every process of the tree sees the same slots. Every field

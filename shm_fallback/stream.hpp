@@ -1,6 +1,6 @@
 // A stream socket as the application sees it: the companion kernel socket
 // plus, once connected, its transport Conn. Reads and writes go to the
-// kernel until the switch points, to the fabric after them (brief §4.5):
+// kernel until the switch points, to the fabric after them:
 // each fabric message carries its stream offset, so the reader drains the
 // companion socket up to the peer's switch point and then reads the ring.
 // Every method returns a value or -errno; only the shims touch errno.
@@ -72,7 +72,7 @@ class Stream {
     std::uint64_t pre_rx = 0;
     transport::Engine *engine = nullptr;
     Stream *next_free = nullptr;
-    // Went through a fork (brief §7): the socket may be shared, so it is
+    // Went through a fork: the socket may be shared, so it is
     // not upgraded while it is. `share`: it had no connection yet at the
     // fork (accepted and not used, or waiting for the engine), so its
     // holders and kernel byte counts are kept across processes; its I/O
@@ -106,8 +106,8 @@ class Stream {
     void fork_prepare(unsigned mark) noexcept;
     void fork_child(unsigned mark, int parent) noexcept;
     // This process uses a socket that was direct in another (inherited
-    // through fork): that owner moves it back to the kernel first (brief
-    // §7). False if it could not (its I/O then fails with EIO).
+    // through fork): that owner moves it back to the kernel first. False
+    // if it could not (its I/O then fails with EIO).
     // `proof`: an fd of the socket (default: ours).
     bool claim_inherited(int proof = -1, transport::Reason why = transport::Reason::shared) noexcept;
     // exec, posix_spawn, system, popen are about to start a program that

@@ -46,7 +46,7 @@ enum class ConnState : std::uint32_t {
     // fd limit, stopped) leaves both ends on TCP.
     committing,
     direct,      // peer known; our next send switches to the fabric
-    // Going back to the kernel (brief §7): sends take the kernel socket,
+    // Going back to the kernel: sends take the kernel socket,
     // receives read the fabric up to the peer's end (peer_end), then the
     // kernel. Becomes final once the fabric part is read.
     leaving,
@@ -113,8 +113,9 @@ struct Conn {
     Tuple tuple{};
     ConnStat *stat = nullptr;
     std::atomic<ConnState> state{ConnState::kernel};
-    // Shared with a forked process: no upgrade either way from now on
-    // (brief §7; the return to direct mode is not built yet).
+    // Not direct yet at a fork: no upgrade either way from now on (a
+    // connection that was direct comes back after sharing instead: the
+    // holders' counts, leave.cpp).
     std::atomic<bool> held{false};
 
     // Peer; written before `state` becomes direct (release), then constant.

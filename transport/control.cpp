@@ -1,4 +1,4 @@
-// Rendezvous and upgrade (brief §4). Each end of a new connection writes
+// Rendezvous and upgrade. Each end of a new connection writes
 // its half into the host registry, then looks for the other half; whoever
 // finds it asks the owner's control thread to upgrade, proving ownership
 // of the connection by passing its own socket with SCM_RIGHTS. Nothing is

@@ -108,7 +108,7 @@ class Engine {
     // request of ours in flight; one that went direct meanwhile stays so.
     void hold(Conn *c) noexcept;
 
-    // Leaving the fabric (leave.cpp, brief §7): the connection goes back
+    // Leaving the fabric (leave.cpp): the connection goes back
     // to its kernel socket at stream offsets, for every process that holds
     // the socket (shared after fork, exec). We end our fabric stream, wait
     // (up to SDIRECT_LEAVE_TIMEOUT_MS) for the peer to end its own, return

@@ -1,4 +1,4 @@
-// Leaving the fabric (brief §7): a direct connection goes back to its
+// Leaving the fabric: a direct connection goes back to its
 // kernel socket for good, so that every process holding the socket (a
 // fork child that uses it, a program started by exec) reads and writes it
 // with TCP's semantics.

@@ -1,4 +1,4 @@
-// Which protocol a send's bytes go by (brief §5), decided here and only
+// Which protocol a send's bytes go by, decided here and only
 // here:
 //   buffered  copied inline into messages (the receiver copies them out of
 //             its receive buffer: two copies, no round trip)

@@ -1,4 +1,4 @@
-// Write zero-copy (SDP SinkAvail, brief §5): a blocking recv that finds
+// Write zero-copy (SDP SinkAvail): a blocking recv that finds
 // nothing to read advertises the application's buffer; the peer's next
 // send writes straight into it and says how much with sink_done, so the
 // bytes are copied once and the sender does not wait for the reader's

@@ -1,4 +1,4 @@
-// Blocking without burning the machine (brief §6): a waiter polls the
+// Blocking without burning the machine: a waiter polls the
 // fabric for SDIRECT_SPIN_US, then sleeps in the kernel on the companion
 // socket, its own eventfd (rung by deliveries to its connection) and the
 // process doorbell (rung by peers that post to a process with sleepers).

@@ -28,7 +28,7 @@ enum class MsgType : std::uint8_t {
     src_avail = 6,
     src_done = 7,    // receiver: `flags` bytes of the advert at `offset` were read; it is over
     src_cancel = 8,  // sender: end the advert at `offset` early (answered by src_done)
-    // Leaving the fabric (brief §7): the sender's fabric stream ends at
+    // Leaving the fabric: the sender's fabric stream ends at
     // `offset`; its later bytes come through the kernel socket. The side
     // that starts it (flags kLeaveFirst) returns the bytes it received and
     // had not read yet once the answer came, so that the kernel socket,
