@@ -1376,8 +1376,6 @@ int Stream::shutdown(int how) noexcept {
     const bool rd = how == SHUT_RD || how == SHUT_RDWR;
     const bool was_shut = rd_shut.load(std::memory_order_relaxed);
     if (rd) rd_shut.store(true, std::memory_order_release);
-    if (c && (kernel_how == SHUT_WR || kernel_how == SHUT_RDWR))
-        c->kernel_wr_shut.store(true, std::memory_order_release);
     if (kernel_how >= 0 && sys.shutdown(kfd(), kernel_how) != 0) {
         const int err = errno;
         if (rd) rd_shut.store(was_shut, std::memory_order_release);

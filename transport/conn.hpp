@@ -130,9 +130,6 @@ struct Conn {
     // fin or close sent on the fabric (written under tx_lock; readiness
     // reads it under rx_lock)
     std::atomic<bool> tx_fin{false};
-    // Our write side was shut on the kernel socket before the connection
-    // went direct: the switch announcement is then a FIN at our offset.
-    std::atomic<bool> kernel_wr_shut{false};
     std::atomic<std::int64_t> credits{0};
     std::uint32_t staged = 0;       // combined bytes not yet sent (MSG_MORE, TCP_CORK)
     char *stage = nullptr;          // chunk-sized combining buffer

@@ -1048,14 +1048,8 @@ void Engine::announce_switch(Conn *c) noexcept {
 void Engine::announce_switch_locked(Conn *c) noexcept {
     // Nothing goes after our close or shutdown: its FIN ended the stream.
     if (c->tx_fabric || c->tx_fin || !c->is_direct()) return;
-    // Shut for writing on the kernel before the upgrade: our stream ends
-    // here, and the fabric must say so too (the peer reads the kernel up
-    // to this offset, then this FIN; our poll reports the hang-up).
-    const bool shut = c->kernel_wr_shut.load(std::memory_order_acquire);
-    if (post(c, shut ? MsgType::fin : MsgType::data, nullptr, 0, 0, c->tx_off,
-             monotonic_ns() + 100000000ull) == 0) {
+    if (post(c, MsgType::data, nullptr, 0, 0, c->tx_off, monotonic_ns() + 100000000ull) == 0) {
         c->tx_fabric = true;
-        if (shut) c->tx_fin = true;
         ring(c->peer);
     }
 }
