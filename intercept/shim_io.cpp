@@ -272,9 +272,16 @@ SD_EXPORT int recvmmsg(int fd, mmsghdr *v, unsigned n, int flags, timespec *time
 // stream's own send, or they would bypass a direct connection.
 namespace {
 // The stream's bytes must go through the stream (counted, switched): any
-// connection that is or may become direct.
+// connection that is or may become direct. An inherited socket whose
+// owner is still direct is claimed first (the owner moves it to the
+// kernel): from then on this process counts what it moves, and the
+// counts are where the last holder upgrades it again; a sendfile of its
+// bytes straight into the kernel would shift every later offset. A claim
+// that fails leaves the stream to answer (EIO), as a send would.
 bool through_stream(Held &s) noexcept {
-    return s && s->may_go_direct();
+    if (!s) return false;
+    if (!s->claim_inherited()) return true;
+    return s->may_go_direct();
 }
 
 // The kernel moves at most this much in one call.

@@ -177,12 +177,16 @@ TEST_CASE("a forked sharer killed while blocked in recv leaves the connection to
 }
 
 TEST_CASE("both ends hand a direct connection to a forked child, the peer first; the children "
-          "go on, one forks and hands over again, byte-exact, direct again at the end",
+          "go on (the first bytes by send or by sendfile), one forks and hands over again, "
+          "byte-exact, direct again at the end",
           "[fork]") {
     // The end that answers the peer's leave had forked while direct: its
     // holders must get its offsets, or the grandchild upgrades from
     // counts that start at zero.
-    PairSpec spec = driven_by("server", {"--scenario", "fork-handoff-both", "--seed", "9"});
+    const char *first = GENERATE("send", "sendfile");
+    INFO("the child's first bytes by " << first);
+    PairSpec spec = driven_by("server", {"--scenario", "fork-handoff-both", "--seed", "9", "--child-sendfile",
+                                         std::string(first) == "sendfile" ? "1" : "0"});
     run_pair(spec, [](Pair &pair, const Placement &pl) {
         if (pl.expect(true) != Expect::direct) {
             check_modes(pair.server, pl.expect(true));

@@ -5,6 +5,7 @@
 #include "peer_drivers.hpp"
 #include "peer_records.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <csignal>
@@ -15,6 +16,8 @@
 #include <poll.h>
 #include <spawn.h>
 #include <string>
+#include <sys/mman.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <thread>
@@ -383,6 +386,35 @@ char proc_state(pid_t pid) {
     return close_paren && close_paren[1] == ' ' ? close_paren[2] : '?';
 }
 
+// An echo round whose outgoing bytes, the command first, go by sendfile
+// from a file, in pieces of at most 64 KiB (the file's offset moves with
+// them): an inherited socket's very first call.
+void echo_round_sendfile(int s, std::uint64_t size, std::uint64_t seed) {
+    const int f = memfd_create("peer-sendfile", MFD_CLOEXEC);
+    if (f < 0) fail("memfd_create: %s", errno_name(errno));
+    Cmd cmd;
+    cmd.op = Op::echo;
+    cmd.size = size;
+    cmd.seed = seed;
+    cmd.seed2 = seed + 1;
+    cmd.chunk = 4096;
+    std::vector<std::uint8_t> buf(sizeof cmd + static_cast<std::size_t>(size));
+    std::memcpy(buf.data(), &cmd, sizeof cmd);
+    pattern_fill(seed, 0, buf.data() + sizeof cmd, buf.size() - sizeof cmd);
+    if (write(f, buf.data(), buf.size()) != ssize_t(buf.size())) fail("write to memfd: %s", errno_name(errno));
+    if (lseek(f, 0, SEEK_SET) != 0) fail("lseek: %s", errno_name(errno));
+    for (std::uint64_t done = 0; done < buf.size();) {
+        const ssize_t n = sendfile(s, f, nullptr, std::min<std::size_t>(buf.size() - done, 65536));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) fail("sendfile at %llu of %zu: returned %zd (%s)", (unsigned long long)done, buf.size(), n,
+                         n < 0 ? errno_name(errno) : "nothing sent");
+        done += std::uint64_t(n);
+        count_tx(s, std::uint64_t(n));
+    }
+    close(f);
+    recv_pattern(s, Rx::recv, seed + 1, size, 4096, "echo of the sendfile round");
+}
+
 }  // namespace
 
 void drive_fork_sharer_killed(int *fd, const Options &opt) {
@@ -424,6 +456,9 @@ void drive_fork_handoff_both(int *fd, const Options &opt) {
     const pid_t child = fork_child([&] {
         close(go.w);
         token_take(go.r, "the parent's close");
+        // Its first bytes by sendfile, if asked: they must be counted where
+        // the connection's next upgrade starts.
+        if (opt.num("child-sendfile", 0)) echo_round_sendfile(s, 300000, seed_of(opt, 59));
         for (std::uint64_t r = 0; r < 3; ++r)
             echo_round(s, s, 20000 + 777 * r, seed_of(opt, 60 + r));
         Pipe next = make_pipe();

@@ -434,6 +434,14 @@ int main(int argc, char **argv) {
     if (mode == "client" && argc == 5)
         return oneshot_client(static_cast<unsigned short>(std::atoi(argv[2])), std::strtoull(argv[3], nullptr, 10),
                               std::strtoull(argv[4], nullptr, 10));
+    // One session again, from the seed and size a soak printed for it
+    // (the choices repeat; the timing does not).
+    if (mode == "session" && argc == 5) {
+        const std::string line = session(std::strtoull(argv[2], nullptr, 10), std::strtoull(argv[3], nullptr, 10),
+                                          parse_actions(argv[4]), 120);
+        std::printf("%s\n", line.c_str());
+        return line.find("result=ok") != std::string::npos || line.find("result=killed") != std::string::npos ? 0 : 1;
+    }
     if (mode == "soak") {
         std::uint64_t bytes = 10'000'000'000ull, seed = std::uint64_t(time(nullptr));
         double seconds = 3600;
@@ -455,6 +463,7 @@ int main(int argc, char **argv) {
     }
     std::fprintf(stderr,
                  "usage: soak-worker soak [--bytes N] [--seconds T] [--procs P] [--clients K] [--actions LIST] [--seed S]\n"
+                 "       soak-worker session SEED BYTES ACTIONS   (one session again)\n"
                  "       actions: all or fork,fork-idle,close-range,exec,stop,kill,setuid,timer,families,sendfile\n");
     return 2;
 }
