@@ -77,16 +77,19 @@
 # time>/) per placement: apps.tsv and apps.txt (the table, also on stdout);
 # then benchmarks/summary.sh's summary.txt (unless BENCH_SUMMARY=0).
 #
-# Quick run (BENCH_QUICK=1): 1 repeat, sockperf 2 s, redis-benchmark
-# -n 2000 / 10000, 20 redis-cli processes, pgbench 2 s, netperf 1 s, ab
-# 1 s, idle 3 s.
+# Quick run (BENCH_QUICK=1): redis, pg, netperf and nginx only (sockperf
+# and idle when named), 1 repeat, redis-benchmark -n 2000 / 10000, 20
+# redis-cli processes, pgbench 1 s, netperf 1 s, ab 1 s (sockperf 2 s,
+# idle 3 s).
 #
 # Usage: benchmarks/apps.sh [sockperf] [redis] [pg] [netperf] [nginx] [idle]
 #        (default: all six)
 # Environment: BENCH_PLACEMENTS, BENCH_QUICK, BENCH_REPEATS,
 # BENCH_HOG_WORKERS, SDIRECT_BUILD_DIR as for run.sh; BENCH_APPS_PORT
 # (first port, default BENCH_PORT + 100 = 47200; up to 100 ports above it
-# are used, skipping any a socket uses), and the variables named above.
+# are used, skipping any a socket uses), BENCH_KEEP_TMP (0; 1 keeps the
+# temporary folder: the last runs' logs and stats files), and the
+# variables named above.
 set -uo pipefail
 
 me=apps.sh
@@ -98,7 +101,7 @@ redis_n1="${BENCH_REDIS_N1:-$(qdef 20000 2000)}"
 redis_n50="${BENCH_REDIS_N50:-$(qdef 100000 10000)}"
 rcli_n="${BENCH_REDIS_CLI_N:-$(qdef 100 20)}"
 idle_secs="${BENCH_IDLE_SECS:-$(qdef 10 3)}"
-pg_secs="${BENCH_PG_SECS:-$(qdef 5 2)}"
+pg_secs="${BENCH_PG_SECS:-$(qdef 5 1)}"
 np_secs="${BENCH_NETPERF_SECS:-$(qdef 3 1)}"
 ab_secs="${BENCH_AB_SECS:-$(qdef 3 1)}"
 idle_conns="${BENCH_IDLE_CONNS:-100}"
@@ -115,7 +118,7 @@ for v in sp_secs redis_n1 redis_n50 rcli_n pg_secs np_secs ab_secs idle_secs idl
     fi
 done
 apps=("$@")
-((${#apps[@]})) || apps=(sockperf redis pg netperf nginx idle)
+((${#apps[@]})) || read -r -a apps <<<"$(qdef "sockperf redis pg netperf nginx idle" "redis pg netperf nginx")"
 for app in "${apps[@]}"; do
     case "$app" in
         sockperf | redis | pg | netperf | nginx | idle) ;;
@@ -136,7 +139,11 @@ cleanup() {
     local pid
     for pid in "${pids[@]}"; do stop_pid "$pid" TERM 5; done
     hog_stop
-    rm -rf "$tmp"
+    if [[ "${BENCH_KEEP_TMP:-0}" == 1 ]]; then
+        echo "$me: kept $tmp (logs and stats files of the last runs)" >&2
+    else
+        rm -rf "$tmp"
+    fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT
@@ -858,6 +865,7 @@ apps_table() {
         echo "idle: $idle_conns idle connections, CPU in % of one core and context switches/s of each process over ${idle_secs} s"
         echo "speedup: kernel/sdirect for latency, sdirect/kernel for rates; runs: good/attempted; sdirect mode: as recorded by the library"
         echo "(MODE n/N: the client's connections by the mode they ended in, over all runs; a process records its last 4096)"
+        [[ -n "${hog_note:-}" ]] && echo "$hog_note"
         echo
         awk -F'\t' '
             function f(v) {
@@ -907,9 +915,8 @@ for p in "${placements[@]}"; do
     fi
     load_at_start="$(bench_load)"
     apps_measure
-    if ! hog_stop; then
-        echo "repeat -: stress-ng ended before these runs did; the last ones ran without it" >>"$tmp/failures"
-    fi
+    hog_note=""
+    hog_stop || hog_note="NOTE: stress-ng ended (its --timeout) before these runs did; the last ones ran without it"
     apps_table
 done
 echo "results: $out ($((SECONDS - started)) s)" >&2
