@@ -156,11 +156,10 @@ hog_stop() {
         early=1
     fi
     wait "$hog_pid" 2>/dev/null
-    # Workers stress-ng could not stop (it was SIGKILLed) are ended too,
-    # those still its children only.
+    # Workers stress-ng could not stop (it was SIGKILLed) are ended too:
+    # the pids recorded at the start, if they are still stress-ng.
     for k in $hog_kids; do
-        [[ "$(ps -o ppid= -p "$k" 2>/dev/null | xargs)" == 1 &&
-            "$(ps -o comm= -p "$k" 2>/dev/null)" == stress-ng* ]] && kill -KILL "$k" 2>/dev/null
+        [[ "$(ps -o comm= -p "$k" 2>/dev/null)" == stress-ng* ]] && kill -KILL "$k" 2>/dev/null
     done
     hog_pid=""
     hog_kids=""
