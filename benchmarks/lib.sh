@@ -229,6 +229,13 @@ wait_listen() {
     return 1
 }
 
+# port_in_use PORT: some socket (listening, connected or in TIME-WAIT) has
+# PORT as its local port, so a server could not bind it; ports of the
+# benchmarks' ranges can also be other connections' ephemeral ports.
+port_in_use() {
+    ss -Htan "sport = :$1" 2>/dev/null | grep -q .
+}
+
 # Modes of the connections on port $1 in the stats files that follow.
 modes_on_port() {
     local port="$1"

@@ -77,10 +77,15 @@ iters_for() {  # mode size
     esac
 }
 
+# next_port: the next port of the range that no socket uses.
 port_seq=0
 next_port() {
-    port=$((port_base + port_seq % 100))
-    port_seq=$((port_seq + 1))
+    local i
+    for ((i = 0; i < 100; i++)); do
+        port=$((port_base + port_seq % 100))
+        port_seq=$((port_seq + 1))
+        port_in_use "$port" || return 0
+    done
 }
 
 # Lets the background server end by itself (at most $1 tenths of a second,
