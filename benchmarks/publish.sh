@@ -23,7 +23,7 @@ set -euo pipefail
 
 bench_dir="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd)"
 results="$bench_dir/results"
-placement=split
+placement="split"
 partial=0
 src=""
 while (($#)); do
