@@ -10,20 +10,35 @@
 #             one-way latency (RTT/2): its 50th percentile and its mean.
 #   redis     redis-server and `redis-benchmark -t set,get -c C -n N --csv`,
 #             no pipelining, C = 1 (N = BENCH_REDIS_N1, 20000) and C = 50
-#             (N = BENCH_REDIS_N50, 100000): requests per second.
+#             (N = BENCH_REDIS_N50, 100000): requests per second. Then
+#             BENCH_REDIS_CLI_N (100) fresh `redis-cli ping` processes one
+#             after the other: the median wall time of one (start to exit;
+#             preloaded with LD_PRELOAD directly, as sdirect-run's own
+#             start would be counted too).
 #   pg        PostgreSQL 15 (postgres, as Debian ships it) on a loopback
 #             port and pgbench -n on a scale-1 database made once: the
-#             select-only script (-S) and the TPC-B-like one, each with
-#             1 client and with 8 (-j 2), BENCH_PG_SECS (5) seconds a run:
-#             transactions/s and mean latency. Every backend is forked by
-#             the postmaster, which closes its copy of the connection: the
+#             select-only script (-S) with 1, 8 and 16 clients and the
+#             TPC-B-like one with 1 and 8 (-j 2 from 8 clients),
+#             BENCH_PG_SECS (5) seconds a run: transactions/s and mean
+#             latency; then, against a server started afresh,
+#             `pgbench -C -S` (a new connection, so a new backend, for
+#             every transaction). Every backend is forked by the
+#             postmaster, which closes its copy of the connection: the
 #             backend's connection is upgraded after that fork. As root,
 #             PostgreSQL runs as nobody (it refuses root), pgbench too (an
 #             upgrade needs both ends to be one user).
 #   netperf   netserver in its default forking mode (the child it forks for
 #             each test makes the data connection) and netperf -P 0 for
 #             TCP_RR, TCP_STREAM and TCP_MAERTS, BENCH_NETPERF_SECS (3)
-#             seconds each: transactions/s and 10^6 bit/s.
+#             seconds each: transactions/s and 10^6 bit/s; then TCP_CRR
+#             (a connection per 1-byte transaction) against a netserver
+#             started afresh: connections/s.
+#   nginx     nginx (its own master process, daemon off, 2 workers, a
+#             configuration written into the temporary folder, a private
+#             port) serving a 4 KiB file to ab (apache2-utils) for
+#             BENCH_AB_SECS (3) seconds each: without keep-alive (a
+#             connection per request) and with (-k), 1 and 4 concurrent
+#             requests: requests/s.
 #   idle      benchmarks/idle_conns.py: a server and a client process hold
 #             BENCH_IDLE_CONNS (100) connections that carried one byte each
 #             way and are now idle, the server blocked in epoll_wait on
@@ -32,6 +47,8 @@
 #             uses in BENCH_IDLE_SECS (10) seconds, in % of one core, and
 #             its threads' context switches per second (wake-ups).
 #
+# Each placement of BENCH_PLACEMENTS (split, unpinned, hog; see lib.sh) in
+# turn, the hog's stress-ng running for exactly that placement's runs.
 # Every measurement is repeated BENCH_REPEATS times (default 5), the
 # programs interleaved (repeat 1 of each, then repeat 2 ...) so a burst of
 # load elsewhere hits all columns alike; the table shows medians. Every
@@ -43,30 +60,50 @@
 # (its port taken meanwhile, e.g. as some connection's ephemeral port) is
 # tried once more on the next port.
 #
-# Each sdirect run must prove it ran direct: the library writes every
-# connection to SDIRECT_STATS_FILE at exit, and every connection on the
-# benchmark's port, on both ends, must end in mode=direct having moved
-# bytes over the fabric; otherwise the row says NOT DIRECT.
+# Each sdirect run of a program that keeps its connections must prove it
+# ran direct: the library writes every connection to SDIRECT_STATS_FILE at
+# exit, and every connection on the benchmark's port, on both ends, must
+# end in mode=direct having moved bytes over the fabric; otherwise the row
+# says NOT DIRECT and misses its target. The rows that make a process or a
+# connection per transaction (redis-cli ping, TCP_CRR, ab, pgbench -C) run
+# both ends with the library's own settings (SDIRECT_ENGINE_WAIT_MS left
+# unset unless you set it; the other rows wait for the engine so that they
+# measure direct mode from the first byte), and the library may leave such
+# short connections on TCP: their mode column counts the client's
+# connections by the mode they ended in (e.g. "kernel 100/100"; a process
+# records its last 4096 connections), and their target is on speed alone.
 #
-# Output: the table on stdout, benchmarks/results/apps.{tsv,txt}.
+# Output, in the run's folder (BENCH_OUT, or a new benchmarks/results/<UTC
+# time>/) per placement: apps.tsv and apps.txt (the table, also on stdout);
+# then benchmarks/summary.sh's summary.txt (unless BENCH_SUMMARY=0).
 #
-# Usage: benchmarks/apps.sh [sockperf] [redis] [pg] [idle]   (default: all four)
-# Environment: BENCH_REPEATS, BENCH_PIN, SDIRECT_BUILD_DIR as for run.sh;
-# BENCH_APPS_PORT (first port, default BENCH_PORT + 100 = 47200; up to 100
-# ports above it are used, skipping any a socket uses), and the variables
-# named above.
+# Quick run (BENCH_QUICK=1): redis, pg, netperf and nginx only (sockperf
+# and idle when named), 1 repeat, redis-benchmark -n 2000 / 10000, 20
+# redis-cli processes, pgbench 1 s, netperf 1 s, ab 1 s (sockperf 2 s,
+# idle 3 s).
+#
+# Usage: benchmarks/apps.sh [sockperf] [redis] [pg] [netperf] [nginx] [idle]
+#        (default: all six)
+# Environment: BENCH_PLACEMENTS, BENCH_QUICK, BENCH_REPEATS,
+# BENCH_HOG_WORKERS, SDIRECT_BUILD_DIR as for run.sh; BENCH_APPS_PORT
+# (first port, default BENCH_PORT + 100 = 47200; up to 100 ports above it
+# are used, skipping any a socket uses), BENCH_KEEP_TMP (0; 1 keeps the
+# temporary folder: the last runs' logs and stats files), and the
+# variables named above.
 set -uo pipefail
 
 me=apps.sh
 # shellcheck source=benchmarks/lib.sh
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib.sh"
 port_base="${BENCH_APPS_PORT:-$((${BENCH_PORT:-47100} + 100))}"
-sp_secs="${BENCH_SOCKPERF_SECS:-5}"
-redis_n1="${BENCH_REDIS_N1:-20000}"
-redis_n50="${BENCH_REDIS_N50:-100000}"
-idle_secs="${BENCH_IDLE_SECS:-10}"
-pg_secs="${BENCH_PG_SECS:-5}"
-np_secs="${BENCH_NETPERF_SECS:-3}"
+sp_secs="${BENCH_SOCKPERF_SECS:-$(qdef 5 2)}"
+redis_n1="${BENCH_REDIS_N1:-$(qdef 20000 2000)}"
+redis_n50="${BENCH_REDIS_N50:-$(qdef 100000 10000)}"
+rcli_n="${BENCH_REDIS_CLI_N:-$(qdef 100 20)}"
+idle_secs="${BENCH_IDLE_SECS:-$(qdef 10 3)}"
+pg_secs="${BENCH_PG_SECS:-$(qdef 5 1)}"
+np_secs="${BENCH_NETPERF_SECS:-$(qdef 3 1)}"
+ab_secs="${BENCH_AB_SECS:-$(qdef 3 1)}"
 idle_conns="${BENCH_IDLE_CONNS:-100}"
 idle_settle=1  # seconds between "ready" and the first CPU reading
 redis_limit=20  # seconds for one redis-benchmark run (kernel: 2-6 s here)
@@ -74,18 +111,18 @@ py=/usr/bin/python3
 [[ -x "$py" ]] || py="$(command -v python3 || echo python3)"
 clk_tck="$(getconf CLK_TCK)"
 
-for v in sp_secs redis_n1 redis_n50 pg_secs np_secs idle_secs idle_conns; do
+for v in sp_secs redis_n1 redis_n50 rcli_n pg_secs np_secs ab_secs idle_secs idle_conns; do
     if ! [[ "${!v}" =~ ^[1-9][0-9]*$ ]]; then
         echo "$me: ${v} must be a positive integer (got '${!v}')" >&2
         exit 1
     fi
 done
 apps=("$@")
-((${#apps[@]})) || apps=(sockperf redis pg netperf idle)
+((${#apps[@]})) || read -r -a apps <<<"$(qdef "sockperf redis pg netperf nginx idle" "redis pg netperf nginx")"
 for app in "${apps[@]}"; do
     case "$app" in
-        sockperf | redis | pg | netperf | idle) ;;
-        *) echo "usage: $me [sockperf] [redis] [pg] [netperf] [idle]" >&2; exit 2 ;;
+        sockperf | redis | pg | netperf | nginx | idle) ;;
+        *) echo "usage: $me [sockperf] [redis] [pg] [netperf] [nginx] [idle]" >&2; exit 2 ;;
     esac
 done
 
@@ -101,7 +138,12 @@ pids=()  # timeout wrappers still running, stopped at exit
 cleanup() {
     local pid
     for pid in "${pids[@]}"; do stop_pid "$pid" TERM 5; done
-    rm -rf "$tmp"
+    hog_stop
+    if [[ "${BENCH_KEEP_TMP:-0}" == 1 ]]; then
+        echo "$me: kept $tmp (logs and stats files of the last runs)" >&2
+    else
+        rm -rf "$tmp"
+    fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT
@@ -258,6 +300,28 @@ direct_verdict() {
         fi
     done
     if [[ -z "$bad" ]]; then echo direct; else echo "NOT DIRECT: $bad"; fi
+}
+
+# mode_counts PORT WHICH FILE...: "MODE COUNT" lines, the connections in
+# the stats files by the mode they ended in (listeners aside). WHICH: on
+# (the connections on PORT) or off (those not on PORT: netperf's data
+# connections, next to its control connection on PORT).
+mode_counts() {
+    local port="$1" which="$2"
+    shift 2
+    cat "$@" 2>/dev/null | awk -v port="$port" -v which="$which" '
+        {
+            lp = ""; pp = ""; mode = ""
+            for (i = 1; i <= NF; i++) {
+                if ($i ~ /^local=/) { lp = $i; sub(/.*:/, "", lp) }
+                else if ($i ~ /^peer=/) { pp = $i; sub(/.*:/, "", pp) }
+                else if ($i ~ /^mode=/) mode = substr($i, 6)
+            }
+            if (mode == "" || pp == "0" || pp == "") next
+            on = (lp == port || pp == port)
+            if ((which == "on") == on) n[mode]++
+        }
+        END { for (m in n) print m, n[m] }'
 }
 
 # Per-row values: $tmp/v/ROW.HOW holds one value per good run;
@@ -452,13 +516,14 @@ pg_setup() {
     pg_ready=1
 }
 
-# pg_start HOW PORT: the server on the database, ready for connections;
-# pg_srv its pid.
+# pg_start HOW PORT [PREFIX...]: the server on the database (PREFIX before
+# it, e.g. bench_defaults), ready for connections; pg_srv its pid.
 pg_start() {
-    local how="$1" i pre=()
+    local how="$1" port="$2" i pre=()
+    shift 2
     [[ "$how" == sdirect ]] && pre=("${pg_run_prefix[@]}")
-    start_bg pg-srv 300 "$how" srv_pin "${pre[@]}" "${pg_as[@]}" "$pgbin/postgres" -D "$tmp/pgdata" \
-        -k "$tmp" -c listen_addresses=127.0.0.1 -p "$2" -c fsync=off -c synchronous_commit=off \
+    start_bg pg-srv 300 "$how" srv_pin "${pre[@]}" "$@" "${pg_as[@]}" "$pgbin/postgres" -D "$tmp/pgdata" \
+        -k "$tmp" -c listen_addresses=127.0.0.1 -p "$port" -c fsync=off -c synchronous_commit=off \
         -c full_page_writes=off -c max_connections=30 -c autovacuum=off
     pg_srv=$bg_pid
     for ((i = 0; i < 600; i++)); do
@@ -470,7 +535,7 @@ pg_start() {
 }
 
 measure_pg() {
-    local how="$1" run_how script clients rc vals tps lat ok=0 pre=()
+    local how="$1" cfg script clients rc vals tps lat ok=0 pre=()
     pg_setup || return 1
     next_port
     if ! pg_start "$how" "$port"; then
@@ -479,38 +544,43 @@ measure_pg() {
         return 2
     fi
     [[ "$how" == sdirect ]] && pre=("${pg_run_prefix[@]}")
-    for script in S B; do
-        for clients in 1 8; do
-            local opts=(-n -T "$pg_secs" -c "$clients" -j "$((clients > 1 ? 2 : 1))")
-            [[ "$script" == S ]] && opts+=(-S)
-            run_fg "pg-cli-$script$clients" "$((pg_secs + 30))" "$how" cli_pin "${pre[@]}" "${pg_as[@]}" \
-                pgbench -h 127.0.0.1 -p "$port" -U postgres "${opts[@]}" postgres
-            rc=$?
-            # "latency average = 0.083 ms", "tps = 12003.1 (without initial
-            # connection time)", "number of failed transactions: 0 (0.000%)"
-            vals="$(awk '
-                /^latency average = / { lat = $4 }
-                /^tps = / { tps = $3 }
-                /^number of failed transactions: 0 / { clean = 1 }
-                END { if (tps != "" && lat != "" && clean) print tps, lat }' "$tmp/pg-cli-$script$clients.out")"
-            if ((rc != 0)) || [[ -z "$vals" ]]; then
-                failed "pg $how -$script -c $clients: $(status_text "$rc"), $(output_of "$tmp/pg-cli-$script$clients.out" "$tmp/pg-cli-$script$clients.err")"
-                continue
-            fi
-            read -r tps lat <<<"$vals"
-            put "pg_${script}${clients}_tps" "$how" "$tps"
-            put "pg_${script}${clients}_lat" "$how" "$lat"
-            ok=$((ok + 1))
-            echo "  pg $how -$script -c $clients: $tps tps, $lat ms" >&2
-        done
+    for cfg in S1 S8 S16 B1 B8; do
+        script="${cfg:0:1}"
+        clients="${cfg:1}"
+        local opts=(-n -T "$pg_secs" -c "$clients" -j "$((clients > 1 ? 2 : 1))")
+        [[ "$script" == S ]] && opts+=(-S)
+        run_fg "pg-cli-$script$clients" "$((pg_secs + 30))" "$how" cli_pin "${pre[@]}" "${pg_as[@]}" \
+            pgbench -h 127.0.0.1 -p "$port" -U postgres "${opts[@]}" postgres
+        rc=$?
+        # "latency average = 0.083 ms", "tps = 12003.1 (without initial
+        # connection time)", "number of failed transactions: 0 (0.000%)"
+        vals="$(awk '
+            /^latency average = / { lat = $4 }
+            /^tps = / { tps = $3 }
+            /^number of failed transactions: 0 / { clean = 1 }
+            END { if (tps != "" && lat != "" && clean) print tps, lat }' "$tmp/pg-cli-$script$clients.out")"
+        if ((rc != 0)) || [[ -z "$vals" ]]; then
+            failed "pg $how -$script -c $clients: $(status_text "$rc"), $(output_of "$tmp/pg-cli-$script$clients.out" "$tmp/pg-cli-$script$clients.err")"
+            continue
+        fi
+        read -r tps lat <<<"$vals"
+        put "pg_${script}${clients}_tps" "$how" "$tps"
+        put "pg_${script}${clients}_lat" "$how" "$lat"
+        ok=$((ok + 1))
+        echo "  pg $how -$script -c $clients: $tps tps, $lat ms" >&2
     done
     # Smart shutdown: the postmaster exits (stats written) once idle.
     stop_pid "$pg_srv" TERM 20
-    ((ok == 4)) || return 1
+    ((ok == 5)) || return 1
     [[ "$how" == sdirect ]] &&
-        direct_verdict "$port" 1 pg-srv pg-cli-S1 pg-cli-S8 pg-cli-B1 pg-cli-B8 >>"$tmp/v/pg.mode"
+        direct_verdict "$port" 1 pg-srv pg-cli-S1 pg-cli-S8 pg-cli-S16 pg-cli-B1 pg-cli-B8 >>"$tmp/v/pg.mode"
     return 0
 }
+
+# The rows with a process or a connection per transaction: measure_rcli,
+# measure_npcrr, measure_ab, measure_pgc.
+# shellcheck source=benchmarks/apps_fresh.sh
+source "$bench_dir/apps_fresh.sh"
 
 # cpu_of PID: "ticks switches" of a process: utime + stime (all its
 # threads, /proc/PID/stat) and the context switches of its live threads.
@@ -598,15 +668,17 @@ measure_idle() {
 
 # Measurement groups: name, the programs they need, the call.
 declare -A need=([sp]="sockperf" [rd1]="redis-server redis-benchmark"
-    [rd50]="redis-server redis-benchmark" [pg]="pgbench setpriv" [np]="netperf netserver"
-    [idle]="$py")
+    [rd50]="redis-server redis-benchmark" [rcli]="redis-server redis-cli" [pg]="pgbench setpriv"
+    [pgc]="pgbench setpriv" [np]="netperf netserver" [npcrr]="netperf netserver"
+    [ab]="ab $nginx" [idle]="$py")
 groups=()
 for app in "${apps[@]}"; do
     case "$app" in
         sockperf) groups+=(sp) ;;
-        redis) groups+=(rd1 rd50) ;;
-        pg) groups+=(pg) ;;
-        netperf) groups+=(np) ;;
+        redis) groups+=(rd1 rd50 rcli) ;;
+        pg) groups+=(pg pgc) ;;
+        netperf) groups+=(np npcrr) ;;
+        nginx) groups+=(ab) ;;
         idle) groups+=(idle) ;;
     esac
 done
@@ -625,46 +697,70 @@ measure() {  # GROUP HOW
         sp) measure_sockperf "$2" ;;
         rd1) measure_redis "$2" 1 ;;
         rd50) measure_redis "$2" 50 ;;
+        rcli) measure_rcli "$2" ;;
         pg) measure_pg "$2" ;;
+        pgc) measure_pgc "$2" ;;
         np) measure_netperf "$2" ;;
+        npcrr) measure_npcrr "$2" ;;
+        ab) measure_ab "$2" ;;
         idle) measure_idle "$2" ;;
     esac
 }
+# group_limit GROUP: seconds one measurement can take at worst (every
+# process to its timeout).
+group_limit() {
+    case "$1" in
+        sp) echo $((2 * sp_secs + 60)) ;;
+        rd1 | rd50) echo $((redis_limit + 20)) ;;
+        rcli) echo $((rcli_n * 11 + 40)) ;;
+        pg) echo $((5 * (pg_secs + 36) + 220)) ;;
+        pgc) echo $((pg_secs + 80)) ;;
+        np) echo $((3 * (np_secs + 26) + 10)) ;;
+        npcrr) echo $((np_secs + 40)) ;;
+        ab) echo $((4 * (ab_secs + 26) + 20)) ;;
+        idle) echo $((idle_secs + 130)) ;;
+    esac
+}
 
-load_at_start="$(bench_load)"
-echo "$me: ${apps[*]}, $repeats repeat(s)" >&2
-started=$SECONDS
+# apps_measure: every repeat of every group, both columns, in the current
+# placement.
 declare -A failed_row=()
-for ((r = 1; r <= repeats; r++)); do
-    echo " repeat $r of $repeats ($((SECONDS - started)) s)" >&2
-    for g in "${groups[@]}"; do
-        ((usable[$g])) || continue
-        for how in "${hows[@]}"; do
-            # Three failed runs in a row retire the column: a hanging
-            # library cannot stretch the run by a timeout per repeat.
-            ((${failed_row[$g.$how]:-0} >= 3)) && continue
-            measure "$g" "$how"
-            rc=$?
-            if ((rc == 2)); then
+apps_measure() {
+    local r g how rc
+    for ((r = 1; r <= repeats; r++)); do
+        echo " repeat $r of $repeats ($((SECONDS - started)) s)" >&2
+        for g in "${groups[@]}"; do
+            ((usable[$g])) || continue
+            for how in "${hows[@]}"; do
+                # Three failed runs in a row retire the column: a hanging
+                # library cannot stretch the run by a timeout per repeat.
+                ((${failed_row[$g.$how]:-0} >= 3)) && continue
                 measure "$g" "$how"
                 rc=$?
-            fi
-            if ((rc == 0)); then
-                ran "$g" "$how" ok
-                failed_row[$g.$how]=0
-            else
-                ran "$g" "$how" failed
-                failed_row[$g.$how]=$((${failed_row[$g.$how]:-0} + 1))
-                ((failed_row[$g.$how] >= 3)) &&
-                    echo "$me: $g $how failed three times in a row; no more runs of it" >&2
-            fi
+                if ((rc == 2)); then
+                    measure "$g" "$how"
+                    rc=$?
+                fi
+                if ((rc == 0)); then
+                    ran "$g" "$how" ok
+                    failed_row[$g.$how]=0
+                else
+                    ran "$g" "$how" failed
+                    failed_row[$g.$how]=$((${failed_row[$g.$how]:-0} + 1))
+                    ((failed_row[$g.$how] >= 3)) &&
+                        echo "$me: $g $how failed three times in a row; no more runs of it" >&2
+                fi
+            done
         done
     done
-done
+}
 
 # The rows: id, group, label, unit, kind (lower: latency, speedup
 # kernel/sdirect; higher: rate, speedup sdirect/kernel; max: an absolute
-# bound on sdirect; info: no target), target.
+# bound on sdirect; info: no target), target, and how the mode is judged
+# (strict, the default: every connection direct, else the row says NOT
+# DIRECT and misses its target; counts: the client's connections counted
+# by mode, the target on speed alone).
 rows=(
     "sp_med sp sockperf_ping-pong_64_B,_median us lower 10"
     "sp_avg sp sockperf_ping-pong_64_B,_mean us lower -"
@@ -672,98 +768,156 @@ rows=(
     "rd_get_1 rd1 redis_GET,_1_client req/s higher 2"
     "rd_set_50 rd50 redis_SET,_50_clients req/s higher 1.3"
     "rd_get_50 rd50 redis_GET,_50_clients req/s higher 1.3"
+    "rcli_ms rcli redis-cli_ping,_${rcli_n}_processes_(median) ms lower 0.91 counts"
     "pg_S1_tps pg pgbench_select-only,_1_client tx/s higher 1.5"
     "pg_S1_lat pg pgbench_select-only,_1_client,_latency ms lower -"
     "pg_S8_tps pg pgbench_select-only,_8_clients tx/s higher 1.3"
     "pg_S8_lat pg pgbench_select-only,_8_clients,_latency ms lower -"
+    "pg_S16_tps pg pgbench_select-only,_16_clients tx/s higher 1.0"
+    "pg_S16_lat pg pgbench_select-only,_16_clients,_latency ms lower -"
     "pg_B1_tps pg pgbench_TPC-B-like,_1_client tx/s higher -"
     "pg_B8_tps pg pgbench_TPC-B-like,_8_clients tx/s higher -"
+    "pg_C_tps pgc pgbench_-C_-S,_connection_per_tx tx/s higher 1.0 counts"
     "np_tcp_rr np netperf_TCP_RR,_forking_netserver trans/s higher -"
     "np_tcp_stream np netperf_TCP_STREAM_(16_KiB_writes) Mbit/s higher -"
     "np_tcp_maerts np netperf_TCP_MAERTS_(16_KiB_writes) Mbit/s higher -"
+    "np_tcp_crr npcrr netperf_TCP_CRR,_forking_netserver conn/s higher 1.0 counts"
+    "ab_c1 ab ab+nginx_4_KiB,_no_keep-alive,_c=1 req/s higher 1.0 counts"
+    "ab_c4 ab ab+nginx_4_KiB,_no_keep-alive,_c=4 req/s higher 1.0 counts"
+    "ab_k1 ab ab+nginx_4_KiB,_keep-alive,_c=1 req/s higher 1.0 counts"
+    "ab_k4 ab ab+nginx_4_KiB,_keep-alive,_c=4 req/s higher 1.0 counts"
     "idle_srv_cpu idle idle_${idle_conns}_conns:_server_CPU_(epoll) %_core max 1"
     "idle_cli_cpu idle idle_${idle_conns}_conns:_client_CPU_(poll) %_core max 1"
     "idle_srv_wake idle idle_${idle_conns}_conns:_server_wake-ups /s info -"
     "idle_cli_wake idle idle_${idle_conns}_conns:_client_wake-ups /s info -"
 )
-mkdir -p "$results"
-tsv="$tmp/apps.tsv"
-printf 'id\tbenchmark\tunit\tkernel\tsdirect\tspeedup\ttarget\tmet\tsdirect_mode\tkernel_runs\tsdirect_runs\trepeats\tkernel_values\tsdirect_values\n' >"$tsv"
 runs_of() {  # GROUP HOW: "good/attempted"
     local f="$tmp/v/$1.$2.runs"
     [[ -f "$f" ]] || { echo 0/0; return; }
     echo "$(grep -c '^ok$' "$f")/$(wc -l <"$f")"
 }
-for row in "${rows[@]}"; do
-    read -r id g label unit kind target <<<"$row"
-    [[ " ${groups[*]} " == *" $g "* ]] || continue
-    label="${label//_/ }"
-    unit="${unit//_/ }"
-    k=n/a
-    s=n/a
-    [[ -f "$tmp/v/$id.kernel" ]] && k="$(median <"$tmp/v/$id.kernel")"
-    [[ -f "$tmp/v/$id.sdirect" ]] && s="$(median <"$tmp/v/$id.sdirect")"
-    case "$kind" in
-        lower) speedup="$(ratio "$k" "$s")" ;;
-        higher) speedup="$(ratio "$s" "$k")" ;;
-        *) speedup=- ;;
-    esac
-    if [[ ! -f "$tmp/v/$g.mode" ]]; then
-        mode="$([[ "$s" == n/a ]] && echo n/a || echo unknown)"
-    elif ! grep -qv '^direct$' "$tmp/v/$g.mode"; then
-        mode=direct
-    else
-        mode="NOT DIRECT in $(grep -cv '^direct$' "$tmp/v/$g.mode") of $(wc -l <"$tmp/v/$g.mode") runs ($(grep -v '^direct$' "$tmp/v/$g.mode" | head -n 1 | sed 's/^NOT DIRECT: //'))"
-    fi
-    met=-
-    case "$kind" in
-        lower | higher)
-            [[ "$target" == - ]] && tshow=- || tshow=">=${target}x"
-            [[ "$target" != - && "$speedup" != n/a ]] &&
-                met="$(awk -v a="$speedup" -v t="$target" 'BEGIN { print (a + 0 >= t + 0 ? "yes" : "no") }')" ;;
-        max)
-            tshow="<${target}%"
-            [[ "$s" != n/a ]] && met="$(awk -v a="$s" -v t="$target" 'BEGIN { print (a + 0 < t + 0 ? "yes" : "no") }')" ;;
-        *) tshow=- ;;
-    esac
-    [[ "$mode" != direct && "$met" == yes ]] && met="no (not direct)"
-    kv="$(paste -sd, "$tmp/v/$id.kernel" 2>/dev/null)"
-    sv="$(paste -sd, "$tmp/v/$id.sdirect" 2>/dev/null)"
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$id" "$label" "$unit" "$k" "$s" \
-        "$speedup" "$tshow" "$met" "$mode" "$(runs_of "$g" kernel)" "$(runs_of "$g" sdirect)" \
-        "$repeats" "${kv:--}" "${sv:--}" >>"$tsv"
-done
-cp "$tsv" "$results/apps.tsv"
+# counts_text FILE: the "MODE COUNT" lines of every run summed up, as
+# "direct 3/100, kernel 97/100" (most frequent first).
+counts_text() {
+    awk '{ n[$1] += $2; t += $2 }
+        END { for (m in n) printf "%d %s %d/%d\n", n[m], m, n[m], t }' "$1" |
+        sort -k1,1nr -k2,2 | awk '{ printf "%s%s %s", (NR > 1 ? ", " : ""), $2, $3 } END { print "" }'
+}
 
-{
-    echo "sdirect application benchmarks, $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -r), $(nproc) CPUs, median of $repeats run(s), placement $pin, load $load_at_start at start"
-    echo "sockperf: one-way latency (RTT/2) of 64 B TCP ping-pong, ${sp_secs} s a run; redis: requests/s, no pipelining, -n $redis_n1 (1 client) / $redis_n50 (50 clients)"
-    echo "pg: PostgreSQL + pgbench, scale 1, ${pg_secs} s a run; transactions/s and mean latency (select-only and TPC-B-like)"
-    echo "netperf: netserver forking a child per test, netperf -P 0 for ${np_secs} s a test (TCP_RR: 1-byte transactions/s; TCP_STREAM/TCP_MAERTS: 10^6 bit/s)"
-    echo "idle: $idle_conns idle connections, CPU in % of one core and context switches/s of each process over ${idle_secs} s"
-    echo "speedup: kernel/sdirect for latency, sdirect/kernel for rates; runs: good/attempted; sdirect mode: as recorded by the library"
-    echo
-    awk -F'\t' '
-        function f(v) {
-            if (v == "n/a" || v == "-") return v
-            if (v + 0 >= 100) return sprintf("%.0f", v)
-            if (v + 0 >= 10) return sprintf("%.1f", v)
-            return sprintf("%.2f", v)
-        }
-        NR == 1 {
-            printf "%-38s %-6s %9s %9s %8s %7s %4s %6s %6s  %s\n", "benchmark", "unit", "kernel", "sdirect",
-                "speedup", "target", "met", "k runs", "s runs", "sdirect mode"
-            next
-        }
-        {
-            printf "%-38s %-6s %9s %9s %8s %7s %4s %6s %6s  %s\n", $2, $3, f($4), f($5), $6, $7,
-                ($8 == "no (not direct)" ? "no" : $8), $10, $11, $9
-        }' "$tsv"
-    if [[ -s "$tmp/failures" ]]; then
+# apps_table: the current placement's table into $pdir/apps.{tsv,txt}.
+apps_table() {
+    local row id g label unit kind target check k s speedup mode met tshow kv sv
+    local tsv="$tmp/apps.tsv"
+    printf 'id\tbenchmark\tunit\tkernel\tsdirect\tspeedup\ttarget\tmet\tsdirect_mode\tkernel_runs\tsdirect_runs\trepeats\tkernel_values\tsdirect_values\n' >"$tsv"
+    for row in "${rows[@]}"; do
+        read -r id g label unit kind target check <<<"$row"
+        [[ " ${groups[*]} " == *" $g "* ]] || continue
+        label="${label//_/ }"
+        unit="${unit//_/ }"
+        k=n/a
+        s=n/a
+        [[ -f "$tmp/v/$id.kernel" ]] && k="$(median <"$tmp/v/$id.kernel")"
+        [[ -f "$tmp/v/$id.sdirect" ]] && s="$(median <"$tmp/v/$id.sdirect")"
+        case "$kind" in
+            lower) speedup="$(ratio "$k" "$s")" ;;
+            higher) speedup="$(ratio "$s" "$k")" ;;
+            *) speedup=- ;;
+        esac
+        if [[ "$s" == n/a ]]; then
+            mode=n/a
+        elif [[ "$check" == counts ]]; then
+            mode=unknown
+            [[ -s "$tmp/v/$id.counts" ]] && mode="$(counts_text "$tmp/v/$id.counts")"
+        elif [[ ! -f "$tmp/v/$g.mode" ]]; then
+            mode=unknown
+        elif ! grep -qv '^direct$' "$tmp/v/$g.mode"; then
+            mode=direct
+        else
+            mode="NOT DIRECT in $(grep -cv '^direct$' "$tmp/v/$g.mode") of $(wc -l <"$tmp/v/$g.mode") runs ($(grep -v '^direct$' "$tmp/v/$g.mode" | head -n 1 | sed 's/^NOT DIRECT: //'))"
+        fi
+        met=-
+        case "$kind" in
+            lower | higher)
+                [[ "$target" == - ]] && tshow=- || tshow=">=${target}x"
+                [[ "$target" != - && "$speedup" != n/a ]] &&
+                    met="$(awk -v a="$speedup" -v t="$target" 'BEGIN { print (a + 0 >= t + 0 ? "yes" : "no") }')" ;;
+            max)
+                tshow="<${target}%"
+                [[ "$s" != n/a ]] && met="$(awk -v a="$s" -v t="$target" 'BEGIN { print (a + 0 < t + 0 ? "yes" : "no") }')" ;;
+            *) tshow=- ;;
+        esac
+        [[ "$check" != counts && "$mode" != direct && "$met" == yes ]] && met="no (not direct)"
+        kv="$(paste -sd, "$tmp/v/$id.kernel" 2>/dev/null)"
+        sv="$(paste -sd, "$tmp/v/$id.sdirect" 2>/dev/null)"
+        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$id" "$label" "$unit" "$k" "$s" \
+            "$speedup" "$tshow" "$met" "$mode" "$(runs_of "$g" kernel)" "$(runs_of "$g" sdirect)" \
+            "$repeats" "${kv:--}" "${sv:--}" >>"$tsv"
+    done
+    cp "$tsv" "$pdir/apps.tsv"
+
+    {
+        echo "sdirect application benchmarks, $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -r), $(nproc) CPUs, median of $repeats run(s), placement $pin, load $load_at_start at start"
+        echo "sockperf: one-way latency (RTT/2) of 64 B TCP ping-pong, ${sp_secs} s a run; redis: requests/s, no pipelining, -n $redis_n1 (1 client) / $redis_n50 (50 clients)"
+        echo "redis-cli: median wall time of one of $rcli_n fresh \`redis-cli ping\` processes; target: at most 1.1x the kernel's, i.e. a ratio >=0.91"
+        echo "pg: PostgreSQL + pgbench, scale 1, ${pg_secs} s a run; transactions/s and mean latency (select-only and TPC-B-like; -C: a new connection per transaction)"
+        echo "netperf: netserver forking a child per test, netperf -P 0 for ${np_secs} s a test (TCP_RR: 1-byte transactions/s; TCP_STREAM/TCP_MAERTS: 10^6 bit/s; TCP_CRR: connections/s)"
+        echo "ab+nginx: requests/s for a 4 KiB file, ${ab_secs} s a run, c = concurrent requests"
+        echo "idle: $idle_conns idle connections, CPU in % of one core and context switches/s of each process over ${idle_secs} s"
+        echo "speedup: kernel/sdirect for latency, sdirect/kernel for rates; runs: good/attempted; sdirect mode: as recorded by the library"
+        echo "(MODE n/N: the client's connections by the mode they ended in, over all runs; a process records its last 4096)"
+        [[ -n "${hog_note:-}" ]] && echo "$hog_note"
         echo
-        echo "failed runs (left out of the medians) and retries:"
-        sed 's/^/  /' "$tmp/failures"
+        awk -F'\t' '
+            function f(v) {
+                if (v == "n/a" || v == "-") return v
+                if (v + 0 >= 100) return sprintf("%.0f", v)
+                if (v + 0 >= 10) return sprintf("%.1f", v)
+                return sprintf("%.2f", v)
+            }
+            NR == 1 {
+                printf "%-38s %-7s %9s %9s %8s %7s %4s %6s %6s  %s\n", "benchmark", "unit", "kernel", "sdirect",
+                    "speedup", "target", "met", "k runs", "s runs", "sdirect mode"
+                next
+            }
+            {
+                printf "%-38s %-7s %9s %9s %8s %7s %4s %6s %6s  %s\n", $2, $3, f($4), f($5), $6, $7,
+                    ($8 == "no (not direct)" ? "no" : $8), $10, $11, $9
+            }' "$tsv"
+        if [[ -s "$tmp/failures" ]]; then
+            echo
+            echo "failed runs (left out of the medians) and retries:"
+            sed 's/^/  /' "$tmp/failures"
+        fi
+    } >"$pdir/apps.txt"
+    cat "$pdir/apps.txt"
+}
+
+# The hog's --timeout: the worst case of one placement's runs.
+hog_bound=200
+for g in "${groups[@]}"; do
+    hog_bound=$((hog_bound + repeats * ${#hows[@]} * 2 * $(group_limit "$g")))
+done
+bench_out_init
+echo "$me: ${apps[*]}, $repeats repeat(s), placements ${placements[*]}" >&2
+started=$SECONDS
+for p in "${placements[@]}"; do
+    pdir="$out/$p"
+    mkdir -p "$pdir"
+    placement_use "$p"
+    rm -rf "$tmp/v" "$tmp/failures"
+    mkdir -p "$tmp/v"
+    failed_row=()
+    echo
+    echo "$me: placement $pin" >&2
+    if [[ "$p" == hog ]] && ! hog_start "$hog_bound"; then
+        echo "placement hog not measured: stress-ng could not run" | tee "$pdir/apps.txt"
+        continue
     fi
-} >"$results/apps.txt"
-cat "$results/apps.txt"
-echo "results: $results/apps.tsv ($((SECONDS - started)) s)" >&2
+    load_at_start="$(bench_load)"
+    apps_measure
+    hog_note=""
+    hog_stop || hog_note="NOTE: stress-ng ended (its --timeout) before these runs did; the last ones ran without it"
+    apps_table
+done
+echo "results: $out ($((SECONDS - started)) s)" >&2
+[[ "${BENCH_SUMMARY:-1}" == 0 ]] || bash "$bench_dir/summary.sh" "$out" >/dev/null

@@ -5,11 +5,17 @@
 # (3; a run takes 20-60 s here), alternated; the median per size. Both preloaded ends must report their
 # connection direct (SDIRECT_STATS_FILE), or the run does not count.
 #
-# Output: benchmarks/results/netpipe.tsv (size, Mbit/s and one-way us per
-# column, the ratio), netpipe.png (throughput and latency vs size), and a
-# short table on stdout (a few sizes).
+# Each placement of BENCH_PLACEMENTS (lib.sh) in turn, the hog's stress-ng
+# running for exactly that placement's runs.
 #
-# Environment: BENCH_PIN, SDIRECT_BUILD_DIR as for run.sh;
+# Output, in the run's folder (BENCH_OUT, or a new benchmarks/results/<UTC
+# time>/) per placement: netpipe.tsv (size, Mbit/s and one-way us per
+# column, the ratio), netpipe.png (throughput and latency vs size) and
+# netpipe.txt, a short table of a few sizes (also on stdout); then
+# benchmarks/summary.sh's summary.txt (unless BENCH_SUMMARY=0).
+#
+# Environment: BENCH_PLACEMENTS, BENCH_HOG_WORKERS, SDIRECT_BUILD_DIR as for
+# run.sh;
 # BENCH_NP_REPEATS (3), BENCH_NP_UPPER (largest size, 1048576), BENCH_NP_PORT (first
 # port, BENCH_PORT + 200 = 47300).
 set -uo pipefail
@@ -30,6 +36,7 @@ have_sdirect=1
 bench_have_sdirect || { echo "$me: libsdirect.so not available; sdirect column n/a" >&2; have_sdirect=0; }
 
 bench_tmp netpipe
+bench_out_init
 
 # One NPtcp run; $1 kernel|sdirect, $2 run number. Its curve (NPtcp's -o
 # file: size, Mbit/s, seconds one-way) in $tmp/$1.$2; status 1 on failure.
@@ -40,6 +47,13 @@ measure() {
         pre=("$run")
         port=$((port + 50))
     fi
+    # Past a port some socket uses (an earlier run's in TIME-WAIT, another
+    # connection's ephemeral port), at most 20 further.
+    local i
+    for ((i = 0; i < 20; i++)); do
+        port_in_use "$port" || break
+        port=$((port + 1))
+    done
     rm -f "$tmp/srv.stats" "$tmp/cli.stats"
     SDIRECT_STATS_FILE="$tmp/srv.stats" timeout "$run_limit" "${srv_pin[@]}" "${pre[@]}" \
         NPtcp -P "$port" >"$tmp/srv.out" 2>&1 &
@@ -74,13 +88,7 @@ measure() {
 
 hows=(kernel)
 ((have_sdirect)) && hows+=(sdirect)
-echo "netpipe: NPtcp 1 B to $upper B, $repeats run(s) each, placement $pin" >&2
 started=$SECONDS
-for ((r = 0; r < repeats; r++)); do
-    for how in "${hows[@]}"; do
-        measure "$how" "$r"
-    done
-done
 
 # Per column: size, median Mbit/s, median one-way us over the good runs.
 medians() {
@@ -96,30 +104,44 @@ medians() {
         END { for (s in n) printf "%d %.6g %.6g %d\n", s, med(bw, s, n[s]), med(us, s, n[s]), n[s] }' \
         "${files[@]}" | sort -k1,1
 }
-medians kernel >"$tmp/k.dat"
-medians sdirect >"$tmp/s.dat"
 
-mkdir -p "$results"
-{
-    printf 'size\tkernel_mbit\tsdirect_mbit\tkernel_us\tsdirect_us\tspeedup\tkernel_runs\tsdirect_runs\n'
-    join -a 1 -e n/a -o 0,1.2,2.2,1.3,2.3,1.4,2.4 "$tmp/k.dat" "$tmp/s.dat" |
-        awk '{ r = ($3 == "n/a" || $2 + 0 == 0) ? "n/a" : sprintf("%.2f", $3 / $2)
-               printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", $1, $2, $3, $4, $5, r, $6, $7 }' |
-        sort -n
-} >"$results/netpipe.tsv"
+# netpipe_placement: the runs of the current placement, its files in $pdir.
+netpipe_placement() {
+    local r how
+    rm -f "$tmp"/kernel.* "$tmp"/sdirect.*
+    echo "netpipe: NPtcp 1 B to $upper B, $repeats run(s) each, placement $pin" >&2
+    for ((r = 0; r < repeats; r++)); do
+        for how in "${hows[@]}"; do
+            measure "$how" "$r"
+        done
+    done
 
-echo "NetPIPE (NPtcp ping-pong), $(date -u '+%Y-%m-%d %H:%M UTC'), median of $repeats run(s), placement $pin"
-printf '%-9s %12s %12s %10s %10s %8s\n' size "kernel Mb/s" "sdirect Mb/s" "kernel us" "sdirect us" speedup
-awk -F'\t' 'NR > 1 && ($1 == 1 || $1 == 64 || $1 == 1024 || $1 == 4096 || $1 == 65536 || $1 == 262144 || $1 == 1048576) {
-    printf "%-9s %12.1f %12s %10.2f %10s %8s\n", $1, $2, $3, $4, $5, $6 }' "$results/netpipe.tsv"
+    medians kernel >"$tmp/k.dat"
+    medians sdirect >"$tmp/s.dat"
 
-if command -v gnuplot >/dev/null 2>&1; then
-    tail -n +2 "$results/netpipe.tsv" >"$tmp/np.dat"
-    if timeout 60 gnuplot 2>"$tmp/gnuplot.err" <<EOF; then
+    {
+        printf 'size\tkernel_mbit\tsdirect_mbit\tkernel_us\tsdirect_us\tspeedup\tkernel_runs\tsdirect_runs\n'
+        join -a 1 -e n/a -o 0,1.2,2.2,1.3,2.3,1.4,2.4 "$tmp/k.dat" "$tmp/s.dat" |
+            awk '{ r = ($3 == "n/a" || $2 + 0 == 0) ? "n/a" : sprintf("%.2f", $3 / $2)
+                   printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", $1, $2, $3, $4, $5, r, $6, $7 }' |
+            sort -n
+    } >"$pdir/netpipe.tsv"
+
+    {
+        echo "NetPIPE (NPtcp ping-pong), $(date -u '+%Y-%m-%d %H:%M UTC'), median of $repeats run(s), placement $pin"
+        printf '%-9s %12s %12s %10s %10s %8s\n' size "kernel Mb/s" "sdirect Mb/s" "kernel us" "sdirect us" speedup
+        awk -F'\t' 'NR > 1 && ($1 == 1 || $1 == 64 || $1 == 1024 || $1 == 4096 || $1 == 65536 || $1 == 262144 || $1 == 1048576) {
+            printf "%-9s %12.1f %12s %10.2f %10s %8s\n", $1, $2, $3, $4, $5, $6 }' "$pdir/netpipe.tsv"
+    } >"$pdir/netpipe.txt"
+    cat "$pdir/netpipe.txt"
+
+    if command -v gnuplot >/dev/null 2>&1; then
+        tail -n +2 "$pdir/netpipe.tsv" >"$tmp/np.dat"
+        if timeout 60 gnuplot 2>"$tmp/gnuplot.err" <<EOF; then
 set datafile missing "n/a"
 set terminal pngcairo size 900,900 noenhanced
-set output "$results/netpipe.png"
-set multiplot layout 2,1 title "NetPIPE (NPtcp ping-pong), median of $repeats run(s), placement $pin"
+set output "$pdir/netpipe.png"
+set multiplot layout 2,1 title "NetPIPE (NPtcp ping-pong), median of $repeats run(s), placement $placement"
 set logscale xy
 set grid
 set key top left
@@ -133,9 +155,29 @@ plot "$tmp/np.dat" using 1:4 with linespoints lw 1.5 pt 7 ps 0.4 title "kernel T
      "" using 1:5 with linespoints lw 1.5 pt 7 ps 0.4 title "sdirect"
 unset multiplot
 EOF
-        echo "plot: $results/netpipe.png" >&2
-    else
-        echo "$me: gnuplot failed: $(head -c 300 "$tmp/gnuplot.err")" >&2
+            echo "plot: $pdir/netpipe.png" >&2
+        else
+            echo "$me: gnuplot failed: $(head -c 300 "$tmp/gnuplot.err")" >&2
+        fi
     fi
-fi
-echo "results: $results/netpipe.tsv ($((SECONDS - started)) s)" >&2
+}
+
+# Worst case of one placement (every NPtcp pair to its timeout): the hog's
+# --timeout.
+hog_bound=$((repeats * ${#hows[@]} * (run_limit + 10) + 30))
+for p in "${placements[@]}"; do
+    pdir="$out/$p"
+    mkdir -p "$pdir"
+    placement_use "$p"
+    if [[ "$p" == hog ]] && ! hog_start "$hog_bound"; then
+        echo "placement hog not measured: stress-ng could not run" | tee "$pdir/netpipe.txt"
+        continue
+    fi
+    netpipe_placement
+    if ! hog_stop; then
+        echo "NOTE: stress-ng ended before these runs did; the last ones ran without it" |
+            tee -a "$pdir/netpipe.txt"
+    fi
+done
+echo "results: $out ($((SECONDS - started)) s)" >&2
+[[ "${BENCH_SUMMARY:-1}" == 0 ]] || bash "$bench_dir/summary.sh" "$out" >/dev/null

@@ -24,6 +24,7 @@ packages=(
     build-essential g++ meson ninja-build pkg-config catch2
     libfabric-dev libfabric-bin libibverbs-dev libboost-dev
     netpipe-tcp iperf3 iperf sockperf qperf netperf gnuplot-nox
+    apache2-utils stress-ng
     iproute2 procps
     redis-server redis-tools postgresql memcached nginx-light
     openssh-server openssh-client
