@@ -17,7 +17,8 @@
 #             --actions fork,families, about one session in three). Give
 #             --actions all after --short to include it.
 # Environment: SDIRECT_SOAK_WORKER, SDIRECT_SOAK_LIB (default: build/),
-# SDIRECT_SOAK_PLAIN=1 runs without the library (checks the soak itself).
+# SDIRECT_SOAK_PLAIN=1 runs without the library (checks the soak itself),
+# SDIRECT_SOAK_LOG=LEVEL sets the library's log level in every process.
 # Prints each session's line, a summary, and the modes the library's
 # statistics saw; exit 1 on any error or hang.
 set -uo pipefail
@@ -53,6 +54,8 @@ env_args=()
 for v in $(env | grep -o '^\(SDIRECT_[A-Z_]*\|LD_PRELOAD\)='); do env_args+=(-u "${v%=}"); done
 if [[ -z ${SDIRECT_SOAK_PLAIN:-} ]]; then
     env_args+=(LD_PRELOAD="$lib" SDIRECT_REGISTRY="$tmp/registry" SDIRECT_STATS_FILE="$stats")
+    # The library's log lines, mixed into the output (e.g. error).
+    [[ -n ${SDIRECT_SOAK_LOG:-} ]] && env_args+=(SDIRECT_LOG="$SDIRECT_SOAK_LOG")
 fi
 # The worker bounds every process itself; this is the last resort.
 timeout --signal=KILL $((${seconds%.*} + 240)) \
