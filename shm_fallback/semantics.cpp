@@ -90,7 +90,7 @@ void Stream::leave_for_urgent() noexcept {
     // Not direct (yet): no upgrade from now on. An upgrade that finished
     // meanwhile leaves below.
     if (st != ConnState::direct && st != ConnState::leaving && st != ConnState::final) {
-        engine->hold(c);
+        engine->hold(c, transport::Reason::oob);
         st = c->state.load(std::memory_order_acquire);
         // Held on TCP for good: say why (stats).
         if (st == ConnState::kernel && c->held.load(std::memory_order_acquire))
