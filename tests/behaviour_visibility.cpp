@@ -224,6 +224,34 @@ TEST_CASE("a connection handed unused to an exec'd program without the library i
     });
 }
 
+TEST_CASE("a connection whose server drops its privileges before the first I/O is named "
+          "peer_kernel with peer_reason=privilege at its peer, not no_peer",
+          "[visibility]") {
+    if (config() != Config::direct) {
+        note_skip("needs both ends preloaded");
+        return;
+    }
+    PairSpec spec;
+    spec.args = {"--scenario", "pingpong", "--rounds", "200"};
+    spec.server_args = {"--setuid-first", "1"};
+    spec.env = {"SDIRECT_UPGRADE_TIMEOUT_MS=200"};
+    spec.check_modes = false;
+    run_pair(spec, [](Pair &pair, const Placement &) {
+        const auto cs = read_stats(pair.client.stats);
+        const auto conns = conns_of(pair.client);
+        INFO(describe(pair.client));
+        INFO("client statistics:\n" << read_text(pair.client.stats));
+        REQUIRE(conns.size() == 1);
+        const StatLine *s = find_stat(cs, conns[0].pid, conns[0].local, conns[0].peer);
+        REQUIRE(s != nullptr);
+        CHECK(s->mode == "kernel");
+        CHECK(s->reason == "peer_kernel");
+        CHECK(s->kv.count("peer_reason") == 1);
+        if (s->kv.count("peer_reason")) CHECK(s->kv.at("peer_reason") == "privilege");
+        CHECK(s->num("upgrades") == 0);
+    });
+}
+
 TEST_CASE("a process killed by SIGTERM, SIGINT or SIGHUP dies of it as without the library and "
           "leaves its counters in SDIRECT_STATS_FILE",
           "[visibility]") {

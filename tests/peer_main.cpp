@@ -238,6 +238,14 @@ int run_server(const std::string &port_file, const Options &opt) {
                 serve_by_cat(fd);
                 continue;
             }
+            // --setuid-first: privileges dropped before the connection's
+            // first I/O (as a server that accepts as root, then serves as
+            // nobody); it is served as usual after.
+            if (opt.num("setuid-first", 0)) {
+                if (getuid() != 0) skip("dropping privileges needs root");
+                if (setgid(65534) != 0 || setuid(65534) != 0)
+                    fail("setuid(65534): %s", errno_name(errno));
+            }
             serve_connection(&fd, false, for_conn(opt, i));
         }
     }

@@ -428,14 +428,9 @@ void Engine::hold(Conn *c, Reason why) noexcept {
     ConnState st = c->state.load();
     if (st == ConnState::direct || st == ConnState::initiating || st == ConnState::committing)
         return;
+    c->held_why.store(std::uint32_t(why), std::memory_order_relaxed);
     c->held.store(true, std::memory_order_release);
     if (st != ConnState::final) mark_kernel(c, why);
-    // Shared: judge() says so if no holder upgrades it; the others are for good.
-    if (st == ConnState::kernel && why != Reason::shared) {
-        c->verdict_due.store(false, std::memory_order_relaxed);
-        c->stat->reason.store(std::uint32_t(why), std::memory_order_relaxed);
-        SD_LOG_CONN(info, *c->stat, "stays on TCP: %s", reason_name(why));
-    }
 }
 
 namespace {
@@ -531,13 +526,14 @@ void Engine::try_initiate(Conn *c) noexcept {
         char cpath[108];
         ctl_path(cpath, sizeof cpath, e.pid);
         s = sys.socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        const bool no_fd = s < 0 && (errno == EMFILE || errno == ENFILE);
         sockaddr_un sa{};
         sa.sun_family = AF_UNIX;
         std::memcpy(sa.sun_path, cpath, sizeof cpath);
         const std::uint32_t ms = settings().upgrade_timeout_ms;
         const std::uint64_t deadline = monotonic_ns() + std::uint64_t(ms) * 1000000;
         timeval tv{time_t(ms / 1000), suseconds_t((ms % 1000) * 1000)};
-        why = Reason::timeout;
+        why = no_fd ? Reason::fd_limit : Reason::timeout;
         if (s >= 0) sys.setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
         int rc = -1;
         if (s >= 0)
@@ -570,7 +566,7 @@ void Engine::try_initiate(Conn *c) noexcept {
                     if (got == 0 && reply.type == std::uint16_t(CtlType::reply))
                         why = reply.status == kConflict ? Reason::count_ : Reason(reply.status);
                     else if (got == -EMFILE || got == -ENFILE || got == -EPROTO)
-                        why = Reason::peer_refused;  // the answer's doorbell found no fd
+                        why = Reason::fd_limit;  // the answer's doorbell found no fd here
                 }
             }
         }

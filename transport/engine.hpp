@@ -79,6 +79,9 @@ void write_entry(const Tuple &t, const Entry &e) noexcept;
 // entry for it says so, so that its peer reports peer_kernel, not no_peer
 // (verdict.cpp). It stays until this pid ends; best effort.
 void mark_unattached(int fd, Reason why) noexcept;
+// `addr` (family AF_INET: 4 bytes, AF_INET6: 16) is one of this host's
+// (loopback, or an interface's address); true when that cannot be told.
+bool address_is_local(std::uint16_t family, const std::uint8_t *addr) noexcept;
 
 class Engine {
   public:

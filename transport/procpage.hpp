@@ -44,6 +44,8 @@ enum class Reason : std::uint32_t {
     oob,               // urgent data (MSG_OOB): the kernel carries the connection
     other_registry,    // the peer's entry is in another registry of our uid (SDIRECT_REGISTRY)
     peer_kernel,       // the peer's end stays on the kernel (why: ConnStat::peer_reason)
+    fd_limit,          // this process had no fd to spare for the upgrade (RLIMIT_NOFILE)
+    other_host,        // no entry, and the peer's address is not one of this host's
     count_
 };
 

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "transport/conn.hpp"
+#include "transport/engine.hpp"
 #include "transport/procpage.hpp"
 #include "transport/regcache.hpp"
 #include "transport/settings.hpp"
@@ -14,6 +15,7 @@
 #include "transport/wire.hpp"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -150,6 +152,29 @@ TEST_CASE("the signal-safe record names every address as inet_ntop does") {
     char tiny[8];
     CHECK(format_endpoints(tiny, sizeof tiny, *s) == 7);
     CHECK(std::strlen(tiny) == 7);
+}
+
+TEST_CASE("loopback and this host's interface addresses are local, a documentation address "
+          "is not") {
+    std::uint8_t a[16] = {};
+    inet_pton(AF_INET, "127.0.0.1", a);
+    CHECK(address_is_local(AF_INET, a));
+    inet_pton(AF_INET, "127.9.8.7", a);
+    CHECK(address_is_local(AF_INET, a));
+    inet_pton(AF_INET6, "::1", a);
+    CHECK(address_is_local(AF_INET6, a));
+    inet_pton(AF_INET, "192.0.2.1", a);  // TEST-NET-1: never assigned
+    CHECK(!address_is_local(AF_INET, a));
+    inet_pton(AF_INET6, "2001:db8::1", a);
+    CHECK(!address_is_local(AF_INET6, a));
+    ifaddrs *all = nullptr;
+    REQUIRE(getifaddrs(&all) == 0);
+    for (ifaddrs *i = all; i; i = i->ifa_next)
+        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET) {
+            const auto *in = reinterpret_cast<const sockaddr_in *>(i->ifa_addr);
+            CHECK(address_is_local(AF_INET, reinterpret_cast<const std::uint8_t *>(&in->sin_addr)));
+        }
+    freeifaddrs(all);
 }
 
 TEST_CASE("every fallback reason has a distinct name") {
