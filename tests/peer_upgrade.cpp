@@ -237,6 +237,10 @@ int run_fdlast(const Options &opt) {
             write_all(a, buf.data(), len);
             int b = accept_retry(l);
             report_conn(b, "server");
+            // The client's connect has published its end by then, so this
+            // side's first I/O starts the upgrade (a request of the client's
+            // would find our control thread without an fd instead).
+            sleep_us(300000);
             // Every fd but one taken, up to a lowered limit.
             rlimit old{};
             getrlimit(RLIMIT_NOFILE, &old);
