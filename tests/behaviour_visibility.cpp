@@ -10,7 +10,9 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <sys/wait.h>
 
 using namespace sdt;
@@ -191,6 +193,65 @@ TEST_CASE("a peer that publishes in another registry of our uid is named other_r
         CHECK(st->reason == "other_registry");
         check_logged(*p, text, ": stays on TCP: other_registry (the peer published in ");
     }
+}
+
+TEST_CASE("a peer of another user whose registry we can look into is named other_user, not "
+          "no_peer",
+          "[visibility]") {
+    if (config() != Config::direct) {
+        note_skip("needs both ends preloaded");
+        return;
+    }
+    if (getuid() != 0) {
+        note_skip("running a peer as another user needs root");
+        return;
+    }
+    Scratch scratch;
+    // A folder both users reach: the server's registry and files are
+    // uid 65534's, the client's registry root's, side by side.
+    char base_tmpl[] = "/tmp/sdirect-other-XXXXXX";
+    REQUIRE(mkdtemp(base_tmpl) != nullptr);
+    const std::string base = base_tmpl;
+    REQUIRE(chmod(base.c_str(), 0755) == 0);
+    const std::string theirs = base + "/reg-nobody", files = base + "/nobody", mine = base + "/reg-root";
+    for (const std::string &d : {theirs, files}) {
+        REQUIRE(mkdir(d.c_str(), 0700) == 0);
+        REQUIRE(chown(d.c_str(), 65534, 65534) == 0);
+    }
+    REQUIRE(mkdir(mine.c_str(), 0700) == 0);
+    const std::string port_file = files + "/port";
+    Launch server{"other-server",
+                  {"server", port_file, "--settle-ms", "600", "--scenario", "pingpong", "--rounds",
+                   "200"},
+                  true,
+                  {"SDIRECT_REGISTRY=" + theirs, "SDIRECT_UPGRADE_TIMEOUT_MS=200"}};
+    server.uid = 65534;
+    Proc s = spawn(scratch, server);
+    const std::uint16_t port = wait_port(port_file, s, 20);
+    if (port == 0) wait_exit(s, 5);
+    INFO(describe(s));
+    REQUIRE(port != 0);
+    Launch client{"other-client",
+                  {"client", std::to_string(port), "--settle-ms", "600", "--scenario", "pingpong",
+                   "--rounds", "200"},
+                  true,
+                  {"SDIRECT_REGISTRY=" + mine, "SDIRECT_UPGRADE_TIMEOUT_MS=200"}};
+    Proc c = spawn(scratch, client);
+    wait_exit(c, 60);
+    wait_exit(s, 60);
+    INFO(describe(c));
+    REQUIRE(exited_with(c, 0));
+    REQUIRE(exited_with(s, 0));
+    const auto stats = read_stats(c.stats);
+    const auto conns = conns_of(c);
+    INFO("client statistics:\n" << read_text(c.stats));
+    REQUIRE(conns.size() == 1);
+    const StatLine *st = find_stat(stats, conns[0].pid, conns[0].local, conns[0].peer);
+    REQUIRE(st != nullptr);
+    CHECK(st->mode == "kernel");
+    CHECK(st->reason == "other_user");
+    std::error_code ec;
+    std::filesystem::remove_all(base, ec);
 }
 
 TEST_CASE("a connection handed unused to an exec'd program without the library is named "

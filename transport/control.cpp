@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -248,6 +249,11 @@ void Engine::control_loop() noexcept {
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED) continue;
             if (errno == EMFILE || errno == ENFILE) {
+                // Our peers' upgrade requests wait, and time out: say why once.
+                static bool told = false;
+                if (!std::exchange(told, true))
+                    SD_LOG(info, "control channel: no fd to accept upgrade requests with "
+                                 "(RLIMIT_NOFILE); peers asking now stay on TCP (timeout)");
                 usleep(10000);
                 continue;
             }
