@@ -28,7 +28,8 @@ const char *reason_name(Reason r) noexcept {
         "not_dumpable", "proof_failed", "av_full",     "no_fabric",
         "timeout",     "same_process", "inherited",    "fabric_error", "shared",
         "exec",        "stdio",        "passed",      "privilege",   "oob",
-        "other_registry", "peer_kernel", "fd_limit", "other_host"};
+        "other_registry", "peer_kernel", "fd_limit", "other_host",
+        "ended_early"};
     static_assert(sizeof(names) / sizeof(names[0]) == std::size_t(Reason::count_));
     auto i = std::size_t(r);
     return i < std::size_t(Reason::count_) ? names[i] : "?";

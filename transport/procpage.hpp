@@ -46,6 +46,7 @@ enum class Reason : std::uint32_t {
     peer_kernel,       // the peer's end stays on the kernel (why: ConnStat::peer_reason)
     fd_limit,          // this process had no fd to spare for the upgrade (RLIMIT_NOFILE)
     other_host,        // no entry, and the peer's address is not one of this host's
+    ended_early,       // closed (or exited) while its peer, which runs the library, was about to upgrade
     count_
 };
 

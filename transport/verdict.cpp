@@ -196,8 +196,22 @@ void Engine::judge(Conn *c, bool at_end) noexcept {
     const std::uint64_t wait_ns = std::uint64_t(settings().upgrade_timeout_ms) * 1000000;
     if (!at_end && monotonic_ns() - c->born_ns < wait_ns) return;
     if (!c->verdict_due.exchange(false, std::memory_order_acq_rel)) return;
-    if (c->state.load(std::memory_order_acquire) != ConnState::kernel) return;
     std::uint32_t expect = std::uint32_t(Reason::no_peer);
+    const ConnState st = c->state.load(std::memory_order_acquire);
+    if (st == ConnState::initiating || st == ConnState::committing) {
+        // An upgrade under way: it ends direct or on TCP with a reason of
+        // its own, unless the process ends first (exit: nothing waits).
+        if (!at_end) {
+            c->verdict_due.store(true, std::memory_order_relaxed);
+            return;
+        }
+        if (c->stat->reason.compare_exchange_strong(expect, std::uint32_t(Reason::ended_early)))
+            SD_LOG_CONN(info, *c->stat, "stays on TCP: ended_early (the process ended during its "
+                                        "upgrade, after %u ms)",
+                        unsigned((monotonic_ns() - c->born_ns) / 1000000));
+        return;
+    }
+    if (st != ConnState::kernel) return;
     char path[400];
     entry_path(path, sizeof path, reversed(c->tuple));
     Found f;
@@ -212,7 +226,17 @@ void Engine::judge(Conn *c, bool at_end) noexcept {
             // fork, handed over exec) before any upgrade, this connection
             // never will; otherwise the upgrade may still come. Where no
             // peer ever showed up, that stays the reason (below).
-            if (!c->held.load(std::memory_order_acquire)) return;
+            if (!c->held.load(std::memory_order_acquire)) {
+                // Closed (or its process ended) before the upgrade that
+                // was coming: a one-shot client, typically.
+                if (at_end && c->stat->reason.compare_exchange_strong(
+                                  expect, std::uint32_t(Reason::ended_early)))
+                    SD_LOG_CONN(info, *c->stat, "stays on TCP: ended_early (the peer, pid %d, runs "
+                                                "the library; the connection ended after %u ms, "
+                                                "before its upgrade)",
+                                int(e.pid), unsigned((monotonic_ns() - c->born_ns) / 1000000));
+                return;
+            }
             const std::uint32_t why = c->held_why.load(std::memory_order_relaxed);
             if (c->stat->reason.compare_exchange_strong(expect, why))
                 SD_LOG_CONN(info, *c->stat, "stays on TCP: %s (%s)", reason_name(Reason(why)),
