@@ -273,6 +273,9 @@ void Stream::fork_prepare(unsigned mark) noexcept {
     // one left upgrades it.
     std::lock_guard lock(pend_lock);
     Sharers *sh = share.load(std::memory_order_relaxed);
+    // The peer may wait for an upgrade that no holder makes while it is
+    // shared: our entry tells it why (the last holder's replaces it).
+    if (!sh) transport::mark_unattached(kfd(), transport::Reason::shared);
     if (!sh && !(sh = sharers_open(pre_tx, pre_rx))) return;
     share.store(sh, std::memory_order_release);
     sharers_expect_child(sh);

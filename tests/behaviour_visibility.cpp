@@ -313,6 +313,49 @@ TEST_CASE("a connection whose server drops its privileges before the first I/O i
     });
 }
 
+TEST_CASE("a connection whose server shares it through fork before its first I/O is named "
+          "peer_kernel with peer_reason=shared at its peer while it is",
+          "[visibility]") {
+    if (config() != Config::direct) {
+        note_skip("needs both ends preloaded");
+        return;
+    }
+    Scratch scratch;
+    const std::string log = scratch.file("log");
+    // The settling ping-pong (800 ms) runs while the server's child holds
+    // the socket (1500 ms), past the upgrade timeout (200 ms).
+    const std::vector<std::string> args = {"--scenario", "pingpong", "--rounds", "100",
+                                           "--settle-ms", "800"};
+    const std::vector<std::string> env = {"SDIRECT_UPGRADE_TIMEOUT_MS=200", "SDIRECT_LOG=info",
+                                          "SDIRECT_LOG_FILE=" + log};
+    const std::string port_file = scratch.file("shared.port");
+    Launch server{"shared-server", {"server", port_file, "--fork-hold-ms", "1500"}, true, env};
+    server.args.insert(server.args.end(), args.begin(), args.end());
+    Proc s = spawn(scratch, server);
+    const std::uint16_t port = wait_port(port_file, s, 20);
+    REQUIRE(port != 0);
+    Launch client{"shared-client", {"client", std::to_string(port)}, true, env};
+    client.args.insert(client.args.end(), args.begin(), args.end());
+    Proc c = spawn(scratch, client);
+    wait_exit(c, 60);
+    wait_exit(s, 60);
+    INFO(describe(s));
+    INFO(describe(c));
+    REQUIRE(exited_with(c, 0));
+    REQUIRE(exited_with(s, 0));
+    const auto conns = conns_of(c);
+    REQUIRE(conns.size() == 1);
+    INFO("client statistics:\n" << read_text(c.stats));
+    const auto stats = read_stats(c.stats);
+    const StatLine *st = find_stat(stats, conns[0].pid, conns[0].local, conns[0].peer);
+    REQUIRE(st != nullptr);
+    CHECK(st->mode == "kernel");
+    CHECK(st->reason == "peer_kernel");
+    CHECK(st->kv.count("peer_reason") == 1);
+    if (st->kv.count("peer_reason")) CHECK(st->kv.at("peer_reason") == "shared");
+    check_logged(c, read_text(log), ": stays on TCP: peer_kernel (peer pid ");
+}
+
 TEST_CASE("a process killed by SIGTERM, SIGINT or SIGHUP dies of it as without the library and "
           "leaves its counters in SDIRECT_STATS_FILE",
           "[visibility]") {

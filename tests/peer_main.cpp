@@ -238,6 +238,17 @@ int run_server(const std::string &port_file, const Options &opt) {
                 serve_by_cat(fd);
                 continue;
             }
+            // --fork-hold-ms N: a child holds the socket, unused, for N ms
+            // from before the first I/O (a helper forked at accept time).
+            if (const auto ms = opt.num("fork-hold-ms", 0)) {
+                std::fflush(stdout);
+                const pid_t kid = fork();
+                if (kid < 0) fail("fork: %s", errno_name(errno));
+                if (kid == 0) {
+                    sleep_us(ms * 1000);
+                    _exit(0);
+                }
+            }
             // --setuid-first: privileges dropped before the connection's
             // first I/O (as a server that accepts as root, then serves as
             // nobody); it is served as usual after.
