@@ -24,10 +24,13 @@ void Stream::to_kernel_for_good(Reason why) noexcept {
         timespec nap{0, 100000};
         nanosleep(&nap, nullptr);
     }
-    // Not attached yet: it never will be.
+    // Not attached yet: it never will be. Its peer may wait for an upgrade
+    // that cannot come: our entry tells it why.
     for (Phase from : {Phase::connecting, Phase::deferred}) {
         Phase expect = from;
-        phase.compare_exchange_strong(expect, Phase::attached, std::memory_order_acq_rel);
+        if (phase.compare_exchange_strong(expect, Phase::attached, std::memory_order_acq_rel) &&
+            !conn.load(std::memory_order_acquire))
+            transport::mark_unattached(kfd(), why);
     }
     {
         std::lock_guard lock(pend_lock);

@@ -90,11 +90,14 @@ void Stream::leave_for_urgent() noexcept {
     // Not direct (yet): no upgrade from now on. An upgrade that finished
     // meanwhile leaves below.
     if (st != ConnState::direct && st != ConnState::leaving && st != ConnState::final) {
-        engine->hold(c);
+        engine->hold(c, transport::Reason::oob);
         st = c->state.load(std::memory_order_acquire);
         // Held on TCP for good: say why (stats).
-        if (st == ConnState::kernel && c->held.load(std::memory_order_acquire))
+        if (st == ConnState::kernel && c->held.load(std::memory_order_acquire)) {
             c->stat->reason.store(std::uint32_t(transport::Reason::oob), std::memory_order_relaxed);
+            c->verdict_due.store(false, std::memory_order_relaxed);
+            SD_LOG_CONN(info, *c->stat, "stays on TCP: oob (urgent data)");
+        }
     }
     if (st != ConnState::direct && st != ConnState::leaving) return;
     // The leave ends our fabric stream and writes what we owe the kernel

@@ -273,6 +273,9 @@ void Stream::fork_prepare(unsigned mark) noexcept {
     // one left upgrades it.
     std::lock_guard lock(pend_lock);
     Sharers *sh = share.load(std::memory_order_relaxed);
+    // The peer may wait for an upgrade that no holder makes while it is
+    // shared: our entry tells it why (the last holder's replaces it).
+    if (!sh) transport::mark_unattached(kfd(), transport::Reason::shared);
     if (!sh && !(sh = sharers_open(pre_tx, pre_rx))) return;
     share.store(sh, std::memory_order_release);
     sharers_expect_child(sh);
@@ -558,6 +561,9 @@ void Stream::before_exec(bool vforked, int kept) noexcept {
         return;
     }
     Conn *c = conn.load(std::memory_order_acquire);
+    // Never used here: the peer may wait for an upgrade that cannot come.
+    if (!c && (p == Phase::deferred || p == Phase::connecting))
+        transport::mark_unattached(kfd(), transport::Reason::exec);
     if (!c || !engine) return;  // the kernel has it, and counts (if shared) stay ours
     ConnState st = c->state.load(std::memory_order_acquire);
     if (st == ConnState::direct || st == ConnState::leaving) {
@@ -565,7 +571,7 @@ void Stream::before_exec(bool vforked, int kept) noexcept {
         if (vforked) (void)transport::ask_owner_to_leave(engine->pid(), kept, transport::Reason::exec);
         else (void)engine->leave(c, transport::Reason::exec);
     } else if (st != ConnState::final) {
-        engine->hold(c);  // no upgrade from now on: the new program may not know of it
+        engine->hold(c, transport::Reason::exec);  // no upgrade from now on: the new program may not know of it
     }
 }
 
@@ -582,6 +588,7 @@ void Stream::count_after_leave(std::uint64_t n) noexcept {
 ssize_t Stream::kernel_recv(const iovec *iov, int iovcnt, int flags, Conn *c) noexcept {
     ssize_t n = transport::kernel_readv(kfd(), iov, iovcnt, flags);
     if (n < 0) return -errno;
+    if (c && engine) engine->judge_due(c);
     if (c && !(flags & MSG_PEEK)) {
         c->rx_off += std::uint64_t(n);
         c->stat->rx_kernel.fetch_add(std::uint64_t(n), std::memory_order_relaxed);
@@ -991,6 +998,7 @@ long Stream::send_zcopy(Conn *c, const char *buf, std::uint32_t len, std::uint64
 ssize_t Stream::kernel_send(const iovec *iov, int iovcnt, int flags, Conn *c) noexcept {
     ssize_t n = transport::kernel_writev(kfd(), iov, iovcnt, flags);
     if (n < 0) return -errno;
+    if (c && engine) engine->judge_due(c);
     if (c) {
         c->tx_off += std::uint64_t(n);
         transport::bump(c->stat->tx_kernel, std::uint64_t(n));

@@ -88,6 +88,24 @@ TEST_CASE("upgrades under a 200 us interval timer in both processes lose no byte
     });
 }
 
+TEST_CASE("a server with one fd left when it starts an upgrade keeps the connection on TCP, "
+          "byte-exact, and says fd_limit",
+          "[upgrade]") {
+    run_upgrade("fdlast", 60, [](const std::vector<Ends> &ends) {
+        REQUIRE(ends.size() == 2);
+        std::size_t limited = 0;
+        for (const Ends &e : ends) {
+            INFO(e.server->text << "\n" << e.client->text);
+            if (e.server->mode == "direct") continue;
+            CHECK(e.server->reason == "fd_limit");
+            // Its peer accepted, then the commit never came.
+            CHECK(e.client->reason == "timeout");
+            ++limited;
+        }
+        CHECK(limited == 1);
+    });
+}
+
 TEST_CASE("upgrades of a client at its fd limit lose no byte and agree", "[upgrade]") {
     run_upgrade("fdlimit", 90, [](const std::vector<Ends> &ends) {
         CHECK(ends.size() == 50);

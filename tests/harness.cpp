@@ -205,6 +205,7 @@ Proc spawn(const Scratch &scratch, const Launch &l) {
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, nullptr);
+        if (l.uid && (setgid(gid_t(l.uid)) != 0 || setuid(uid_t(l.uid)) != 0)) _exit(126);
         execve(argv[0], argv.data(), envp.data());
         _exit(127);
     }

@@ -60,6 +60,7 @@ struct Launch {
     bool preload = false;
     std::vector<std::string> env;    // extra KEY=VALUE for this process
     bool ignore_sigterm = false;     // start with SIGTERM set to SIG_IGN
+    unsigned uid = 0;                // not 0: run as this uid (and gid), from the start
 };
 
 struct Proc {

@@ -11,6 +11,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <thread>
 #include <vector>
 #include <unistd.h>
 
@@ -175,6 +176,17 @@ void drive_peer_death(int *fd, const Options &) {
     n = recv(*fd, &c, 1, MSG_DONTWAIT);
     if (n > 0 || (n < 0 && errno != ECONNRESET && errno != EPIPE))
         fail("second recv after peer death returned %zd (%s)", n, n < 0 ? errno_name(errno) : "data");
+}
+
+void drive_echo_plain(int *fd, const Options &opt) {
+    const std::uint64_t size = opt.num("size", 65536);
+    std::thread sender([&] {
+        send_pattern(*fd, Tx::send, 77, size, 4096, 0);
+        if (shutdown(*fd, SHUT_WR) != 0) fail("shutdown(SHUT_WR): %s", errno_name(errno));
+    });
+    recv_pattern(*fd, Rx::recv, 77, size, 4096, "echo from cat");
+    sender.join();
+    expect_eof(*fd, "after the echo from cat");
 }
 
 // The responder's thread sends while its main thread calls exit(0) after

@@ -41,6 +41,9 @@ void drive_peer_shutdown_wr(int *fd, const Options &opt);
 void drive_close_epipe(int *fd, const Options &opt);
 void drive_close_sigpipe(int *fd, const Options &opt);
 void drive_peer_death(int *fd, const Options &opt);
+// Sends --size bytes to a peer that echoes them (cat), reads them back,
+// then EOF after its own shutdown(SHUT_WR).
+void drive_echo_plain(int *fd, const Options &opt);
 void drive_exit_while_sending(int *fd, const Options &opt);
 void drive_dup(int *fd, const Options &opt);
 void drive_sockinfo(int *fd, const Options &opt);

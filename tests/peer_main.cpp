@@ -26,6 +26,7 @@
 #include <cstring>
 #include <netinet/in.h>
 #include <string>
+#include <spawn.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -65,6 +66,7 @@ constexpr Entry drivers[] = {
     {"close-epipe", drive_close_epipe},
     {"close-sigpipe", drive_close_sigpipe},
     {"peer-death", drive_peer_death},
+    {"echo-plain", drive_echo_plain},
     {"exit-while-sending", drive_exit_while_sending},
     {"dup", drive_dup},
     {"sockinfo", drive_sockinfo},
@@ -125,8 +127,12 @@ Options parse(int argc, char **argv, int first) {
 void serve_connection(int *fd, bool is_client, const Options &opt) {
     const std::string scenario = opt.get("scenario", "bulk");
     const bool client_drives = opt.get("driver", "client") == "client";
-    if (is_client) settle_client(*fd, std::uint32_t(opt.num("settle-ms", 0)));
-    else settle_server(*fd);
+    // echo-plain's peer is cat, which knows no hello.
+    if (is_client) {
+        if (scenario != "echo-plain") settle_client(*fd, std::uint32_t(opt.num("settle-ms", 0)));
+    } else {
+        settle_server(*fd);
+    }
     if (is_sendpath_scenario(scenario)) serve_sendpath(fd, is_client, opt);
     else if (is_storm_scenario(scenario)) serve_storm(*fd, is_client, opt);
     else if (is_client == client_drives) drive(scenario, fd, opt);
@@ -166,6 +172,33 @@ Options for_conn(const Options &opt, std::size_t i) {
     return o;
 }
 
+// --exec-cat: the accepted socket goes, unused, to /bin/cat started without
+// the library (its stdin and stdout), as an inetd-style server hands it
+// to the program it runs; this process closes its copy and waits.
+int serve_by_cat(int fd) {
+    const char *cat = "/bin/cat";
+    if (access(cat, X_OK) != 0) skip("%s is not installed", cat);
+    std::vector<char *> env;
+    for (char **e = environ; *e; ++e)
+        if (std::strncmp(*e, "LD_PRELOAD=", 11) != 0 && std::strncmp(*e, "SDIRECT_", 8) != 0)
+            env.push_back(*e);
+    env.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fd, 0);
+    posix_spawn_file_actions_adddup2(&fa, fd, 1);
+    char *argv[] = {const_cast<char *>(cat), nullptr};
+    pid_t pid = -1;
+    const int rc = posix_spawn(&pid, cat, &fa, nullptr, argv, env.data());
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) fail("posix_spawn %s: %s", cat, errno_name(rc));
+    close(fd);
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail("cat ended with status 0x%x", unsigned(status));
+    return 0;
+}
+
 int run_server(const std::string &port_file, const Options &opt) {
     const auto conns = std::size_t(opt.num("conns", 1));
     const bool many = opt.get("scenario") == "many";
@@ -201,6 +234,29 @@ int run_server(const std::string &port_file, const Options &opt) {
         for (std::size_t i = 0; i < conns; ++i) {
             int fd = nonblocking ? accept_nonblocking(l, i) : accept_one(l);
             report_conn(fd, "server");
+            if (opt.num("exec-cat", 0)) {
+                serve_by_cat(fd);
+                continue;
+            }
+            // --fork-hold-ms N: a child holds the socket, unused, for N ms
+            // from before the first I/O (a helper forked at accept time).
+            if (const auto ms = opt.num("fork-hold-ms", 0)) {
+                std::fflush(stdout);
+                const pid_t kid = fork();
+                if (kid < 0) fail("fork: %s", errno_name(errno));
+                if (kid == 0) {
+                    sleep_us(ms * 1000);
+                    _exit(0);
+                }
+            }
+            // --setuid-first: privileges dropped before the connection's
+            // first I/O (as a server that accepts as root, then serves as
+            // nobody); it is served as usual after.
+            if (opt.num("setuid-first", 0)) {
+                if (getuid() != 0) skip("dropping privileges needs root");
+                if (setgid(65534) != 0 || setuid(65534) != 0)
+                    fail("setuid(65534): %s", errno_name(errno));
+            }
             serve_connection(&fd, false, for_conn(opt, i));
         }
     }

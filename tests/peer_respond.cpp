@@ -61,7 +61,20 @@ void echo_to_eof(int fd, const Cmd &cmd) {
     expect_eof(fd, "second recv after the echo of our stream");
 }
 
+int term_exit_code = 0;
+void on_term(int) { _exit(term_exit_code); }
+
 [[noreturn]] void hang() {
+    // The harness left SIGTERM at SIG_DFL: the program must see just that,
+    // whatever the library put in its place.
+    struct sigaction sa{};
+    if (sigaction(SIGTERM, nullptr, &sa) != 0 || sa.sa_handler != SIG_DFL)
+        fail("SIGTERM is not SIG_DFL as the program sees it");
+    // PEER_TERM_EXIT=N: our own handler, installed now, ends with exit N.
+    if (const char *code = std::getenv("PEER_TERM_EXIT"); code && *code) {
+        term_exit_code = std::atoi(code);
+        if (signal(SIGTERM, on_term) != SIG_DFL) fail("signal(SIGTERM) did not return SIG_DFL");
+    }
     note("ready");
     // The harness kills this process; the bound only matters if it never does.
     for (int i = 0; i < 600; ++i) sleep_us(100000);

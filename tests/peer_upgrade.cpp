@@ -7,6 +7,7 @@
 //             while the server asks it to upgrade; ping, then pong
 //   signals   a 200 us interval timer (SA_RESTART handler) in both
 //             processes; 30 connections, 4 KiB echoed on each
+//   fdlast    the server has one fd left when its second connection upgrades
 //   fdlimit   RLIMIT_NOFILE 64 in the client; 50 connections open at once,
 //             1000 bytes echoed on each
 #include "peer_common.hpp"
@@ -210,6 +211,62 @@ int run_fdlimit(const Options &opt) {
         });
 }
 
+// The server has one free fd when its second connection starts upgrading
+// (the first one, direct, built its engine): the upgrade's control socket
+// takes it, and the peer's doorbell in the answer finds none. Both ends
+// stay on TCP; the echo on it is exact.
+int run_fdlast(const Options &opt) {
+    const std::size_t len = opt.num("size", 1000);
+    return client_and_server(
+        opt, 4,
+        [&](int family, std::uint16_t port) {
+            int a = connect_loopback(family, port);
+            report_conn(a, "client");
+            echo(a, 800, len, "echo on the first connection");
+            int b = connect_loopback(family, port);
+            report_conn(b, "client");
+            echo(b, 801, len, "echo with one fd left");
+            close(b);
+            close(a);
+        },
+        [&](int l) {
+            int a = accept_retry(l);
+            report_conn(a, "server");
+            std::vector<char> buf(len);
+            read_all(a, buf.data(), len, "echo request");
+            write_all(a, buf.data(), len);
+            int b = accept_retry(l);
+            report_conn(b, "server");
+            // The client's connect has published its end by then, so this
+            // side's first I/O starts the upgrade (a request of the client's
+            // would find our control thread without an fd instead).
+            sleep_us(300000);
+            // Every fd but one taken, up to a lowered limit.
+            rlimit old{};
+            getrlimit(RLIMIT_NOFILE, &old);
+            rlimit lim{256, old.rlim_max};
+            if (setrlimit(RLIMIT_NOFILE, &lim) != 0) fail("setrlimit: %s", errno_name(errno));
+            std::vector<int> filler;
+            for (int i = 0; i < 300; ++i) {
+                int f = dup(l);
+                if (f < 0) break;
+                filler.push_back(f);
+            }
+            if (filler.empty() || filler.size() >= 300) fail("could not reach the fd limit");
+            close(filler.back());
+            filler.pop_back();
+            read_all(b, buf.data(), len, "echo request with one fd left");
+            write_all(b, buf.data(), len);
+            for (int f : filler) close(f);
+            setrlimit(RLIMIT_NOFILE, &old);
+            expect_eof(b, "echo end");
+            close(b);
+            expect_eof(a, "echo end");
+            close(a);
+            note("echoes with one fd left");
+        });
+}
+
 }  // namespace
 
 int run_upgrade(const Options &opt) {
@@ -218,6 +275,7 @@ int run_upgrade(const Options &opt) {
     if (scenario == "stopped") return run_stopped(opt);
     if (scenario == "signals") return run_signals(opt);
     if (scenario == "fdlimit") return run_fdlimit(opt);
+    if (scenario == "fdlast") return run_fdlast(opt);
     fail("unknown upgrade scenario '%s'", scenario.c_str());
 }
 

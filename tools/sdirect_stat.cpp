@@ -1,5 +1,7 @@
 // sdirect-stat: every connection of this user that runs the library, read
-// from the process pages in the host registry (like ss / smcss).
+// from the process pages in the host registry (like ss / smcss); with -a
+// also those of processes that have exited (the pages they left in
+// <registry>/exited), marked state=exited.
 //
 //   sdirect-stat [-a] [-t] [--dir D]
 //
@@ -27,6 +29,7 @@ struct Row {
     std::string comm;
     std::string line;  // format_conn's text, the one format every tool shares
     bool closed;
+    bool exited;
     std::uint64_t tx_kernel, rx_kernel, tx_fabric, rx_fabric;
 };
 
@@ -38,7 +41,8 @@ struct Options {
 
 void usage(std::FILE *out) {
     std::fputs("usage: sdirect-stat [-a] [-t] [--dir D]\n"
-               "  -a, --all     include connections already closed\n"
+               "  -a, --all     include connections already closed, and those of\n"
+               "                processes that have exited (state=exited)\n"
                "  -t, --table   aligned columns instead of key=value lines\n"
                "  --dir D       registry directory (default: SDIRECT_REGISTRY)\n",
                out);
@@ -74,14 +78,22 @@ int parse(int argc, char **argv, Options &opt) {
     return 0;
 }
 
-void collect(void *ctx, int pid, const char *comm, const tp::ConnStat &s) {
+void collect(void *ctx, int pid, const char *comm, const tp::ConnStat &s, bool exited) {
     auto *rows = static_cast<std::vector<Row> *>(ctx);
+    std::string line = tp::format_conn(pid, comm, s);
+    if (exited) {
+        // Live or closed at the end, all of it is over now.
+        for (const char *was : {" state=live ", " state=closed "})
+            if (auto at = line.find(was); at != std::string::npos)
+                line.replace(at, std::strlen(was), " state=exited ");
+    }
     rows->push_back(Row{
         pid,
         s.fd,
         comm,
-        tp::format_conn(pid, comm, s),
+        std::move(line),
         s.state.load(std::memory_order_acquire) == std::uint32_t(tp::SlotState::closed),
+        exited,
         s.tx_kernel.load(std::memory_order_relaxed),
         s.rx_kernel.load(std::memory_order_relaxed),
         s.tx_fabric.load(std::memory_order_relaxed),
@@ -114,7 +126,7 @@ void print_table(const std::vector<Row> &rows, bool with_state) {
     cells.push_back(head);
     for (const Row &r : rows) {
         std::vector<std::string> c = {std::to_string(r.pid), r.comm, std::to_string(r.fd)};
-        if (with_state) c.push_back(r.closed ? "closed" : "live");
+        if (with_state) c.push_back(r.exited ? "exited" : r.closed ? "closed" : "live");
         c.push_back(field(r.line, "mode"));
         c.push_back(field(r.line, "reason"));
         c.push_back(field(r.line, "local"));
@@ -155,6 +167,7 @@ int main(int argc, char **argv) {
 
     std::vector<Row> rows;
     int pages = tp::scan_pages(dir, opt.all, collect, &rows);
+    if (opt.all && pages >= 0) (void)tp::scan_exited(dir, collect, &rows);
     if (pages == -ENOENT) {
         std::puts("no connections");
         return 0;
@@ -171,13 +184,15 @@ int main(int argc, char **argv) {
     std::sort(rows.begin(), rows.end(), [](const Row &a, const Row &b) {
         return a.pid != b.pid ? a.pid < b.pid : a.fd < b.fd;
     });
-    std::size_t closed = std::count_if(rows.begin(), rows.end(), [](const Row &r) { return r.closed; });
+    std::size_t closed = std::count_if(rows.begin(), rows.end(),
+                                       [](const Row &r) { return r.closed && !r.exited; });
+    std::size_t exited = std::count_if(rows.begin(), rows.end(), [](const Row &r) { return r.exited; });
     std::size_t procs = 0;
     for (std::size_t i = 0; i < rows.size(); ++i)
         if (i == 0 || rows[i].pid != rows[i - 1].pid) ++procs;
     std::printf("%zu connection%s in %zu process%s", rows.size(), rows.size() == 1 ? "" : "s",
                 procs, procs == 1 ? "" : "es");
-    if (opt.all) std::printf(" (%zu closed)", closed);
+    if (opt.all) std::printf(" (%zu closed, %zu of exited processes)", closed, exited);
     std::printf(", registry %s\n", dir);
 
     if (opt.table) {

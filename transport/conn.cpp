@@ -4,6 +4,7 @@
 #include "log.hpp"
 #include "settings.hpp"
 #include "sys.hpp"
+#include "wait.hpp"
 
 #include <cerrno>
 #include <cstdio>
@@ -59,6 +60,7 @@ Conn *Engine::attach(int fd, bool acceptor, std::uint32_t rcvbuf, std::uint64_t 
         s->local_port = t.local_port;
         s->peer_port = t.peer_port;
         s->peer_pid = 0;
+        s->peer_reason = 0;
         std::memcpy(s->local_addr, t.local_addr, 16);
         std::memcpy(s->peer_addr, t.peer_addr, 16);
         for (auto *ctr : {&s->tx_fabric, &s->rx_fabric, &s->tx_msgs, &s->rx_msgs, &s->tx_inline,
@@ -76,8 +78,11 @@ Conn *Engine::attach(int fd, bool acceptor, std::uint32_t rcvbuf, std::uint64_t 
     }
     if (!fabric_ok_) {
         c->state.store(ConnState::final, std::memory_order_relaxed);
+        SD_LOG_CONN(info, *c->stat, "stays on TCP: no_fabric (see the log line about the fabric)");
         return c;
     }
+    c->born_ns = monotonic_ns();
+    c->verdict_due.store(true, std::memory_order_relaxed);
     publish(c);
     try_initiate(c);
     return c;
@@ -97,6 +102,7 @@ void Engine::detach(Conn *c) noexcept {
     // it, it may be sending on the fabric, and only a direct connection
     // can tell it that we closed.
     await_upgrade(c);
+    if (c->verdict_due.load(std::memory_order_relaxed)) judge(c, true);
     if (c->is_direct()) {
         std::lock_guard tx(c->tx_lock);
         if (!c->tx_fin && !c->broken && post(c, MsgType::close, nullptr, 0, 0, c->tx_off, 0) == 0)
@@ -140,25 +146,10 @@ void Engine::detach(Conn *c) noexcept {
 void Engine::shutdown_at_exit() noexcept {
     Engine *e = the_engine_for_exit();
     if (!e || e->pid_ != getpid()) return;
-    const char *file = settings().stats_file;
-    if (file && *file) {
-        int fd = open(file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
-        if (fd >= 0) {
-            for (std::uint32_t i = 0; i < kSlots; ++i) {
-                const ConnStat &s = e->page_->slots[i];
-                if (s.state.load(std::memory_order_acquire) == std::uint32_t(SlotState::free))
-                    continue;
-                std::string line = format_conn(e->pid_, e->page_->header.comm, s);
-                line += '\n';
-                (void)sys.write(fd, line.data(), line.size());
-            }
-            e->publish_regstats();
-            std::string line = format_process(e->page_->header);
-            line += '\n';
-            (void)sys.write(fd, line.data(), line.size());
-            sys.close(fd);
-        }
-    }
+    for (std::uint32_t i = 0; i < kSlots; ++i)
+        if (Conn *c = e->conns_[i].load(std::memory_order_acquire))
+            if (c->verdict_due.load(std::memory_order_relaxed)) e->judge(c, true);
+    e->write_final_stats(false);  // the page goes to <registry>/exited
     for (std::uint32_t i = 0; i < kSlots; ++i)
         if (Conn *c = e->conns_[i].load(std::memory_order_acquire))
             if (c->state.load() != ConnState::direct) e->unpublish(c);
@@ -167,8 +158,6 @@ void Engine::shutdown_at_exit() noexcept {
     if (e->fabric_ok_ && !std::strncmp(e->ep_.name, "fi_shm://", 9)) shm_unlink(e->ep_.name + 9);
     char path[300];
     std::snprintf(path, sizeof path, "%s/ctl-%d", settings().registry, int(e->pid_));
-    unlink(path);
-    std::snprintf(path, sizeof path, "%s/p%d", settings().registry, int(e->pid_));
     unlink(path);
 }
 

@@ -117,6 +117,11 @@ struct Conn {
     // connection that was direct comes back after sharing instead: the
     // holders' counts, leave.cpp).
     std::atomic<bool> held{false};
+    // On the kernel since attach with no word of the peer: once the
+    // upgrade timeout has passed (or at close), verdict.cpp says why, once.
+    std::atomic<bool> verdict_due{false};
+    std::atomic<std::uint32_t> held_why{0};  // Reason given to hold()
+    std::uint64_t born_ns = 0;
 
     // Peer; written before `state` becomes direct (release), then constant.
     Peer *peer = nullptr;

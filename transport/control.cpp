@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -73,6 +74,8 @@ unsigned long netns_id() noexcept {
     return id;
 }
 
+}  // namespace
+
 void entry_path(char *out, std::size_t n, const Tuple &t) noexcept {
     char l[40], p[40];
     for (int i = 0; i < 16; ++i) {
@@ -82,6 +85,8 @@ void entry_path(char *out, std::size_t n, const Tuple &t) noexcept {
     std::snprintf(out, n, "%s/c-%lx-%u-%s.%u-%s.%u", settings().registry, netns_id(),
                   unsigned(t.family), l, unsigned(t.local_port), p, unsigned(t.peer_port));
 }
+
+namespace {
 
 void ctl_path(char *out, std::size_t n, pid_t pid) noexcept {
     std::snprintf(out, n, "%s/ctl-%d", settings().registry, int(pid));
@@ -244,6 +249,11 @@ void Engine::control_loop() noexcept {
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED) continue;
             if (errno == EMFILE || errno == ENFILE) {
+                // Our peers' upgrade requests wait, and time out: say why once.
+                static bool told = false;
+                if (!std::exchange(told, true))
+                    SD_LOG(info, "control channel: no fd to accept upgrade requests with "
+                                 "(RLIMIT_NOFILE); peers asking now stay on TCP (timeout)");
                 usleep(10000);
                 continue;
             }
@@ -266,8 +276,9 @@ Conn *Engine::find_tuple(const Tuple &t) noexcept {
     return nullptr;
 }
 
-void Engine::publish(Conn *c) noexcept {
+void Engine::publish(Conn *c, Reason kernel_why) noexcept {
     Entry e{};
+    e.kernel_why = std::uint32_t(kernel_why);
     e.magic = kEntryMagic;
     e.version = 1;
     e.pid = pid_;
@@ -275,9 +286,13 @@ void Engine::publish(Conn *c) noexcept {
     e.gen = c->gen;
     e.acceptor = c->acceptor;
     std::snprintf(e.addr, sizeof e.addr, "%s", ep_.name);
+    write_entry(c->tuple, e);
+}
+
+void write_entry(const Tuple &t, const Entry &e) noexcept {
     char path[400], tmp[420];
-    entry_path(path, sizeof path, c->tuple);
-    std::snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, int(pid_));
+    entry_path(path, sizeof path, t);
+    std::snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, int(e.pid));
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) return;
     bool ok = sys.write(fd, &e, sizeof e) == sizeof e;
@@ -302,7 +317,9 @@ void Engine::unpublish(Conn *c) noexcept {
 void Engine::set_final(Conn *c, Reason r) noexcept {
     c->state.store(ConnState::final, std::memory_order_release);
     c->stat->reason.store(std::uint32_t(r), std::memory_order_relaxed);
-    unpublish(c);
+    c->verdict_due.store(false, std::memory_order_relaxed);
+    SD_LOG_CONN(info, *c->stat, "stays on TCP: %s", reason_name(r));
+    mark_kernel(c, r);
     std::lock_guard lock(c->rx_lock);
     c->wake_locked();
 }
@@ -407,7 +424,7 @@ void Engine::release_peer(Peer *p) noexcept {
     *p = Peer{};
 }
 
-void Engine::hold(Conn *c) noexcept {
+void Engine::hold(Conn *c, Reason why) noexcept {
     for (int ms = 0; (c->state.load() == ConnState::initiating ||
                       c->state.load() == ConnState::committing) && ms < 200; ++ms) {
         timespec nap{0, 1000000};
@@ -417,8 +434,9 @@ void Engine::hold(Conn *c) noexcept {
     ConnState st = c->state.load();
     if (st == ConnState::direct || st == ConnState::initiating || st == ConnState::committing)
         return;
+    c->held_why.store(std::uint32_t(why), std::memory_order_relaxed);
     c->held.store(true, std::memory_order_release);
-    if (st != ConnState::final) unpublish(c);
+    if (st != ConnState::final) mark_kernel(c, why);
 }
 
 namespace {
@@ -480,7 +498,7 @@ void Engine::try_initiate(Conn *c) noexcept {
     bool ok = sys.read(fd, &e, sizeof e) == sizeof e && e.magic == kEntryMagic &&
               e.version == 1 && e.pid > 0;
     sys.close(fd);
-    if (!ok) return;
+    if (!ok || e.kernel_why) return;  // that end will not upgrade: judge() reports it
     e.addr[sizeof e.addr - 1] = '\0';
     if (e.pid != pid_ && kill(e.pid, 0) != 0 && errno == ESRCH) {
         unlink(path);  // stale: its process is gone
@@ -514,13 +532,14 @@ void Engine::try_initiate(Conn *c) noexcept {
         char cpath[108];
         ctl_path(cpath, sizeof cpath, e.pid);
         s = sys.socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        const bool no_fd = s < 0 && (errno == EMFILE || errno == ENFILE);
         sockaddr_un sa{};
         sa.sun_family = AF_UNIX;
         std::memcpy(sa.sun_path, cpath, sizeof cpath);
         const std::uint32_t ms = settings().upgrade_timeout_ms;
         const std::uint64_t deadline = monotonic_ns() + std::uint64_t(ms) * 1000000;
         timeval tv{time_t(ms / 1000), suseconds_t((ms % 1000) * 1000)};
-        why = Reason::timeout;
+        why = no_fd ? Reason::fd_limit : Reason::timeout;
         if (s >= 0) sys.setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
         int rc = -1;
         if (s >= 0)
@@ -553,7 +572,7 @@ void Engine::try_initiate(Conn *c) noexcept {
                     if (got == 0 && reply.type == std::uint16_t(CtlType::reply))
                         why = reply.status == kConflict ? Reason::count_ : Reason(reply.status);
                     else if (got == -EMFILE || got == -ENFILE || got == -EPROTO)
-                        why = Reason::peer_refused;  // the answer's doorbell found no fd
+                        why = Reason::fd_limit;  // the answer's doorbell found no fd here
                 }
             }
         }
@@ -585,7 +604,7 @@ void Engine::try_initiate(Conn *c) noexcept {
         if (send_commit(s, pid_)) {
             sys.close(s);
             go_direct(c);
-            SD_LOG(info, "fd %d upgraded to direct (initiator, peer pid %d)", c->stat->fd, e.pid);
+            SD_LOG_CONN(info, *c->stat, "upgraded to direct (initiator, peer pid %d)", e.pid);
             announce_switch(c);
             return;
         }
@@ -606,8 +625,7 @@ void Engine::try_initiate(Conn *c) noexcept {
     // the state from committing on.
     expect = ConnState::initiating;
     if (!c->state.compare_exchange_strong(expect, ConnState::final)) return;
-    SD_LOG(info, "fd %d stays on TCP: %s", c->stat->fd, reason_name(why));
-    set_final(c, why);
+    set_final(c, why);  // logs it
 }
 
 void Engine::go_direct(Conn *c) noexcept {
@@ -842,13 +860,13 @@ void Engine::handle_request(int fd) noexcept {
     if (!committed) {
         release_peer(c->peer);
         c->peer = nullptr;
-        SD_LOG(info, "fd %d stays on TCP: peer pid %d did not commit its upgrade", c->stat->fd,
+        SD_LOG(debug, "fd %d: peer pid %d did not commit its upgrade", c->stat->fd,
                int(req.pid));
-        set_final(c, Reason::timeout);
+        set_final(c, Reason::timeout);  // logs it
         return;
     }
     go_direct(c);
-    SD_LOG(info, "fd %d upgraded to direct (peer pid %d)", c->stat->fd, int(req.pid));
+    SD_LOG_CONN(info, *c->stat, "upgraded to direct (responder, peer pid %d)", int(req.pid));
     announce_switch(c);
 }
 

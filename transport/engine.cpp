@@ -1,4 +1,5 @@
 #include "engine.hpp"
+#include "exitstats.hpp"
 #include "memguard.hpp"
 #include "registry.hpp"
 #include "sink.hpp"
@@ -113,7 +114,10 @@ Engine *Engine::ready() noexcept {
     std::lock_guard lock(create_lock);
     if ((e = the_engine.load(std::memory_order_acquire)) || unusable || starting || retired())
         return e;
-    if (!exit_hook) exit_hook = atexit(wait_for_build) == 0;
+    if (!exit_hook) {
+        exit_hook = atexit(wait_for_build) == 0;
+        watch_exit_signals();
+    }
     // Our thread must not take the application's signals.
     sigset_t all, old;
     sigfillset(&all);

@@ -9,6 +9,7 @@
 #include "procpage.hpp"
 #include "regcache.hpp"
 #include "regionlock.hpp"
+#include "registry.hpp"
 
 #include <atomic>
 #include <cstdint>
@@ -69,6 +70,18 @@ char *ring_alloc(std::uint32_t cap) noexcept;
 // of `why` (shared or exec). 0 when the kernel socket carries it all now;
 // -ESRCH (no such owner), -EIO (it could not), -ETIMEDOUT.
 int ask_owner_to_leave(pid_t owner, int fd, Reason why) noexcept;
+// The registry entry of the connection end `t`, and writing it (whole,
+// through a temporary file and rename) (control.cpp).
+void entry_path(char *out, std::size_t n, const Tuple &t) noexcept;
+void write_entry(const Tuple &t, const Entry &e) noexcept;
+// A connection this process never attached (accepted and never used)
+// goes to another program, which does not run the library (exec): our
+// entry for it says so, so that its peer reports peer_kernel, not no_peer
+// (verdict.cpp). It stays until this pid ends; best effort.
+void mark_unattached(int fd, Reason why) noexcept;
+// `addr` (family AF_INET: 4 bytes, AF_INET6: 16) is one of this host's
+// (loopback, or an interface's address); true when that cannot be told.
+bool address_is_local(std::uint16_t family, const std::uint8_t *addr) noexcept;
 
 class Engine {
   public:
@@ -93,6 +106,10 @@ class Engine {
     static void forget_after_fork(bool settled) noexcept;
     // At exit: counters to SDIRECT_STATS_FILE, registry files removed.
     static void shutdown_at_exit() noexcept;
+    // Once per process: every connection's counters to SDIRECT_STATS_FILE,
+    // our page to <registry>/exited (exitstats.cpp). `from_signal`: called
+    // by a handler, so only async-signal-safe steps.
+    void write_final_stats(bool from_signal) noexcept;
 
     // Connected TCP socket `fd`: allocate its Conn (stat slot), publish it
     // and start the upgrade if the peer already published. `rcvbuf` is the
@@ -106,7 +123,8 @@ class Engine {
     // fork is about to share the connection (not direct yet): no upgrade,
     // ours or the peer's, from now on. Waits (bounded) for an upgrade
     // request of ours in flight; one that went direct meanwhile stays so.
-    void hold(Conn *c) noexcept;
+    // `why`: what the peer is told (mark_kernel): shared, or exec.
+    void hold(Conn *c, Reason why = Reason::shared) noexcept;
 
     // Leaving the fabric (leave.cpp): the connection goes back
     // to its kernel socket at stream offsets, for every process that holds
@@ -126,6 +144,14 @@ class Engine {
     // Waits (bounded by the upgrade timeout) while an upgrade of `c` is
     // under way, ours or the peer's, so that it ends direct or on TCP.
     void await_upgrade(const Conn *c) noexcept;
+    // A connection on the kernel since attach with no sign of the peer
+    // (verdict.cpp): once the upgrade timeout has passed, or `at_end`
+    // (close, exit), its reason is made as exact as we can tell (no_peer,
+    // other_registry, other_user, peer_kernel) and logged, once.
+    void judge(Conn *c, bool at_end) noexcept;
+    void judge_due(Conn *c) noexcept {
+        if (c->verdict_due.load(std::memory_order_relaxed)) judge(c, false);
+    }
     // After every connection left (retired()): the peers' process pages
     // and fabric regions are no longer mapped here, their doorbells and
     // pidfds closed, our entries gone from the registry.
@@ -351,7 +377,8 @@ class Engine {
 
     // control.cpp
     int start_control() noexcept;
-    void publish(Conn *c) noexcept;
+    // kernel_why: see mark_kernel.
+    void publish(Conn *c, Reason kernel_why = Reason::none) noexcept;
     void unpublish(Conn *c) noexcept;
     void try_initiate(Conn *c) noexcept;
     // Both ends committed: the connection is direct from here (conn_lock_).
@@ -363,6 +390,9 @@ class Engine {
     int make_ring(Conn *c) noexcept;
     std::uint64_t next_key_ = 1;
     void set_final(Conn *c, Reason r) noexcept;
+    // Our entry stays, marked: this end will not upgrade, because of `r`
+    // (its peer reports peer_kernel). Replaces unpublish for such ends.
+    void mark_kernel(Conn *c, Reason r) noexcept;
     Conn *find_tuple(const Tuple &t) noexcept;
 
     pid_t pid_ = 0;

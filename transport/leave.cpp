@@ -129,6 +129,11 @@ void Engine::on_leave(Conn *c, const MsgHeader &h) noexcept {
     if (why && why < std::uint32_t(Reason::count_) &&
         c->stat->reason.load(std::memory_order_relaxed) == std::uint32_t(Reason::none))
         c->stat->reason.store(why, std::memory_order_relaxed);
+    // Ours was logged where we left; this one is the peer's doing.
+    if (h.flags & kLeaveFirst)
+        SD_LOG_CONN(info, *c->stat, "back to the kernel: %s (peer pid %d left the fabric)",
+                    reason_name(Reason(c->stat->reason.load(std::memory_order_relaxed))),
+                    c->peer ? int(c->peer->pid) : 0);
     if (h.flags & kLeaveFirst) {
         c->back_owed.store(true, std::memory_order_relaxed);
         c->tx_owed.store(true, std::memory_order_release);
@@ -233,9 +238,9 @@ bool Engine::hand_to_holders_locked(Conn *c) noexcept {
     k[1].fetch_add(c->rx_off, std::memory_order_acq_rel);
     k[2].store(1, std::memory_order_release);
     c->wake_locked();
-    SD_LOG(info, "fd %d left the fabric after its peer (shared) at offsets %llu sent, %llu "
-                 "received; its holders go on from there", c->stat->fd,
-           (unsigned long long)c->tx_off, (unsigned long long)c->rx_off);
+    SD_LOG_CONN(info, *c->stat, "back to the kernel: shared (after its peer) at offsets %llu "
+                                "sent, %llu received; its holders go on from there",
+                (unsigned long long)c->tx_off, (unsigned long long)c->rx_off);
     return true;
 }
 
@@ -326,9 +331,9 @@ void Engine::rearm_locked(Conn *c) noexcept {
     c->initiate_due.store(true, std::memory_order_release);
     want_flush(c);
     c->wake_locked();
-    SD_LOG(info, "fd %d: back in kernel mode at offsets %llu sent, %llu received; it may be "
-                 "upgraded again", c->stat->fd, (unsigned long long)c->tx_off,
-           (unsigned long long)c->rx_off);
+    SD_LOG_CONN(info, *c->stat, "back in kernel mode: shared, at offsets %llu sent, %llu "
+                                "received; it may be upgraded again",
+                (unsigned long long)c->tx_off, (unsigned long long)c->rx_off);
 }
 
 bool Engine::rejoin_locked(Conn *c, std::uint64_t sent, std::uint64_t received) noexcept {
@@ -504,8 +509,8 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
         return rc;
     }
     ring(c->peer);
-    SD_LOG(info, "fd %d left the fabric (%s) at offsets %llu sent, %llu received; %u unread "
-                 "bytes returned to pid %d", fd, reason_name(why),
+    SD_LOG_CONN(info, *c->stat, "back to the kernel: %s, at offsets %llu sent, %llu received; "
+                                "%u unread bytes returned to pid %d", reason_name(why),
            (unsigned long long)c->tx_end.load(std::memory_order_relaxed), (unsigned long long)from, n, int(c->peer->pid));
     // Our staged bytes go into the kernel now, before another holder's.
     tx.lock();

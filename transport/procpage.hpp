@@ -42,6 +42,11 @@ enum class Reason : std::uint32_t {
     passed,            // on the kernel for good: passed to another process (SCM_RIGHTS)
     privilege,         // on the kernel for good: the process changed its privileges
     oob,               // urgent data (MSG_OOB): the kernel carries the connection
+    other_registry,    // the peer's entry is in another registry of our uid (SDIRECT_REGISTRY)
+    peer_kernel,       // the peer's end stays on the kernel (why: ConnStat::peer_reason)
+    fd_limit,          // this process had no fd to spare for the upgrade (RLIMIT_NOFILE)
+    other_host,        // no entry, and the peer's address is not one of this host's
+    ended_early,       // closed (or exited) while its peer, which runs the library, was about to upgrade
     count_
 };
 
@@ -84,7 +89,7 @@ struct ConnStat {
     std::uint16_t family;               // AF_INET / AF_INET6
     std::uint16_t local_port;           // host order
     std::uint16_t peer_port;
-    std::uint16_t pad0;
+    std::uint16_t peer_reason;          // Reason the peer gave (peer_kernel), else 0
     std::int32_t peer_pid;              // 0 until known
     std::uint8_t local_addr[16];        // v4 in the first 4 bytes
     std::uint8_t peer_addr[16];
@@ -154,11 +159,26 @@ std::string format_conn(int pid, const char *comm, const ConnStat &s);
 //  reg_misses=1 reg_invalidated=0 reg_evicted=0 reg_bytes=1048576"
 std::string format_process(const ProcHeader &h);
 
+// The same lines written into `buf` (cut to fit, NUL-terminated), without
+// allocation, locks or stdio: callable from a signal handler. Return the
+// length written. kStatLineMax holds any line.
+inline constexpr std::size_t kStatLineMax = 1024;
+std::size_t format_conn_into(char *buf, std::size_t n, int pid, const char *comm,
+                             const ConnStat &s) noexcept;
+std::size_t format_process_into(char *buf, std::size_t n, const ProcHeader &h) noexcept;
+// "127.0.0.1:40112 > 127.0.0.1:5201" (local > peer), for log lines.
+std::size_t format_endpoints(char *buf, std::size_t n, const ConnStat &s) noexcept;
+
+// Called for each connection slot a scan finds; `exited`: the page of a
+// process that has ended (its slot states are as they were at its end).
+using PageVisitor = void (*)(void *ctx, int pid, const char *comm, const ConnStat &s, bool exited);
+
 // Maps every live process page in `dir` (read-only) and calls `fn` for
 // each slot in use (closed ones too if `with_closed`). Pages of dead
 // processes are skipped. Returns the number of pages read, or -errno.
-int scan_pages(const char *dir, bool with_closed,
-               void (*fn)(void *ctx, int pid, const char *comm, const ConnStat &s),
-               void *ctx) noexcept;
+int scan_pages(const char *dir, bool with_closed, PageVisitor fn, void *ctx) noexcept;
+// The same for the pages processes left in <dir>/exited at their end
+// (exitstats.hpp), every slot that was used. -ENOENT: none yet.
+int scan_exited(const char *dir, PageVisitor fn, void *ctx) noexcept;
 
 }  // namespace sd::transport

@@ -19,10 +19,14 @@ struct Entry {
     std::uint32_t gen;
     std::uint32_t acceptor;
     char addr[96];  // fabric address (fi_getname string), NUL-terminated
-    std::uint64_t pad[1];
+    // Not 0: this end stays on the kernel for this Reason (no upgrade);
+    // the other end reports it (peer_kernel) instead of no_peer.
+    std::uint32_t kernel_why;
+    std::uint32_t pad;
 };
 static_assert(sizeof(Entry) == 128);
 static_assert(offsetof(Entry, pid) == 8 && offsetof(Entry, addr) == 24);
+static_assert(offsetof(Entry, kernel_why) == 120);
 
 // Names tried after `base` when it belongs to someone else: base-1 ...
 // base-(kRegistryTries - 1).

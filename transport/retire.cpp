@@ -41,7 +41,11 @@ void Engine::stay_on_kernel(Conn *c, Reason why) noexcept {
 void Engine::forget_peers() noexcept {
     std::lock_guard lock(conn_lock_);
     for (std::uint32_t i = 0; i < kSlots; ++i)
-        if (Conn *c = conns_[i].load(std::memory_order_acquire)) unpublish(c);
+        // The ones on the kernel for good keep their entry, marked, so that
+        // their peers can tell why (mark_kernel).
+        if (Conn *c = conns_[i].load(std::memory_order_acquire);
+            c && c->state.load(std::memory_order_acquire) != ConnState::final)
+            unpublish(c);
     for (std::uint32_t i = 0; i < npeers_; ++i) {
         Peer &p = peers_[i];
         if (!p.page || p.pid == pid_ || p.addr == FI_ADDR_UNSPEC) continue;

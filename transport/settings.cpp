@@ -95,7 +95,11 @@ constexpr Setting table[] = {
      "are upgraded once the engine is ready."},
     {"SDIRECT_STATS_FILE", SettingKind::text, "",
      "If set, every connection's counters are appended to this file when the "
-     "process exits (one line per connection, sdirect-stat format)."},
+     "process exits (one line per connection, sdirect-stat format), also "
+     "when it dies of SIGTERM, SIGINT or SIGHUP left at their default."},
+    {"SDIRECT_LOG_FILE", SettingKind::text, "",
+     "If set, log lines (SDIRECT_LOG) are appended to this file instead of "
+     "stderr, which a daemon may have closed or sent to /dev/null."},
 };
 static_assert(sizeof(table) / sizeof(table[0]) == std::size_t(Key::count_));
 
@@ -199,6 +203,7 @@ void load_settings() noexcept {
     values.leave_pause_us = integer(Key::leave_pause_us);
     values.engine_wait_ms = integer(Key::engine_wait_ms);
     values.stats_file = copy(raw(Key::stats_file));
+    values.log_file = copy(raw(Key::log_file));
     values.protocols = copy(raw(Key::protocols));
     const char *tune = raw(Key::tune_file);
     const char *home = std::getenv("HOME");

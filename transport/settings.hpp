@@ -41,6 +41,7 @@ enum class Key : std::uint8_t {
     leave_pause_us,
     engine_wait_ms,
     stats_file,
+    log_file,
     count_
 };
 
@@ -66,6 +67,7 @@ struct Settings {
     std::uint32_t leave_pause_us;    // tests: a peer's leave is delivered this much slower
     std::uint32_t engine_wait_ms;  // connect/accept wait this long for the engine
     const char *stats_file;   // counters appended here at exit ("" = off)
+    const char *log_file;     // log lines appended here instead of stderr ("" = stderr)
     const char *protocols;    // thresholds, auto, buffered, ring, zcopy (protocol.hpp)
     const char *tune_file;    // sdirect-tune's table
 };

@@ -158,12 +158,13 @@ roles() { echo "$1-cat $1-upload $1-scp-up $1-scp-down"; }
 
 # Re-exec: the listener's child executes sshd again with the socket never
 # used (never attached: it goes to the new program as a plain TCP socket,
-# which that program's library does not track). Nothing publishes the
-# server's end, so each client finds no peer and stays on TCP from the
-# start: kernel, reason no_peer, no upgrade.
+# which that program's library does not track). The child's library marks
+# the server's end as handed over exec before it goes, so each client stays
+# on TCP from the start and says why: kernel, reason peer_kernel (its
+# peer_reason exec), no upgrade.
 if variant reexec; then
     for role in $(roles reexec); do
-        it_expect_mode "$variant_port" "$role" kernel no_peer peer_pid=0 upgrades=0 leaves=0 \
+        it_expect_mode "$variant_port" "$role" kernel peer_kernel peer_pid=0 upgrades=0 leaves=0 \
             tx_fabric+rx_fabric=0
     done
 fi

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "transport/conn.hpp"
+#include "transport/engine.hpp"
 #include "transport/procpage.hpp"
 #include "transport/regcache.hpp"
 #include "transport/settings.hpp"
@@ -14,6 +15,7 @@
 #include "transport/wire.hpp"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -119,7 +121,7 @@ TEST_CASE("a connection record prints in the sdirect-stat format") {
           "peer=127.0.0.2:40000 peer_pid=99 tx_kernel=0 rx_kernel=0 tx_fabric=1024 rx_fabric=0 "
           "tx_msgs=0 rx_msgs=0 tx_window=-5 rx_queued=300 rx_owed=7 tx_inline=24 tx_ring=1000 "
           "tx_zcopy=0 rx_zcopy=3 tx_sink=5 rx_sink=0 adverts=2 cancels=0 sinks=4 "
-          "sink_cancels=0 upgrades=1 leaves=1");
+          "sink_cancels=0 upgrades=1 leaves=1 peer_reason=none");
     s->family = AF_INET6;
     inet_pton(AF_INET6, "::1", s->local_addr);
     inet_pton(AF_INET6, "::1", s->peer_addr);
@@ -128,6 +130,51 @@ TEST_CASE("a connection record prints in the sdirect-stat format") {
     line = format_conn(1, "x", *s);
     CHECK(line.find("mode=kernel reason=av_full local=[::1]:5201 peer=[::1]:40000") !=
           std::string::npos);
+}
+
+TEST_CASE("the signal-safe record names every address as inet_ntop does") {
+    auto s = std::make_unique<ConnStat>();
+    s->family = AF_INET6;
+    s->local_port = 1;
+    s->peer_port = 2;
+    for (const char *a : {"::1", "::", "1::", "fe80::1:0:0:2", "2001:db8::8:800:200c:417a",
+                          "::ffff:127.0.0.1", "::10.0.0.1", "1:0:2:0:0:3:0:4", "1:2:3:4:5:6:7:8",
+                          "0:0:1:0:0:0:1:0", "::1:0:0:0", "ff02::0:1", "::fffe:1:2"}) {
+        inet_pton(AF_INET6, a, s->local_addr);
+        inet_pton(AF_INET6, a, s->peer_addr);
+        char want[INET6_ADDRSTRLEN];
+        inet_ntop(AF_INET6, s->local_addr, want, sizeof want);
+        char got[200];
+        format_endpoints(got, sizeof got, *s);
+        INFO(a);
+        CHECK(std::string(got) == "[" + std::string(want) + "]:1 > [" + want + "]:2");
+    }
+    char tiny[8];
+    CHECK(format_endpoints(tiny, sizeof tiny, *s) == 7);
+    CHECK(std::strlen(tiny) == 7);
+}
+
+TEST_CASE("loopback and this host's interface addresses are local, a documentation address "
+          "is not") {
+    std::uint8_t a[16] = {};
+    inet_pton(AF_INET, "127.0.0.1", a);
+    CHECK(address_is_local(AF_INET, a));
+    inet_pton(AF_INET, "127.9.8.7", a);
+    CHECK(address_is_local(AF_INET, a));
+    inet_pton(AF_INET6, "::1", a);
+    CHECK(address_is_local(AF_INET6, a));
+    inet_pton(AF_INET, "192.0.2.1", a);  // TEST-NET-1: never assigned
+    CHECK(!address_is_local(AF_INET, a));
+    inet_pton(AF_INET6, "2001:db8::1", a);
+    CHECK(!address_is_local(AF_INET6, a));
+    ifaddrs *all = nullptr;
+    REQUIRE(getifaddrs(&all) == 0);
+    for (ifaddrs *i = all; i; i = i->ifa_next)
+        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET) {
+            const auto *in = reinterpret_cast<const sockaddr_in *>(i->ifa_addr);
+            CHECK(address_is_local(AF_INET, reinterpret_cast<const std::uint8_t *>(&in->sin_addr)));
+        }
+    freeifaddrs(all);
 }
 
 TEST_CASE("every fallback reason has a distinct name") {

@@ -1,0 +1,467 @@
+// What a user can see of a connection: the log line of each upgrade, each
+// fallback to TCP and each move back to the kernel, naming both ends and
+// the reason; the reason itself where the peer is not simply absent; the
+// counters of a process that died of SIGTERM, SIGINT or SIGHUP, and those
+// of processes that have ended, in sdirect-stat -a.
+#include <catch2/catch.hpp>
+
+#include "harness.hpp"
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <sys/wait.h>
+
+using namespace sdt;
+
+namespace {
+
+// Lines of `log` that come from pid and name the connection local > peer.
+std::vector<std::string> log_lines(const std::string &log, int pid, const std::string &local,
+                                   const std::string &peer) {
+    std::vector<std::string> out;
+    const std::string who = "sdirect[" + std::to_string(pid) + "] ";
+    const std::string ends = " " + local + " > " + peer + ": ";
+    std::size_t at = 0;
+    while (at < log.size()) {
+        std::size_t end = log.find('\n', at);
+        if (end == std::string::npos) end = log.size();
+        std::string line = log.substr(at, end - at);
+        if (line.rfind(who, 0) == 0 && line.find(ends) != std::string::npos) out.push_back(line);
+        at = end + 1;
+    }
+    return out;
+}
+
+std::size_t count_with(const std::vector<std::string> &lines, const std::string &needle) {
+    std::size_t n = 0;
+    for (const std::string &l : lines) n += l.find(needle) != std::string::npos;
+    return n;
+}
+
+// Every connection of a preloaded `p` has exactly one log line with
+// `needle` (at info), naming both its ends.
+void check_logged(const Proc &p, const std::string &log, const std::string &needle) {
+    if (!p.preloaded) return;
+    const auto conns = conns_of(p);
+    INFO(describe(p));
+    INFO("log:\n" << log);
+    REQUIRE(!conns.empty());
+    for (const ConnLine &c : conns) {
+        INFO("connection pid " << c.pid << " " << c.local << " > " << c.peer << ", wanted: "
+                               << needle);
+        CHECK(count_with(log_lines(log, c.pid, c.local, c.peer), needle) == 1);
+    }
+}
+
+std::string stat_tool() {
+    const char *p = std::getenv("SDIRECT_TEST_STAT");
+    return p && *p ? p : "";
+}
+
+std::string run_text(const std::string &command) {
+    std::string out;
+    if (FILE *f = popen(command.c_str(), "r")) {
+        char buf[4096];
+        for (int i = 0; i < 10000; ++i) {
+            std::size_t n = std::fread(buf, 1, sizeof buf, f);
+            if (!n) break;
+            out.append(buf, n);
+        }
+        pclose(f);
+    }
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("each upgrade and each fallback to TCP is one info line naming both ends and the "
+          "reason",
+          "[visibility]") {
+    if (config() == Config::kernel) {
+        note_skip("the library's log");
+        return;
+    }
+    const auto pls = placements();
+    for (const Placement &pl : pls) {
+        Scratch scratch;
+        const std::string log = scratch.file("log");
+        PairSpec spec;
+        spec.args = {"--scenario", "pingpong", "--rounds", "200"};
+        spec.env = {"SDIRECT_LOG=info", "SDIRECT_LOG_FILE=" + log};
+        Pair pair = start_pair(scratch, spec, pl, "log");
+        INFO("placement: " << pl.label());
+        REQUIRE(pair.port != 0);
+        wait_exit(pair.client, 60);
+        wait_exit(pair.server, 60);
+        REQUIRE(exited_with(pair.client, 0));
+        REQUIRE(exited_with(pair.server, 0));
+        const std::string text = read_text(log);
+        for (bool server : {true, false}) {
+            const Proc &p = server ? pair.server : pair.client;
+            const Expect e = pl.expect(server);
+            check_modes(p, e);
+            if (e == Expect::direct) check_logged(p, text, "info: fd ");
+            if (e == Expect::direct) check_logged(p, text, ": upgraded to direct (");
+            if (e == Expect::kernel_no_peer)
+                check_logged(p, text, ": stays on TCP: no_peer (no registry entry for the other end");
+        }
+    }
+}
+
+TEST_CASE("a move back to the kernel is one info line on each end naming both ends and the "
+          "reason",
+          "[visibility]") {
+    if (config() == Config::kernel) {
+        note_skip("the library's log");
+        return;
+    }
+    const auto pls = placements();
+    for (const Placement &pl : pls) {
+        if (pl.expect(true) != Expect::direct) continue;
+        Scratch scratch;
+        const std::string log = scratch.file("log");
+        PairSpec spec;
+        spec.args = {"--scenario", "bypass", "--part", "stdio"};
+        spec.env = {"SDIRECT_LOG=info", "SDIRECT_LOG_FILE=" + log};
+        Pair pair = start_pair(scratch, spec, pl, "leave");
+        INFO("placement: " << pl.label());
+        REQUIRE(pair.port != 0);
+        wait_exit(pair.client, 60);
+        wait_exit(pair.server, 60);
+        REQUIRE(exited_with(pair.client, 0));
+        REQUIRE(exited_with(pair.server, 0));
+        const std::string text = read_text(log);
+        for (const Proc *p : {&pair.server, &pair.client}) {
+            INFO("statistics:\n" << read_text(p->stats));
+            for (const StatLine &s : read_stats(p->stats))
+                if (!s.mode.empty()) CHECK(s.reason == "stdio");
+            check_logged(*p, text, ": back to the kernel: stdio");
+        }
+    }
+}
+
+TEST_CASE("a peer that publishes in another registry of our uid is named other_registry, not "
+          "no_peer",
+          "[visibility]") {
+    if (config() != Config::direct) {
+        note_skip("needs both ends preloaded");
+        return;
+    }
+    Scratch scratch;
+    const std::string log = scratch.file("log");
+    // Two registries side by side, as two SDIRECT_REGISTRY values give.
+    const std::string mine = scratch.file("reg-a"), theirs = scratch.file("reg-b");
+    PairSpec spec;
+    // The settling ping-pong (600 ms) lets both verdicts come at an I/O
+    // past the upgrade timeout, while both entries are there.
+    spec.args = {"--scenario", "pingpong", "--rounds", "200"};
+    spec.env = {"SDIRECT_LOG=info", "SDIRECT_LOG_FILE=" + log, "SDIRECT_REGISTRY=" + theirs,
+                "SDIRECT_UPGRADE_TIMEOUT_MS=200"};
+    // The server publishes in one; the client, started after, in the other.
+    const std::string port_file = scratch.file("reg.port");
+    Launch server{"reg-server", {"server", port_file, "--settle-ms", "600"}, true, spec.env};
+    server.args.insert(server.args.end(), spec.args.begin(), spec.args.end());
+    Proc s = spawn(scratch, server);
+    const std::uint16_t port = wait_port(port_file, s, 20);
+    REQUIRE(port != 0);
+    Launch client{"reg-client", {"client", std::to_string(port), "--settle-ms", "600"}, true,
+                  {"SDIRECT_LOG=info", "SDIRECT_LOG_FILE=" + log, "SDIRECT_REGISTRY=" + mine,
+                   "SDIRECT_UPGRADE_TIMEOUT_MS=200"}};
+    client.args.insert(client.args.end(), spec.args.begin(), spec.args.end());
+    Proc c = spawn(scratch, client);
+    wait_exit(c, 60);
+    wait_exit(s, 60);
+    INFO(describe(s));
+    INFO(describe(c));
+    REQUIRE(exited_with(c, 0));
+    REQUIRE(exited_with(s, 0));
+    const std::string text = read_text(log);
+    INFO("log:\n" << text);
+    // Each end sees the other's entry in the registry beside its own.
+    for (const Proc *p : {&s, &c}) {
+        const auto stats = read_stats(p->stats);
+        const auto conns = conns_of(*p);
+        INFO("statistics:\n" << read_text(p->stats));
+        REQUIRE(conns.size() == 1);
+        const StatLine *st = find_stat(stats, conns[0].pid, conns[0].local, conns[0].peer);
+        REQUIRE(st != nullptr);
+        CHECK(st->mode == "kernel");
+        CHECK(st->reason == "other_registry");
+        check_logged(*p, text, ": stays on TCP: other_registry (the peer published in ");
+    }
+}
+
+TEST_CASE("a peer of another user whose registry we can look into is named other_user, not "
+          "no_peer",
+          "[visibility]") {
+    if (config() != Config::direct) {
+        note_skip("needs both ends preloaded");
+        return;
+    }
+    if (getuid() != 0) {
+        note_skip("running a peer as another user needs root");
+        return;
+    }
+    Scratch scratch;
+    // A folder both users reach: the server's registry and files are
+    // uid 65534's, the client's registry root's, side by side.
+    char base_tmpl[] = "/tmp/sdirect-other-XXXXXX";
+    REQUIRE(mkdtemp(base_tmpl) != nullptr);
+    const std::string base = base_tmpl;
+    REQUIRE(chmod(base.c_str(), 0755) == 0);
+    const std::string theirs = base + "/reg-nobody", files = base + "/nobody", mine = base + "/reg-root";
+    for (const std::string &d : {theirs, files}) {
+        REQUIRE(mkdir(d.c_str(), 0700) == 0);
+        REQUIRE(chown(d.c_str(), 65534, 65534) == 0);
+    }
+    REQUIRE(mkdir(mine.c_str(), 0700) == 0);
+    const std::string port_file = files + "/port";
+    Launch server{"other-server",
+                  {"server", port_file, "--settle-ms", "600", "--scenario", "pingpong", "--rounds",
+                   "200"},
+                  true,
+                  {"SDIRECT_REGISTRY=" + theirs, "SDIRECT_UPGRADE_TIMEOUT_MS=200"}};
+    server.uid = 65534;
+    Proc s = spawn(scratch, server);
+    const std::uint16_t port = wait_port(port_file, s, 20);
+    if (port == 0) wait_exit(s, 5);
+    INFO(describe(s));
+    REQUIRE(port != 0);
+    Launch client{"other-client",
+                  {"client", std::to_string(port), "--settle-ms", "600", "--scenario", "pingpong",
+                   "--rounds", "200"},
+                  true,
+                  {"SDIRECT_REGISTRY=" + mine, "SDIRECT_UPGRADE_TIMEOUT_MS=200"}};
+    Proc c = spawn(scratch, client);
+    wait_exit(c, 60);
+    wait_exit(s, 60);
+    INFO(describe(c));
+    REQUIRE(exited_with(c, 0));
+    REQUIRE(exited_with(s, 0));
+    const auto stats = read_stats(c.stats);
+    const auto conns = conns_of(c);
+    INFO("client statistics:\n" << read_text(c.stats));
+    REQUIRE(conns.size() == 1);
+    const StatLine *st = find_stat(stats, conns[0].pid, conns[0].local, conns[0].peer);
+    REQUIRE(st != nullptr);
+    CHECK(st->mode == "kernel");
+    CHECK(st->reason == "other_user");
+    std::error_code ec;
+    std::filesystem::remove_all(base, ec);
+}
+
+TEST_CASE("a connection handed unused to an exec'd program without the library is named "
+          "peer_kernel with peer_reason=exec at its peer, not no_peer",
+          "[visibility]") {
+    if (config() != Config::direct) {
+        note_skip("needs both ends preloaded");
+        return;
+    }
+    // The server hands each accepted socket, before any I/O, to /bin/cat
+    // (started without the library); the client's bytes come back from cat.
+    PairSpec spec;
+    spec.args = {"--scenario", "echo-plain", "--size", "65536"};
+    spec.server_args = {"--exec-cat", "1"};
+    spec.env = {"SDIRECT_UPGRADE_TIMEOUT_MS=200"};
+    spec.check_modes = false;
+    run_pair(spec, [](Pair &pair, const Placement &) {
+        const auto cs = read_stats(pair.client.stats);
+        const auto conns = conns_of(pair.client);
+        INFO(describe(pair.client));
+        INFO("client statistics:\n" << read_text(pair.client.stats));
+        REQUIRE(conns.size() == 1);
+        const StatLine *s = find_stat(cs, conns[0].pid, conns[0].local, conns[0].peer);
+        REQUIRE(s != nullptr);
+        CHECK(s->mode == "kernel");
+        CHECK(s->reason == "peer_kernel");
+        CHECK(s->kv.count("peer_reason") == 1);
+        if (s->kv.count("peer_reason")) CHECK(s->kv.at("peer_reason") == "exec");
+        CHECK(s->num("tx_kernel") == 65536);
+        CHECK(s->num("rx_kernel") == 65536);
+    });
+}
+
+TEST_CASE("a connection whose server drops its privileges before the first I/O is named "
+          "peer_kernel with peer_reason=privilege at its peer, not no_peer",
+          "[visibility]") {
+    if (config() != Config::direct) {
+        note_skip("needs both ends preloaded");
+        return;
+    }
+    PairSpec spec;
+    spec.args = {"--scenario", "pingpong", "--rounds", "200"};
+    spec.server_args = {"--setuid-first", "1"};
+    spec.env = {"SDIRECT_UPGRADE_TIMEOUT_MS=200"};
+    spec.check_modes = false;
+    run_pair(spec, [](Pair &pair, const Placement &) {
+        const auto cs = read_stats(pair.client.stats);
+        const auto conns = conns_of(pair.client);
+        INFO(describe(pair.client));
+        INFO("client statistics:\n" << read_text(pair.client.stats));
+        REQUIRE(conns.size() == 1);
+        const StatLine *s = find_stat(cs, conns[0].pid, conns[0].local, conns[0].peer);
+        REQUIRE(s != nullptr);
+        CHECK(s->mode == "kernel");
+        CHECK(s->reason == "peer_kernel");
+        CHECK(s->kv.count("peer_reason") == 1);
+        if (s->kv.count("peer_reason")) CHECK(s->kv.at("peer_reason") == "privilege");
+        CHECK(s->num("upgrades") == 0);
+    });
+}
+
+TEST_CASE("a connection whose server shares it through fork before its first I/O is named "
+          "peer_kernel with peer_reason=shared at its peer while it is",
+          "[visibility]") {
+    if (config() != Config::direct) {
+        note_skip("needs both ends preloaded");
+        return;
+    }
+    Scratch scratch;
+    const std::string log = scratch.file("log");
+    // The settling ping-pong (800 ms) runs while the server's child holds
+    // the socket (1500 ms), past the upgrade timeout (200 ms).
+    const std::vector<std::string> args = {"--scenario", "pingpong", "--rounds", "100",
+                                           "--settle-ms", "800"};
+    const std::vector<std::string> env = {"SDIRECT_UPGRADE_TIMEOUT_MS=200", "SDIRECT_LOG=info",
+                                          "SDIRECT_LOG_FILE=" + log};
+    const std::string port_file = scratch.file("shared.port");
+    Launch server{"shared-server", {"server", port_file, "--fork-hold-ms", "1500"}, true, env};
+    server.args.insert(server.args.end(), args.begin(), args.end());
+    Proc s = spawn(scratch, server);
+    const std::uint16_t port = wait_port(port_file, s, 20);
+    REQUIRE(port != 0);
+    Launch client{"shared-client", {"client", std::to_string(port)}, true, env};
+    client.args.insert(client.args.end(), args.begin(), args.end());
+    Proc c = spawn(scratch, client);
+    wait_exit(c, 60);
+    wait_exit(s, 60);
+    INFO(describe(s));
+    INFO(describe(c));
+    REQUIRE(exited_with(c, 0));
+    REQUIRE(exited_with(s, 0));
+    const auto conns = conns_of(c);
+    REQUIRE(conns.size() == 1);
+    INFO("client statistics:\n" << read_text(c.stats));
+    const auto stats = read_stats(c.stats);
+    const StatLine *st = find_stat(stats, conns[0].pid, conns[0].local, conns[0].peer);
+    REQUIRE(st != nullptr);
+    CHECK(st->mode == "kernel");
+    CHECK(st->reason == "peer_kernel");
+    CHECK(st->kv.count("peer_reason") == 1);
+    if (st->kv.count("peer_reason")) CHECK(st->kv.at("peer_reason") == "shared");
+    check_logged(c, read_text(log), ": stays on TCP: peer_kernel (peer pid ");
+}
+
+TEST_CASE("a process killed by SIGTERM, SIGINT or SIGHUP dies of it as without the library and "
+          "leaves its counters in SDIRECT_STATS_FILE",
+          "[visibility]") {
+    for (int sig : {SIGTERM, SIGINT, SIGHUP}) {
+        const auto pls = placements();
+        for (const Placement &pl : pls) {
+            Scratch scratch;
+            PairSpec spec;
+            spec.args = {"--scenario", "peer-death", "--driver", "client"};
+            Pair pair = start_pair(scratch, spec, pl, "term");
+            INFO("placement: " << pl.label() << ", signal " << sig);
+            REQUIRE(pair.port != 0);
+            const bool ready = wait_for_text(pair.server.out, "ready", 20);
+            sleep_s(0.1);
+            signal_proc(pair.server, sig);
+            wait_exit(pair.client, 10);
+            wait_exit(pair.server, 10);
+            INFO(describe(pair.server));
+            INFO(describe(pair.client));
+            REQUIRE(ready);
+            // The shell would say 128 + sig (143 for SIGTERM).
+            CHECK(killed_by(pair.server, sig));
+            REQUIRE(exited_with(pair.client, 0));
+            if (!pair.server.preloaded) continue;
+            const auto conns = conns_of(pair.server);
+            const auto stats = read_stats(pair.server.stats);
+            INFO("server statistics:\n" << read_text(pair.server.stats));
+            REQUIRE(conns.size() == 1);
+            const StatLine *s = find_stat(stats, conns[0].pid, conns[0].local, conns[0].peer);
+            REQUIRE(s != nullptr);
+            CHECK(s->mode == (pl.expect(true) == Expect::direct ? "direct" : "kernel"));
+            // Exactly what the client (which ended normally) counted, the
+            // other way round.
+            const auto bytes = bytes_of(pair.client);
+            REQUIRE(bytes.size() == 1);
+            CHECK(s->num("tx_kernel") + s->num("tx_fabric") == bytes[0].rx);
+            CHECK(s->num("rx_kernel") + s->num("rx_fabric") == bytes[0].tx);
+            CHECK(bytes[0].tx > 0);
+        }
+    }
+}
+
+TEST_CASE("a handler the program installs after the library's wins, and the program sees "
+          "SIG_DFL where the library's handler stands",
+          "[visibility]") {
+    const auto pls = placements();
+    for (const Placement &pl : pls) {
+        Scratch scratch;
+        PairSpec spec;
+        spec.args = {"--scenario", "peer-death", "--driver", "client"};
+        spec.env = {"PEER_TERM_EXIT=3"};
+        Pair pair = start_pair(scratch, spec, pl, "handler");
+        INFO("placement: " << pl.label());
+        REQUIRE(pair.port != 0);
+        const bool ready = wait_for_text(pair.server.out, "ready", 20);
+        sleep_s(0.1);
+        signal_proc(pair.server, SIGTERM);
+        wait_exit(pair.client, 10);
+        wait_exit(pair.server, 10);
+        INFO(describe(pair.server));
+        REQUIRE(ready);
+        // The environment reaches preloaded processes only.
+        if (pair.server.preloaded) CHECK(exited_with(pair.server, 3));
+        else CHECK(killed_by(pair.server, SIGTERM));
+    }
+}
+
+TEST_CASE("sdirect-stat -a lists the connections of a process that has exited, marked exited",
+          "[visibility]") {
+    if (config() == Config::kernel) {
+        note_skip("a tool of the library");
+        return;
+    }
+    if (stat_tool().empty()) {
+        note_skip("sdirect-stat is not built (SDIRECT_TEST_STAT unset)");
+        return;
+    }
+    PairSpec spec;
+    spec.args = {"--scenario", "pingpong", "--rounds", "100"};
+    run_pair(spec, [](Pair &pair, const Placement &pl) {
+        for (bool server : {true, false}) {
+            const Proc &p = server ? pair.server : pair.client;
+            if (!p.preloaded) continue;
+            const std::string out =
+                run_text(stat_tool() + " -a --dir " + pair.registry + " 2>&1");
+            const std::string plain = run_text(stat_tool() + " --dir " + pair.registry + " 2>&1");
+            INFO("sdirect-stat -a:\n" << out << "\nsdirect-stat:\n" << plain);
+            const auto conns = conns_of(p);
+            REQUIRE(!conns.empty());
+            for (const ConnLine &c : conns) {
+                const std::string want = "pid=" + std::to_string(c.pid) + " ";
+                const std::string mode =
+                    pl.expect(server) == Expect::direct ? "mode=direct" : "mode=kernel";
+                bool found = false;
+                std::size_t at = 0;
+                while ((at = out.find(want, at)) != std::string::npos) {
+                    const std::size_t end = out.find('\n', at);
+                    const std::string line = out.substr(at, end - at);
+                    found |= line.find(" state=exited ") != std::string::npos &&
+                             line.find(" local=" + c.local + " ") != std::string::npos &&
+                             line.find(mode) != std::string::npos;
+                    at = end;
+                }
+                CHECK(found);
+                CHECK(plain.find(want) == std::string::npos);
+            }
+        }
+    });
+}
