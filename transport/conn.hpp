@@ -113,6 +113,10 @@ struct Conn {
     Tuple tuple{};
     ConnStat *stat = nullptr;
     std::atomic<ConnState> state{ConnState::kernel};
+    // Our registry entry while it is published: its file's identity
+    // (registry.hpp), so that unpublishing needs no read of it. 0: none.
+    std::atomic<std::uint64_t> entry_ino{0};
+    std::uint64_t entry_dev = 0;
     // Not direct yet at a fork: no upgrade either way from now on (a
     // connection that was direct comes back after sharing instead: the
     // holders' counts, leave.cpp).

@@ -223,6 +223,9 @@ int Engine::start_control() noexcept {
         return -err;
     }
     ctl_fd_ = fd;
+    // Without it, a peer attached while the control thread waits is
+    // watched from its next wake-up on.
+    watch_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     // The control thread must not take the application's signals.
     sigset_t all, old;
     sigfillset(&all);
@@ -239,7 +242,24 @@ int Engine::start_control() noexcept {
 }
 
 void Engine::control_loop() noexcept {
+    // Our control socket, and the pidfds of the attached peers: an idle
+    // cached peer whose process ended is dropped at once (peers.cpp).
+    constexpr int kWatch = 2 + int(sizeof peers_ / sizeof peers_[0]);
+    pollfd fds[kWatch];
     for (;;) {
+        const int n = gather_watch(fds, kWatch);
+        if (sys.poll(fds, nfds_t(n), -1) < 0) {
+            if (errno != EINTR) usleep(1000);
+            continue;
+        }
+        if (fds[1].revents & POLLIN) {
+            std::uint64_t v;
+            (void)sys.read(watch_fd_, &v, sizeof v);
+        }
+        bool ended = false;
+        for (int i = 2; i < n; ++i) ended |= fds[i].revents != 0;
+        if (ended) reap_ended_peers();
+        if (!(fds[0].revents & POLLIN)) continue;
         int fd = sys.accept4(ctl_fd_, nullptr, nullptr, SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED) continue;
@@ -269,34 +289,56 @@ Conn *Engine::find_tuple(const Tuple &t) noexcept {
 void Engine::publish(Conn *c) noexcept {
     Entry e{};
     e.magic = kEntryMagic;
-    e.version = 1;
+    e.version = kEntryVersion;
     e.pid = pid_;
     e.conn_id = c->id;
     e.gen = c->gen;
     e.acceptor = c->acceptor;
     std::snprintf(e.addr, sizeof e.addr, "%s", ep_.name);
+    e.check = entry_check(e);
     char path[400], tmp[420];
     entry_path(path, sizeof path, c->tuple);
-    std::snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, int(pid_));
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    // The name is new for nearly every connection: create it and write it
+    // in one go. O_EXCL follows no symlink and takes no one's file.
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    const char *name = path;
+    if (fd < 0 && errno == EEXIST) {
+        // Left by an earlier connection of the same 4-tuple: replaced
+        // atomically, so that a reader sees the old entry or ours.
+        std::snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, int(pid_));
+        fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        name = tmp;
+    }
     if (fd < 0) return;
-    bool ok = sys.write(fd, &e, sizeof e) == sizeof e;
+    struct stat st;
+    bool ok = sys.write(fd, &e, sizeof e) == sizeof e && fstat(fd, &st) == 0;
     sys.close(fd);
-    if (!ok || rename(tmp, path) != 0) unlink(tmp);
+    if (ok && name == tmp) ok = rename(tmp, path) == 0;
+    if (!ok) {
+        unlink(name);
+        return;
+    }
+    c->entry_dev = std::uint64_t(st.st_dev);
+    c->entry_ino.store(std::uint64_t(st.st_ino), std::memory_order_release);
+    // An answer to it may have ended the upgrade already (a request that
+    // read the entry before we noted it, and failed or succeeded): its
+    // unpublish found nothing noted, so the entry goes now.
+    const ConnState st_now = c->state.load(std::memory_order_acquire);
+    if (st_now == ConnState::final || st_now == ConnState::direct) unpublish(c);
 }
 
 void Engine::unpublish(Conn *c) noexcept {
+    // Only our own entry: the name might already belong to a new connection
+    // of another process that reuses the same 4-tuple. The file's identity
+    // says so without opening it; once only.
+    const std::uint64_t ino = c->entry_ino.exchange(0, std::memory_order_acq_rel);
+    if (!ino) return;
     char path[400];
     entry_path(path, sizeof path, c->tuple);
-    // Only our own entry: the name might already belong to a new connection
-    // of another process that reuses the same 4-tuple.
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return;
-    Entry e{};
-    bool mine = sys.read(fd, &e, sizeof e) == sizeof e && e.pid == pid_ && e.conn_id == c->id &&
-                e.gen == c->gen;
-    sys.close(fd);
-    if (mine) unlink(path);
+    struct stat st;
+    if (stat(path, &st) == 0 && std::uint64_t(st.st_ino) == ino &&
+        std::uint64_t(st.st_dev) == c->entry_dev)
+        unlink(path);
 }
 
 void Engine::set_final(Conn *c, Reason r) noexcept {
@@ -325,86 +367,6 @@ int Engine::make_ring(Conn *c) noexcept {
         c->ring_mr = nullptr;  // the peer then sends everything inline
     }
     return 0;
-}
-
-Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why) noexcept {
-    // The doorbell is ours from here on every path: kept, or closed (each
-    // refused request would otherwise leave one open fd behind).
-    auto refuse = [&](Reason r) -> Peer * {
-        *why = r;
-        if (doorbell >= 0) sys.close(doorbell);
-        return nullptr;
-    };
-    for (std::uint32_t i = 0; i < npeers_; ++i)
-        if (peers_[i].pid == pid && peers_[i].page) {
-            ++peers_[i].conns;
-            // Our own initiation may have attached it first, without a
-            // doorbell (that comes with the answer, and may never come):
-            // the first doorbell offered is the one kept.
-            if (doorbell >= 0 && peers_[i].doorbell < 0) peers_[i].doorbell = doorbell;
-            else if (doorbell >= 0) sys.close(doorbell);
-            return &peers_[i];
-        }
-    Peer *p = nullptr;
-    for (std::uint32_t i = 0; i < npeers_; ++i)
-        if (!peers_[i].page) p = &peers_[i];
-    std::uint32_t live = 0;
-    for (std::uint32_t i = 0; i < npeers_; ++i) live += peers_[i].page != nullptr;
-    if (live >= settings().max_peers || (!p && npeers_ >= std::size(peers_)))
-        return refuse(Reason::av_full);
-    if (!p) p = &peers_[npeers_++];
-    *p = Peer{};
-    p->pid = pid;
-    {
-        Guard guard;
-        int rc = fi_av_insert(ep_.av, addr, 1, &p->addr, 0, nullptr);
-        if (rc != 1) {
-            SD_LOG(info, "address vector insert for pid %d failed (%d)", int(pid), rc);
-            return refuse(Reason::av_full);
-        }
-    }
-    if (pid == pid_) {
-        p->page = page_;
-        p->doorbell = doorbell_;
-        if (doorbell >= 0) sys.close(doorbell);
-    } else {
-        char path[300];
-        std::snprintf(path, sizeof path, "%s/p%d", settings().registry, int(pid));
-        // Writable for the claim words of its advertised recv buffers
-        // (write zero-copy); everything else in it we only read.
-        int fd = open(path, O_RDWR | O_CLOEXEC);
-        void *map = fd < 0 ? MAP_FAILED
-                           : mmap(nullptr, sizeof(ProcPage), PROT_READ | PROT_WRITE, MAP_SHARED,
-                                  fd, 0);
-        if (fd >= 0) sys.close(fd);
-        if (map == MAP_FAILED || static_cast<ProcPage *>(map)->header.pid != pid) {
-            if (map != MAP_FAILED) munmap(map, sizeof(ProcPage));
-            Guard guard;
-            fi_av_remove(ep_.av, &p->addr, 1, 0);
-            return refuse(Reason::peer_refused);
-        }
-        p->page = static_cast<ProcPage *>(map);
-        p->doorbell = doorbell;
-        p->pidfd = int(syscall(SYS_pidfd_open, pid, 0));
-    }
-    p->region.watch(addr, pid);
-    p->conns = 1;
-    return p;
-}
-
-void Engine::release_peer(Peer *p) noexcept {
-    if (!p || --p->conns) return;
-    if (p->addr != FI_ADDR_UNSPEC) {  // else forget_peers() removed it
-        Guard guard;
-        fi_av_remove(ep_.av, &p->addr, 1, 0);
-    }
-    if (p->pid != pid_) {
-        munmap(const_cast<ProcPage *>(p->page), sizeof(ProcPage));
-        if (p->doorbell >= 0) sys.close(p->doorbell);
-        if (p->pidfd >= 0) sys.close(p->pidfd);
-    }
-    p->region.unwatch();
-    *p = Peer{};
 }
 
 void Engine::hold(Conn *c) noexcept {
@@ -477,8 +439,7 @@ void Engine::try_initiate(Conn *c) noexcept {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return;  // the peer has not published (yet): it may find us
     Entry e{};
-    bool ok = sys.read(fd, &e, sizeof e) == sizeof e && e.magic == kEntryMagic &&
-              e.version == 1 && e.pid > 0;
+    bool ok = sys.read(fd, &e, sizeof e) == sizeof e && entry_valid(e);
     sys.close(fd);
     if (!ok) return;
     e.addr[sizeof e.addr - 1] = '\0';

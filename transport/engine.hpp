@@ -18,7 +18,9 @@
 
 namespace sd::transport {
 
-// A peer process we have direct connections with.
+// A peer process we have direct connections with, or had: one whose last
+// connection closed stays attached, idle, in the peer cache (peers.cpp).
+// Under conn_lock_.
 struct Peer {
     pid_t pid = 0;
     fi_addr_t addr = FI_ADDR_UNSPEC;
@@ -27,6 +29,12 @@ struct Peer {
     ProcPage *page = nullptr;  // its process page: read, but for the sink claim words
     std::uint32_t conns = 0;           // connections using it (under conn lock)
     RegionLock region;                 // its shm region's lock, watched before each send
+    // Its fabric address, which names the process incarnation (pid and a
+    // per-process nonce): a cached peer serves only the same incarnation,
+    // never a process that reused the pid or an exec of it.
+    char name[96] = {};
+    std::uint64_t idle_since = 0;      // the cache's clock when it went idle
+    bool ended = false;                // its process ended while in use: drop when idle
 };
 
 // An RMA operation in flight; completed by progress(). `ctx` must come
@@ -347,7 +355,28 @@ class Engine {
     RetiredRing retired_[1024] = {};
     std::size_t nretired_ = 0;
     Conn *lookup(std::uint32_t id, std::uint32_t gen) noexcept;
+
+    // peers.cpp: the peer table and its cache of idle peers (conn_lock_
+    // held). attach_peer takes `doorbell` (kept or closed) and returns the
+    // peer with one more reference, or nullptr with `*why`; release_peer
+    // drops a reference (an idle peer stays cached, up to
+    // SDIRECT_PEER_CACHE, the least recently used going first).
+    Peer *attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why) noexcept;
     void release_peer(Peer *p) noexcept;
+    // Unmaps and forgets a peer nobody uses.
+    void drop_peer(Peer *p) noexcept;
+    // Drops idle peers, least recently used first, until at most `keep`
+    // are left. False if there was none to drop.
+    bool evict_idle(std::uint32_t keep) noexcept;
+    // Peers whose process may have ended (their pidfd fired): idle ones
+    // are dropped, those in use dropped when their last connection goes.
+    void reap_ended_peers() noexcept;
+    // The control thread's wait: our control socket, the wake-up eventfd
+    // and the pidfds of the attached peers. Fills `fds`, returns its count.
+    int gather_watch(struct pollfd *fds, int max) noexcept;
+    std::uint64_t peer_clock_ = 0;
+    std::uint32_t idle_peers_ = 0;
+    int watch_fd_ = -1;  // eventfd: a peer was attached, watch its pidfd
 
     // control.cpp
     int start_control() noexcept;
@@ -359,7 +388,6 @@ class Engine {
 
     void handle_request(int fd) noexcept;
     void handle_leave(int fd, pid_t pid, const Tuple &tuple, int proof, Reason why) noexcept;
-    Peer *attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why) noexcept;
     int make_ring(Conn *c) noexcept;
     std::uint64_t next_key_ = 1;
     void set_final(Conn *c, Reason r) noexcept;

@@ -92,10 +92,11 @@ std::string format_conn(int pid, const char *comm, const ConnStat &s) {
 }
 
 std::string format_process(const ProcHeader &h) {
-    char line[320];
+    char line[420];
     std::snprintf(line, sizeof line,
                   "process pid=%d comm=%s reg_cache=%s reg_budget=%llu reg_hits=%llu reg_misses=%llu "
-                  "reg_invalidated=%llu reg_evicted=%llu reg_bytes=%llu",
+                  "reg_invalidated=%llu reg_evicted=%llu reg_bytes=%llu peers_attached=%u "
+                  "peer_reuses=%u peers_evicted=%u peers_gone=%u",
                   int(h.pid), h.comm,
                   h.reg_cache_on.load(std::memory_order_relaxed) ? "on" : "off",
                   (unsigned long long)h.reg_budget,
@@ -103,7 +104,11 @@ std::string format_process(const ProcHeader &h) {
                   (unsigned long long)h.reg_misses.load(std::memory_order_relaxed),
                   (unsigned long long)h.reg_invalidated.load(std::memory_order_relaxed),
                   (unsigned long long)h.reg_evicted.load(std::memory_order_relaxed),
-                  (unsigned long long)h.reg_bytes.load(std::memory_order_relaxed));
+                  (unsigned long long)h.reg_bytes.load(std::memory_order_relaxed),
+                  h.peers_attached.load(std::memory_order_relaxed),
+                  h.peer_reuses.load(std::memory_order_relaxed),
+                  h.peers_evicted.load(std::memory_order_relaxed),
+                  h.peers_gone.load(std::memory_order_relaxed));
     return line;
 }
 
