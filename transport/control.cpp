@@ -45,7 +45,8 @@ enum class CtlType : std::uint16_t { request = 1, reply = 2, leave = 3, kick = 4
 
 // Control message, one SEQPACKET datagram. A request carries two fds (the
 // initiator's TCP socket as proof, its doorbell); an accepting reply one
-// (the receiver's doorbell).
+// (the receiver's doorbell), unless the request said that the initiator
+// holds it already (kHaveBell: the peer is attached, cached or in use).
 struct CtlMsg {
     std::uint32_t magic;
     std::uint16_t version;
@@ -64,6 +65,7 @@ struct CtlMsg {
 static_assert(sizeof(CtlMsg) == 184);
 
 constexpr std::uint32_t kConflict = 0xffff;
+constexpr std::uint32_t kHaveBell = 1;  // a request's status: no doorbell in the reply
 
 unsigned long netns_id() noexcept {
     static unsigned long id = [] {
@@ -471,6 +473,8 @@ void Engine::try_initiate(Conn *c) noexcept {
     CtlMsg reply{};
     int their_doorbell = -1;
     int s = -1;
+    // Set once under conn_lock_ and kept while we hold the peer.
+    const bool have_bell = peer && peer->doorbell >= 0;
     if (peer) {
         char cpath[108];
         ctl_path(cpath, sizeof cpath, e.pid);
@@ -500,6 +504,7 @@ void Engine::try_initiate(Conn *c) noexcept {
                 req.gen = c->gen;
                 req.window = c->window;
                 req.dumpable = std::uint32_t(dumpable());
+                req.status = have_bell ? kHaveBell : 0;
                 req.tuple = c->tuple;
                 std::snprintf(req.addr, sizeof req.addr, "%s", ep_.name);
                 req.ring_addr = c->ring_mr ? std::uint64_t(std::uintptr_t(c->ring)) : 0;
@@ -519,7 +524,8 @@ void Engine::try_initiate(Conn *c) noexcept {
             }
         }
     }
-    const bool accepted = why == Reason::none && reply.pid == e.pid && their_doorbell >= 0;
+    const bool accepted =
+        why == Reason::none && reply.pid == e.pid && (their_doorbell >= 0 || have_bell);
 
     std::lock_guard lock(conn_lock_);
     // The answer's doorbell is kept even when we yield (conflict): the
@@ -707,7 +713,8 @@ void Engine::handle_request(int fd) noexcept {
     rep.version = kCtlVersion;
     rep.type = std::uint16_t(CtlType::reply);
     rep.pid = pid_;
-    rep.dumpable = std::uint32_t(dumpable());
+    const bool we_dump = dumpable();
+    rep.dumpable = std::uint32_t(we_dump);
     auto refuse = [&](std::uint32_t status) {
         rep.status = status;
         if (proof >= 0) sys.close(proof);
@@ -731,7 +738,7 @@ void Engine::handle_request(int fd) noexcept {
             SD_LOG(info, "upgrade request from pid %d without valid proof", int(req.pid));
             return refuse(std::uint32_t(Reason::proof_failed));
         }
-        if (!dumpable() || !req.dumpable) {
+        if (!we_dump || !req.dumpable) {
             set_final(c, Reason::not_dumpable);
             return refuse(std::uint32_t(Reason::not_dumpable));
         }
@@ -779,7 +786,7 @@ void Engine::handle_request(int fd) noexcept {
     rep.status = std::uint32_t(Reason::none);
     if (proof >= 0) sys.close(proof);
     bool committed = false;
-    if (send_ctl(fd, rep, &doorbell_, 1) == sizeof rep) {
+    if (send_ctl(fd, rep, &doorbell_, (req.status & kHaveBell) ? 0 : 1) == sizeof rep) {
         const std::uint64_t deadline =
             monotonic_ns() + std::uint64_t(settings().upgrade_timeout_ms) * 1000000;
         CtlMsg word{};
