@@ -91,7 +91,10 @@ void ctl_path(char *out, std::size_t n, pid_t pid) noexcept {
 
 int dumpable() noexcept { return prctl(PR_GET_DUMPABLE) == 1; }
 
-ssize_t send_ctl(int fd, const CtlMsg &m, const int *fds, int nfds) noexcept {
+// The control thread sends with MSG_DONTWAIT: its answer goes into a
+// fresh connection's empty queue, and a blocked send would stall every
+// other request.
+ssize_t send_ctl(int fd, const CtlMsg &m, const int *fds, int nfds, int flags = 0) noexcept {
     iovec iov{const_cast<CtlMsg *>(&m), sizeof m};
     msghdr mh{};
     mh.msg_iov = &iov;
@@ -106,13 +109,13 @@ ssize_t send_ctl(int fd, const CtlMsg &m, const int *fds, int nfds) noexcept {
         cm->cmsg_len = CMSG_LEN(std::size_t(nfds) * sizeof(int));
         std::memcpy(CMSG_DATA(cm), fds, std::size_t(nfds) * sizeof(int));
     }
-    return sys.sendmsg(fd, &mh, MSG_NOSIGNAL);
+    return sys.sendmsg(fd, &mh, MSG_NOSIGNAL | flags);
 }
 
 // Receives one control message; passed fds land in fds[] (-1 if absent).
 // A message that is short, of another version or carries extra fds is
 // rejected and its fds are closed.
-int recv_ctl(int fd, CtlMsg &m, int *fds, int want) noexcept {
+int recv_ctl(int fd, CtlMsg &m, int *fds, int want, int flags = 0) noexcept {
     for (int i = 0; i < want; ++i) fds[i] = -1;
     iovec iov{&m, sizeof m};
     msghdr mh{};
@@ -121,7 +124,7 @@ int recv_ctl(int fd, CtlMsg &m, int *fds, int want) noexcept {
     alignas(cmsghdr) char cbuf[CMSG_SPACE(4 * sizeof(int))];
     mh.msg_control = cbuf;
     mh.msg_controllen = sizeof cbuf;
-    ssize_t n = sys.recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+    ssize_t n = sys.recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | flags);
     if (n < 0) return -errno;
     if (n == 0) return -EPIPE;  // the other side closed
     int got = 0;
@@ -272,9 +275,6 @@ void Engine::control_loop() noexcept {
             SD_LOG(error, "control channel accept failed: %s", std::strerror(errno));
             return;
         }
-        timeval tv{1, 0};
-        sys.setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-        sys.setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
         handle_request(fd);
         sys.close(fd);
     }
@@ -679,13 +679,17 @@ void Engine::handle_leave(int fd, pid_t pid, const Tuple &tuple, int proof, Reas
         if (c && leave_locked(c, why) < 0) rep.status = std::uint32_t(Reason::timeout);
     }
     if (proof >= 0) sys.close(proof);
-    send_ctl(fd, rep, nullptr, 0);
+    send_ctl(fd, rep, nullptr, 0, MSG_DONTWAIT);
 }
 
 void Engine::handle_request(int fd) noexcept {
     CtlMsg req{};
     int fds[2];
-    if (recv_ctl(fd, req, fds, 2) != 0) return;
+    // The request is nearly always queued by the time we accept; a
+    // client that connected and sends nothing gets a second.
+    int got = recv_ctl(fd, req, fds, 2, MSG_DONTWAIT);
+    if (got == -EAGAIN) got = recv_ctl_until(fd, req, fds, 2, monotonic_ns() + 1000000000ull);
+    if (got != 0) return;
     int proof = fds[0], bell = fds[1];
     if (req.type == std::uint16_t(CtlType::kick)) {
         for (int f : fds)
@@ -719,7 +723,7 @@ void Engine::handle_request(int fd) noexcept {
         rep.status = status;
         if (proof >= 0) sys.close(proof);
         if (bell >= 0) sys.close(bell);
-        send_ctl(fd, rep, nullptr, 0);
+        send_ctl(fd, rep, nullptr, 0, MSG_DONTWAIT);
     };
     if (req.type != std::uint16_t(CtlType::request) || proof < 0 || bell < 0 || !fabric_usable() ||
         retired())
@@ -786,7 +790,8 @@ void Engine::handle_request(int fd) noexcept {
     rep.status = std::uint32_t(Reason::none);
     if (proof >= 0) sys.close(proof);
     bool committed = false;
-    if (send_ctl(fd, rep, &doorbell_, (req.status & kHaveBell) ? 0 : 1) == sizeof rep) {
+    if (send_ctl(fd, rep, &doorbell_, (req.status & kHaveBell) ? 0 : 1, MSG_DONTWAIT) ==
+        sizeof rep) {
         const std::uint64_t deadline =
             monotonic_ns() + std::uint64_t(settings().upgrade_timeout_ms) * 1000000;
         CtlMsg word{};
