@@ -296,7 +296,11 @@ void Engine::publish(Conn *c) noexcept {
     e.conn_id = c->id;
     e.gen = c->gen;
     e.acceptor = c->acceptor;
+    // A name cut short would send the peer elsewhere: not published (we
+    // may still find the peer's entry and initiate).
+    if (std::strlen(ep_.name) >= sizeof e.addr) return;
     std::snprintf(e.addr, sizeof e.addr, "%s", ep_.name);
+    e.written_ns = monotonic_ns();
     e.check = entry_check(e);
     char path[400], tmp[420];
     entry_path(path, sizeof path, c->tuple);
@@ -322,6 +326,7 @@ void Engine::publish(Conn *c) noexcept {
     }
     c->entry_dev = std::uint64_t(st.st_dev);
     c->entry_ino.store(std::uint64_t(st.st_ino), std::memory_order_release);
+    c->published_ns.store(monotonic_ns(), std::memory_order_release);
     // An answer to it may have ended the upgrade already (a request that
     // read the entry before we noted it, and failed or succeeded): its
     // unpublish found nothing noted, so the entry goes now.
@@ -426,6 +431,37 @@ bool send_commit(int fd, pid_t self) noexcept {
 
 }  // namespace
 
+// Crossed requests cost a round trip for nothing (the accepting side's
+// wins), and on a host with a free CPU both ends of a new connection
+// publish and look at once. The connecting side, having found the
+// acceptor's entry `e`, stays quiet when the acceptor's lookup, which
+// always follows its own publish, is sure to find our entry whole:
+//  * it began writing its entry after ours was whole (e.written_ns), or
+//  * its process page (mapped already: the peer is attached, cached or in
+//    use) shows it has not begun its lookup yet, or began it after ours
+//    was whole. The acceptor stores its stamp, then fences, then looks;
+//    we wrote our entry, then fence, then read the stamp: if we miss the
+//    stamp, its lookup sees our entry (the two cannot both miss).
+// Both ends read CLOCK_MONOTONIC; ends in different time namespaces could
+// misjudge it, and the connection would then stay on TCP.
+bool Engine::acceptor_will_ask(const Conn *c, const Entry &e) noexcept {
+    const std::uint64_t ours = c->published_ns.load(std::memory_order_acquire);
+    if (!ours) return false;
+    if (e.written_ns > ours) return true;
+    if (e.conn_id >= kSlots) return false;
+    std::lock_guard lock(conn_lock_);
+    for (std::uint32_t i = 0; i < npeers_; ++i) {
+        const Peer &p = peers_[i];
+        if (!p.page || p.pid != e.pid || p.ended || p.addr == FI_ADDR_UNSPEC ||
+            std::strncmp(p.name, e.addr, sizeof p.name) != 0)
+            continue;
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+        const std::uint64_t stamp = p.page->slots[e.conn_id].lookup_ns.load(std::memory_order_relaxed);
+        return stamp == 0 || stamp > ours;
+    }
+    return false;
+}
+
 // The upgrade is a commit protocol over the control socket, so that it is
 // all or nothing: request (initiator) → accept (responder, which then waits)
 // → commit (initiator). Neither side sends a byte on the fabric before the
@@ -436,6 +472,11 @@ bool send_commit(int fd, pid_t self) noexcept {
 // pass, shuts the socket down and then takes only a commit already queued.
 void Engine::try_initiate(Conn *c) noexcept {
     if (c->held.load(std::memory_order_acquire)) return;
+    if (c->acceptor) {
+        // Before the lookup, and seen before it (see acceptor_will_ask).
+        c->stat->lookup_ns.store(monotonic_ns(), std::memory_order_relaxed);
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+    }
     char path[400];
     entry_path(path, sizeof path, reversed(c->tuple));
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -445,6 +486,7 @@ void Engine::try_initiate(Conn *c) noexcept {
     sys.close(fd);
     if (!ok) return;
     e.addr[sizeof e.addr - 1] = '\0';
+    if (!c->acceptor && e.acceptor && acceptor_will_ask(c, e)) return;
     if (e.pid != pid_ && kill(e.pid, 0) != 0 && errno == ESRCH) {
         unlink(path);  // stale: its process is gone
         return;

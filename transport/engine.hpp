@@ -62,6 +62,7 @@ inline constexpr std::uint32_t kMaxInline = 16384 - 32;
 
 class Engine;
 Engine *the_engine_for_exit() noexcept;
+struct Entry;  // registry.hpp
 
 // The process changed its privileges or sandbox (retire.cpp): from then on
 // nothing is upgraded, no engine is built and no request is answered; its
@@ -383,6 +384,9 @@ class Engine {
     void publish(Conn *c) noexcept;
     void unpublish(Conn *c) noexcept;
     void try_initiate(Conn *c) noexcept;
+    // The connecting side found the acceptor's entry: its request is sure
+    // to come (control.cpp).
+    bool acceptor_will_ask(const Conn *c, const Entry &e) noexcept;
     // Both ends committed: the connection is direct from here (conn_lock_).
     void go_direct(Conn *c) noexcept;
 

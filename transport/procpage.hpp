@@ -127,7 +127,11 @@ struct ConnStat {
     // The claim word of our advertised recv buffer (wire.hpp kSink*): the
     // peer maps this page writable to claim it.
     std::atomic<std::uint64_t> sink_word;
-    std::uint8_t pad1[48];
+    // CLOCK_MONOTONIC when the accepting side began looking for the
+    // connecting side's registry entry (0: not yet): the connecting side
+    // then knows whether its request would only cross the acceptor's.
+    std::atomic<std::uint64_t> lookup_ns;
+    std::uint8_t pad1[40];
 };
 static_assert(sizeof(ConnStat) == 256);
 static_assert(offsetof(ConnStat, tx_kernel) == 64);

@@ -23,11 +23,17 @@ struct Entry {
     std::uint32_t conn_id;
     std::uint32_t gen;
     std::uint32_t acceptor;
-    char addr[96];  // fabric address (fi_getname string), NUL-terminated
+    char addr[88];  // fabric address (fi_getname string), NUL-terminated
+    // CLOCK_MONOTONIC just before the entry was written: a connecting
+    // side that finished writing its own entry before this time knows that
+    // the acceptor's lookup, which follows its write, finds it (and so
+    // initiates): it does not cross that request with one of its own.
+    std::uint64_t written_ns;
     std::uint64_t check;  // entry_check() of the bytes before it
 };
 static_assert(sizeof(Entry) == 128);
 static_assert(offsetof(Entry, pid) == 8 && offsetof(Entry, addr) == 24);
+static_assert(offsetof(Entry, written_ns) == 112 && offsetof(Entry, check) == 120);
 inline constexpr std::uint32_t kEntryVersion = 2;
 
 // FNV-1a of the entry's first 120 bytes.
