@@ -197,7 +197,7 @@ TEST_CASE("an upgrade request whose fabric address is refused leaves no fd behin
         }
         for (int t = 0; i == kRequests - 1 && t < 100; ++t) {
             last = open_fds(victim.pid);
-            if (last <= baseline) break;
+            if (last <= baseline + 1) break;
             sleep_s(0.02);
         }
         close(tcp);
@@ -207,7 +207,9 @@ TEST_CASE("an upgrade request whose fabric address is refused leaves no fd behin
     CHECK(exited_with(victim, 0));
     INFO("victim fds with one connection open: " << baseline << " after 3 requests, " << last
                                                  << " after " << kRequests);
-    CHECK(last <= baseline);
+    // One more at most: a thread's wake-up eventfd is made at its first
+    // sleep, which may come after the baseline (a leak was one per request).
+    CHECK(last <= baseline + 1);
     for (long s : statuses) CHECK(s > 0);  // refused, never accepted
     // Every connection stayed on the kernel, for the refusal's reason.
     const auto stats = conn_stats(victim);

@@ -294,7 +294,11 @@ int run_client(const std::string &port_text, const Options &opt) {
     }
     const bool nonblocking = opt.get("connect") == "nonblock";
     if (nonblocking) refused_connects(family_of(opt));
+    // --gap-ms: a pause before each connection after the first (two
+    // clients of one server then take turns).
+    const std::uint64_t gap_ms = opt.num("gap-ms", 0);
     for (std::size_t i = 0; i < conns; ++i) {
+        if (i && gap_ms) sleep_us(gap_ms * 1000);
         int fd = nonblocking ? connect_nonblocking(family_of(opt), port, i)
                              : connect_loopback(family_of(opt), port);
         report_conn(fd, "client");

@@ -68,6 +68,7 @@ Conn *Engine::attach(int fd, bool acceptor, std::uint32_t rcvbuf, std::uint64_t 
             ctr->store(0, std::memory_order_relaxed);
         for (auto *ctr : {&s->adverts, &s->cancels, &s->upgrades, &s->leaves})
             ctr->store(0, std::memory_order_relaxed);
+        s->lookup_ns.store(0, std::memory_order_relaxed);
         s->tx_kernel.store(sent, std::memory_order_relaxed);
         s->rx_kernel.store(received, std::memory_order_relaxed);
         c->tx_off = sent;

@@ -113,6 +113,12 @@ struct Conn {
     Tuple tuple{};
     ConnStat *stat = nullptr;
     std::atomic<ConnState> state{ConnState::kernel};
+    // Our registry entry while it is published: its file's identity
+    // (registry.hpp), so that unpublishing needs no read of it. 0: none.
+    std::atomic<std::uint64_t> entry_ino{0};
+    std::uint64_t entry_dev = 0;
+    // CLOCK_MONOTONIC once our entry was whole (0: not published).
+    std::atomic<std::uint64_t> published_ns{0};
     // Not direct yet at a fork: no upgrade either way from now on (a
     // connection that was direct comes back after sharing instead: the
     // holders' counts, leave.cpp).

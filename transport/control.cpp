@@ -46,7 +46,8 @@ enum class CtlType : std::uint16_t { request = 1, reply = 2, leave = 3, kick = 4
 
 // Control message, one SEQPACKET datagram. A request carries two fds (the
 // initiator's TCP socket as proof, its doorbell); an accepting reply one
-// (the receiver's doorbell).
+// (the receiver's doorbell), unless the request said that the initiator
+// holds it already (kHaveBell: the peer is attached, cached or in use).
 struct CtlMsg {
     std::uint32_t magic;
     std::uint16_t version;
@@ -65,6 +66,7 @@ struct CtlMsg {
 static_assert(sizeof(CtlMsg) == 184);
 
 constexpr std::uint32_t kConflict = 0xffff;
+constexpr std::uint32_t kHaveBell = 1;  // a request's status: no doorbell in the reply
 
 unsigned long netns_id() noexcept {
     static unsigned long id = [] {
@@ -76,12 +78,18 @@ unsigned long netns_id() noexcept {
 
 }  // namespace
 
+// Built three or four times per connection: the addresses are spelt by
+// hand (32 snprintf calls a name showed in a connection set-up profile).
 void entry_path(char *out, std::size_t n, const Tuple &t) noexcept {
-    char l[40], p[40];
+    static constexpr char kHex[] = "0123456789abcdef";
+    char l[33], p[33];
     for (int i = 0; i < 16; ++i) {
-        std::snprintf(l + 2 * i, 3, "%02x", t.local_addr[i]);
-        std::snprintf(p + 2 * i, 3, "%02x", t.peer_addr[i]);
+        l[2 * i] = kHex[t.local_addr[i] >> 4];
+        l[2 * i + 1] = kHex[t.local_addr[i] & 15];
+        p[2 * i] = kHex[t.peer_addr[i] >> 4];
+        p[2 * i + 1] = kHex[t.peer_addr[i] & 15];
     }
+    l[32] = p[32] = '\0';
     std::snprintf(out, n, "%s/c-%lx-%u-%s.%u-%s.%u", settings().registry, netns_id(),
                   unsigned(t.family), l, unsigned(t.local_port), p, unsigned(t.peer_port));
 }
@@ -94,7 +102,10 @@ void ctl_path(char *out, std::size_t n, pid_t pid) noexcept {
 
 int dumpable() noexcept { return prctl(PR_GET_DUMPABLE) == 1; }
 
-ssize_t send_ctl(int fd, const CtlMsg &m, const int *fds, int nfds) noexcept {
+// The control thread sends with MSG_DONTWAIT: its answer goes into a
+// fresh connection's empty queue, and a blocked send would stall every
+// other request.
+ssize_t send_ctl(int fd, const CtlMsg &m, const int *fds, int nfds, int flags = 0) noexcept {
     iovec iov{const_cast<CtlMsg *>(&m), sizeof m};
     msghdr mh{};
     mh.msg_iov = &iov;
@@ -109,13 +120,13 @@ ssize_t send_ctl(int fd, const CtlMsg &m, const int *fds, int nfds) noexcept {
         cm->cmsg_len = CMSG_LEN(std::size_t(nfds) * sizeof(int));
         std::memcpy(CMSG_DATA(cm), fds, std::size_t(nfds) * sizeof(int));
     }
-    return sys.sendmsg(fd, &mh, MSG_NOSIGNAL);
+    return sys.sendmsg(fd, &mh, MSG_NOSIGNAL | flags);
 }
 
 // Receives one control message; passed fds land in fds[] (-1 if absent).
 // A message that is short, of another version or carries extra fds is
 // rejected and its fds are closed.
-int recv_ctl(int fd, CtlMsg &m, int *fds, int want) noexcept {
+int recv_ctl(int fd, CtlMsg &m, int *fds, int want, int flags = 0) noexcept {
     for (int i = 0; i < want; ++i) fds[i] = -1;
     iovec iov{&m, sizeof m};
     msghdr mh{};
@@ -124,7 +135,7 @@ int recv_ctl(int fd, CtlMsg &m, int *fds, int want) noexcept {
     alignas(cmsghdr) char cbuf[CMSG_SPACE(4 * sizeof(int))];
     mh.msg_control = cbuf;
     mh.msg_controllen = sizeof cbuf;
-    ssize_t n = sys.recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+    ssize_t n = sys.recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | flags);
     if (n < 0) return -errno;
     if (n == 0) return -EPIPE;  // the other side closed
     int got = 0;
@@ -228,6 +239,9 @@ int Engine::start_control() noexcept {
         return -err;
     }
     ctl_fd_ = fd;
+    // Without it, a peer attached while the control thread waits is
+    // watched from its next wake-up on.
+    watch_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     // The control thread must not take the application's signals.
     sigset_t all, old;
     sigfillset(&all);
@@ -244,7 +258,24 @@ int Engine::start_control() noexcept {
 }
 
 void Engine::control_loop() noexcept {
+    // Our control socket, and the pidfds of the attached peers: an idle
+    // cached peer whose process ended is dropped at once (peers.cpp).
+    constexpr int kWatch = 2 + int(sizeof peers_ / sizeof peers_[0]);
+    pollfd fds[kWatch];
     for (;;) {
+        const int n = gather_watch(fds, kWatch);
+        if (sys.poll(fds, nfds_t(n), -1) < 0) {
+            if (errno != EINTR) usleep(1000);
+            continue;
+        }
+        if (fds[1].revents & POLLIN) {
+            std::uint64_t v;
+            (void)sys.read(watch_fd_, &v, sizeof v);
+        }
+        bool ended = false;
+        for (int i = 2; i < n; ++i) ended |= fds[i].revents != 0;
+        if (ended) reap_ended_peers();
+        if (!(fds[0].revents & POLLIN)) continue;
         int fd = sys.accept4(ctl_fd_, nullptr, nullptr, SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED) continue;
@@ -260,9 +291,6 @@ void Engine::control_loop() noexcept {
             SD_LOG(error, "control channel accept failed: %s", std::strerror(errno));
             return;
         }
-        timeval tv{1, 0};
-        sys.setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-        sys.setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
         handle_request(fd);
         sys.close(fd);
     }
@@ -280,38 +308,72 @@ void Engine::publish(Conn *c, Reason kernel_why) noexcept {
     Entry e{};
     e.kernel_why = std::uint32_t(kernel_why);
     e.magic = kEntryMagic;
-    e.version = 1;
+    e.version = kEntryVersion;
     e.pid = pid_;
     e.conn_id = c->id;
     e.gen = c->gen;
     e.acceptor = c->acceptor;
+    // A name cut short would send the peer elsewhere: not published (we
+    // may still find the peer's entry and initiate).
+    if (std::strlen(ep_.name) >= sizeof e.addr) return;
     std::snprintf(e.addr, sizeof e.addr, "%s", ep_.name);
-    write_entry(c->tuple, e);
+    std::uint64_t dev = 0, ino = 0;
+    if (!write_entry(c->tuple, e, &dev, &ino)) return;
+    c->entry_dev = dev;
+    c->entry_ino.store(ino, std::memory_order_release);
+    c->published_ns.store(monotonic_ns(), std::memory_order_release);
+    // An answer to it may have ended the upgrade already (a request that
+    // read the entry before we noted it, and failed or succeeded): its
+    // unpublish found nothing noted, so a plain entry goes now. A marked
+    // one (why this end stays on TCP) stays for the peer to read.
+    const ConnState st_now = c->state.load(std::memory_order_acquire);
+    if (kernel_why == Reason::none && (st_now == ConnState::final || st_now == ConnState::direct))
+        unpublish(c);
 }
 
-void write_entry(const Tuple &t, const Entry &e) noexcept {
+bool write_entry(const Tuple &t, Entry &e, std::uint64_t *dev, std::uint64_t *ino) noexcept {
+    e.written_ns = monotonic_ns();
+    e.check = entry_check(e);
     char path[400], tmp[420];
     entry_path(path, sizeof path, t);
-    std::snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, int(e.pid));
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) return;
-    bool ok = sys.write(fd, &e, sizeof e) == sizeof e;
+    // The name is new for nearly every connection: create it and write it
+    // in one go. O_EXCL follows no symlink and takes no one's file.
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    const char *name = path;
+    if (fd < 0 && errno == EEXIST) {
+        // Left by an earlier connection of the same 4-tuple, or our own
+        // entry marked anew: replaced atomically, so that a reader sees
+        // the old entry or the new one.
+        std::snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, int(e.pid));
+        fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        name = tmp;
+    }
+    if (fd < 0) return false;
+    struct stat st;
+    bool ok = sys.write(fd, &e, sizeof e) == sizeof e && fstat(fd, &st) == 0;
     sys.close(fd);
-    if (!ok || rename(tmp, path) != 0) unlink(tmp);
+    if (ok && name == tmp) ok = rename(tmp, path) == 0;
+    if (!ok) {
+        unlink(name);
+        return false;
+    }
+    if (dev) *dev = std::uint64_t(st.st_dev);
+    if (ino) *ino = std::uint64_t(st.st_ino);
+    return true;
 }
 
 void Engine::unpublish(Conn *c) noexcept {
+    // Only our own entry: the name might already belong to a new connection
+    // of another process that reuses the same 4-tuple. The file's identity
+    // says so without opening it; once only.
+    const std::uint64_t ino = c->entry_ino.exchange(0, std::memory_order_acq_rel);
+    if (!ino) return;
     char path[400];
     entry_path(path, sizeof path, c->tuple);
-    // Only our own entry: the name might already belong to a new connection
-    // of another process that reuses the same 4-tuple.
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return;
-    Entry e{};
-    bool mine = sys.read(fd, &e, sizeof e) == sizeof e && e.pid == pid_ && e.conn_id == c->id &&
-                e.gen == c->gen;
-    sys.close(fd);
-    if (mine) unlink(path);
+    struct stat st;
+    if (stat(path, &st) == 0 && std::uint64_t(st.st_ino) == ino &&
+        std::uint64_t(st.st_dev) == c->entry_dev)
+        unlink(path);
 }
 
 void Engine::set_final(Conn *c, Reason r) noexcept {
@@ -342,86 +404,6 @@ int Engine::make_ring(Conn *c) noexcept {
         c->ring_mr = nullptr;  // the peer then sends everything inline
     }
     return 0;
-}
-
-Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why) noexcept {
-    // The doorbell is ours from here on every path: kept, or closed (each
-    // refused request would otherwise leave one open fd behind).
-    auto refuse = [&](Reason r) -> Peer * {
-        *why = r;
-        if (doorbell >= 0) sys.close(doorbell);
-        return nullptr;
-    };
-    for (std::uint32_t i = 0; i < npeers_; ++i)
-        if (peers_[i].pid == pid && peers_[i].page) {
-            ++peers_[i].conns;
-            // Our own initiation may have attached it first, without a
-            // doorbell (that comes with the answer, and may never come):
-            // the first doorbell offered is the one kept.
-            if (doorbell >= 0 && peers_[i].doorbell < 0) peers_[i].doorbell = doorbell;
-            else if (doorbell >= 0) sys.close(doorbell);
-            return &peers_[i];
-        }
-    Peer *p = nullptr;
-    for (std::uint32_t i = 0; i < npeers_; ++i)
-        if (!peers_[i].page) p = &peers_[i];
-    std::uint32_t live = 0;
-    for (std::uint32_t i = 0; i < npeers_; ++i) live += peers_[i].page != nullptr;
-    if (live >= settings().max_peers || (!p && npeers_ >= std::size(peers_)))
-        return refuse(Reason::av_full);
-    if (!p) p = &peers_[npeers_++];
-    *p = Peer{};
-    p->pid = pid;
-    {
-        Guard guard;
-        int rc = fi_av_insert(ep_.av, addr, 1, &p->addr, 0, nullptr);
-        if (rc != 1) {
-            SD_LOG(info, "address vector insert for pid %d failed (%d)", int(pid), rc);
-            return refuse(Reason::av_full);
-        }
-    }
-    if (pid == pid_) {
-        p->page = page_;
-        p->doorbell = doorbell_;
-        if (doorbell >= 0) sys.close(doorbell);
-    } else {
-        char path[300];
-        std::snprintf(path, sizeof path, "%s/p%d", settings().registry, int(pid));
-        // Writable for the claim words of its advertised recv buffers
-        // (write zero-copy); everything else in it we only read.
-        int fd = open(path, O_RDWR | O_CLOEXEC);
-        void *map = fd < 0 ? MAP_FAILED
-                           : mmap(nullptr, sizeof(ProcPage), PROT_READ | PROT_WRITE, MAP_SHARED,
-                                  fd, 0);
-        if (fd >= 0) sys.close(fd);
-        if (map == MAP_FAILED || static_cast<ProcPage *>(map)->header.pid != pid) {
-            if (map != MAP_FAILED) munmap(map, sizeof(ProcPage));
-            Guard guard;
-            fi_av_remove(ep_.av, &p->addr, 1, 0);
-            return refuse(Reason::peer_refused);
-        }
-        p->page = static_cast<ProcPage *>(map);
-        p->doorbell = doorbell;
-        p->pidfd = int(syscall(SYS_pidfd_open, pid, 0));
-    }
-    p->region.watch(addr, pid);
-    p->conns = 1;
-    return p;
-}
-
-void Engine::release_peer(Peer *p) noexcept {
-    if (!p || --p->conns) return;
-    if (p->addr != FI_ADDR_UNSPEC) {  // else forget_peers() removed it
-        Guard guard;
-        fi_av_remove(ep_.av, &p->addr, 1, 0);
-    }
-    if (p->pid != pid_) {
-        munmap(const_cast<ProcPage *>(p->page), sizeof(ProcPage));
-        if (p->doorbell >= 0) sys.close(p->doorbell);
-        if (p->pidfd >= 0) sys.close(p->pidfd);
-    }
-    p->region.unwatch();
-    *p = Peer{};
 }
 
 void Engine::hold(Conn *c, Reason why) noexcept {
@@ -480,6 +462,37 @@ bool send_commit(int fd, pid_t self) noexcept {
 
 }  // namespace
 
+// Crossed requests cost a round trip for nothing (the accepting side's
+// wins), and on a host with a free CPU both ends of a new connection
+// publish and look at once. The connecting side, having found the
+// acceptor's entry `e`, stays quiet when the acceptor's lookup, which
+// always follows its own publish, is sure to find our entry whole:
+//  * it began writing its entry after ours was whole (e.written_ns), or
+//  * its process page (mapped already: the peer is attached, cached or in
+//    use) shows it has not begun its lookup yet, or began it after ours
+//    was whole. The acceptor stores its stamp, then fences, then looks;
+//    we wrote our entry, then fence, then read the stamp: if we miss the
+//    stamp, its lookup sees our entry (the two cannot both miss).
+// Both ends read CLOCK_MONOTONIC; ends in different time namespaces could
+// misjudge it, and the connection would then stay on TCP.
+bool Engine::acceptor_will_ask(const Conn *c, const Entry &e) noexcept {
+    const std::uint64_t ours = c->published_ns.load(std::memory_order_acquire);
+    if (!ours) return false;
+    if (e.written_ns > ours) return true;
+    if (e.conn_id >= kSlots) return false;
+    std::lock_guard lock(conn_lock_);
+    for (std::uint32_t i = 0; i < npeers_; ++i) {
+        const Peer &p = peers_[i];
+        if (!p.page || p.pid != e.pid || p.ended || p.addr == FI_ADDR_UNSPEC ||
+            std::strncmp(p.name, e.addr, sizeof p.name) != 0)
+            continue;
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+        const std::uint64_t stamp = p.page->slots[e.conn_id].lookup_ns.load(std::memory_order_relaxed);
+        return stamp == 0 || stamp > ours;
+    }
+    return false;
+}
+
 // The upgrade is a commit protocol over the control socket, so that it is
 // all or nothing: request (initiator) → accept (responder, which then waits)
 // → commit (initiator). Neither side sends a byte on the fabric before the
@@ -490,16 +503,32 @@ bool send_commit(int fd, pid_t self) noexcept {
 // pass, shuts the socket down and then takes only a commit already queued.
 void Engine::try_initiate(Conn *c) noexcept {
     if (c->held.load(std::memory_order_acquire)) return;
+    if (c->acceptor) {
+        // Before the lookup, and seen before it (see acceptor_will_ask).
+        c->stat->lookup_ns.store(monotonic_ns(), std::memory_order_relaxed);
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+    }
     char path[400];
     entry_path(path, sizeof path, reversed(c->tuple));
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return;  // the peer has not published (yet): it may find us
+    if (fd < 0) {
+        // No fd to look with (RLIMIT_NOFILE): whether the peer published
+        // cannot be known now, and an upgrade would need more fds. Said
+        // once; a later attempt may still go. Otherwise the peer has not
+        // published (yet): it may find us.
+        std::uint32_t expect = std::uint32_t(Reason::no_peer);
+        if ((errno == EMFILE || errno == ENFILE) &&
+            c->stat->reason.compare_exchange_strong(expect, std::uint32_t(Reason::fd_limit)))
+            SD_LOG_CONN(info, *c->stat, "on TCP for now: fd_limit (no fd to look up the peer's "
+                                        "registry entry with)");
+        return;
+    }
     Entry e{};
-    bool ok = sys.read(fd, &e, sizeof e) == sizeof e && e.magic == kEntryMagic &&
-              e.version == 1 && e.pid > 0;
+    bool ok = sys.read(fd, &e, sizeof e) == sizeof e && entry_valid(e);
     sys.close(fd);
     if (!ok || e.kernel_why) return;  // that end will not upgrade: judge() reports it
     e.addr[sizeof e.addr - 1] = '\0';
+    if (!c->acceptor && e.acceptor && acceptor_will_ask(c, e)) return;
     if (e.pid != pid_ && kill(e.pid, 0) != 0 && errno == ESRCH) {
         unlink(path);  // stale: its process is gone
         return;
@@ -528,6 +557,8 @@ void Engine::try_initiate(Conn *c) noexcept {
     CtlMsg reply{};
     int their_doorbell = -1;
     int s = -1;
+    // Set once under conn_lock_ and kept while we hold the peer.
+    const bool have_bell = peer && peer->doorbell >= 0;
     if (peer) {
         char cpath[108];
         ctl_path(cpath, sizeof cpath, e.pid);
@@ -558,6 +589,7 @@ void Engine::try_initiate(Conn *c) noexcept {
                 req.gen = c->gen;
                 req.window = c->window;
                 req.dumpable = std::uint32_t(dumpable());
+                req.status = have_bell ? kHaveBell : 0;
                 req.tuple = c->tuple;
                 std::snprintf(req.addr, sizeof req.addr, "%s", ep_.name);
                 req.ring_addr = c->ring_mr ? std::uint64_t(std::uintptr_t(c->ring)) : 0;
@@ -577,7 +609,8 @@ void Engine::try_initiate(Conn *c) noexcept {
             }
         }
     }
-    const bool accepted = why == Reason::none && reply.pid == e.pid && their_doorbell >= 0;
+    const bool accepted =
+        why == Reason::none && reply.pid == e.pid && (their_doorbell >= 0 || have_bell);
 
     std::lock_guard lock(conn_lock_);
     // The answer's doorbell is kept even when we yield (conflict): the
@@ -730,13 +763,17 @@ void Engine::handle_leave(int fd, pid_t pid, const Tuple &tuple, int proof, Reas
         if (c && leave_locked(c, why) < 0) rep.status = std::uint32_t(Reason::timeout);
     }
     if (proof >= 0) sys.close(proof);
-    send_ctl(fd, rep, nullptr, 0);
+    send_ctl(fd, rep, nullptr, 0, MSG_DONTWAIT);
 }
 
 void Engine::handle_request(int fd) noexcept {
     CtlMsg req{};
     int fds[2];
-    if (recv_ctl(fd, req, fds, 2) != 0) return;
+    // The request is nearly always queued by the time we accept; a
+    // client that connected and sends nothing gets a second.
+    int got = recv_ctl(fd, req, fds, 2, MSG_DONTWAIT);
+    if (got == -EAGAIN) got = recv_ctl_until(fd, req, fds, 2, monotonic_ns() + 1000000000ull);
+    if (got != 0) return;
     int proof = fds[0], bell = fds[1];
     if (req.type == std::uint16_t(CtlType::kick)) {
         for (int f : fds)
@@ -764,12 +801,13 @@ void Engine::handle_request(int fd) noexcept {
     rep.version = kCtlVersion;
     rep.type = std::uint16_t(CtlType::reply);
     rep.pid = pid_;
-    rep.dumpable = std::uint32_t(dumpable());
+    const bool we_dump = dumpable();
+    rep.dumpable = std::uint32_t(we_dump);
     auto refuse = [&](std::uint32_t status) {
         rep.status = status;
         if (proof >= 0) sys.close(proof);
         if (bell >= 0) sys.close(bell);
-        send_ctl(fd, rep, nullptr, 0);
+        send_ctl(fd, rep, nullptr, 0, MSG_DONTWAIT);
     };
     if (req.type != std::uint16_t(CtlType::request) || proof < 0 || bell < 0 || !fabric_usable() ||
         retired())
@@ -788,7 +826,7 @@ void Engine::handle_request(int fd) noexcept {
             SD_LOG(info, "upgrade request from pid %d without valid proof", int(req.pid));
             return refuse(std::uint32_t(Reason::proof_failed));
         }
-        if (!dumpable() || !req.dumpable) {
+        if (!we_dump || !req.dumpable) {
             set_final(c, Reason::not_dumpable);
             return refuse(std::uint32_t(Reason::not_dumpable));
         }
@@ -836,7 +874,8 @@ void Engine::handle_request(int fd) noexcept {
     rep.status = std::uint32_t(Reason::none);
     if (proof >= 0) sys.close(proof);
     bool committed = false;
-    if (send_ctl(fd, rep, &doorbell_, 1) == sizeof rep) {
+    if (send_ctl(fd, rep, &doorbell_, (req.status & kHaveBell) ? 0 : 1, MSG_DONTWAIT) ==
+        sizeof rep) {
         const std::uint64_t deadline =
             monotonic_ns() + std::uint64_t(settings().upgrade_timeout_ms) * 1000000;
         CtlMsg word{};

@@ -19,7 +19,9 @@
 
 namespace sd::transport {
 
-// A peer process we have direct connections with.
+// A peer process we have direct connections with, or had: one whose last
+// connection closed stays attached, idle, in the peer cache (peers.cpp).
+// Under conn_lock_.
 struct Peer {
     pid_t pid = 0;
     fi_addr_t addr = FI_ADDR_UNSPEC;
@@ -28,6 +30,12 @@ struct Peer {
     ProcPage *page = nullptr;  // its process page: read, but for the sink claim words
     std::uint32_t conns = 0;           // connections using it (under conn lock)
     RegionLock region;                 // its shm region's lock, watched before each send
+    // Its fabric address, which names the process incarnation (pid and a
+    // per-process nonce): a cached peer serves only the same incarnation,
+    // never a process that reused the pid or an exec of it.
+    char name[96] = {};
+    std::uint64_t idle_since = 0;      // the cache's clock when it went idle
+    bool ended = false;                // its process ended while in use: drop when idle
 };
 
 // An RMA operation in flight; completed by progress(). `ctx` must come
@@ -55,6 +63,7 @@ inline constexpr std::uint32_t kMaxInline = 16384 - 32;
 
 class Engine;
 Engine *the_engine_for_exit() noexcept;
+struct Entry;  // registry.hpp
 
 // The process changed its privileges or sandbox (retire.cpp): from then on
 // nothing is upgraded, no engine is built and no request is answered; its
@@ -73,7 +82,7 @@ int ask_owner_to_leave(pid_t owner, int fd, Reason why) noexcept;
 // The registry entry of the connection end `t`, and writing it (whole,
 // through a temporary file and rename) (control.cpp).
 void entry_path(char *out, std::size_t n, const Tuple &t) noexcept;
-void write_entry(const Tuple &t, const Entry &e) noexcept;
+bool write_entry(const Tuple &t, Entry &e, std::uint64_t *dev, std::uint64_t *ino) noexcept;
 // A connection this process never attached (accepted and never used)
 // goes to another program, which does not run the library (exec): our
 // entry for it says so, so that its peer reports peer_kernel, not no_peer
@@ -373,7 +382,28 @@ class Engine {
     RetiredRing retired_[1024] = {};
     std::size_t nretired_ = 0;
     Conn *lookup(std::uint32_t id, std::uint32_t gen) noexcept;
+
+    // peers.cpp: the peer table and its cache of idle peers (conn_lock_
+    // held). attach_peer takes `doorbell` (kept or closed) and returns the
+    // peer with one more reference, or nullptr with `*why`; release_peer
+    // drops a reference (an idle peer stays cached, up to
+    // SDIRECT_PEER_CACHE, the least recently used going first).
+    Peer *attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why) noexcept;
     void release_peer(Peer *p) noexcept;
+    // Unmaps and forgets a peer nobody uses.
+    void drop_peer(Peer *p) noexcept;
+    // Drops idle peers, least recently used first, until at most `keep`
+    // are left. False if there was none to drop.
+    bool evict_idle(std::uint32_t keep) noexcept;
+    // Peers whose process may have ended (their pidfd fired): idle ones
+    // are dropped, those in use dropped when their last connection goes.
+    void reap_ended_peers() noexcept;
+    // The control thread's wait: our control socket, the wake-up eventfd
+    // and the pidfds of the attached peers. Fills `fds`, returns its count.
+    int gather_watch(struct pollfd *fds, int max) noexcept;
+    std::uint64_t peer_clock_ = 0;
+    std::uint32_t idle_peers_ = 0;
+    int watch_fd_ = -1;  // eventfd: a peer was attached, watch its pidfd
 
     // control.cpp
     int start_control() noexcept;
@@ -381,12 +411,14 @@ class Engine {
     void publish(Conn *c, Reason kernel_why = Reason::none) noexcept;
     void unpublish(Conn *c) noexcept;
     void try_initiate(Conn *c) noexcept;
+    // The connecting side found the acceptor's entry: its request is sure
+    // to come (control.cpp).
+    bool acceptor_will_ask(const Conn *c, const Entry &e) noexcept;
     // Both ends committed: the connection is direct from here (conn_lock_).
     void go_direct(Conn *c) noexcept;
 
     void handle_request(int fd) noexcept;
     void handle_leave(int fd, pid_t pid, const Tuple &tuple, int proof, Reason why) noexcept;
-    Peer *attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why) noexcept;
     int make_ring(Conn *c) noexcept;
     std::uint64_t next_key_ = 1;
     void set_final(Conn *c, Reason r) noexcept;

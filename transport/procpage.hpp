@@ -2,7 +2,7 @@
 // direct connections, <registry>/p<pid>. Peers map it to read the sleep
 // count (doorbell protocol); sdirect-stat maps it to list connections.
 //
-// Layout (version 5), all little-endian host order:
+// Layout (version 7), all little-endian host order:
 //   0   ProcHeader   (128 bytes)
 //   128 ConnStat[kSlots] (256 bytes each)
 // A slot is written only by the owning process; readers tolerate torn
@@ -17,7 +17,7 @@
 namespace sd::transport {
 
 inline constexpr std::uint32_t kPageMagic = 0x53445047;  // "SDPG"
-inline constexpr std::uint32_t kPageVersion = 5;
+inline constexpr std::uint32_t kPageVersion = 7;
 inline constexpr std::uint32_t kSlots = 4096;
 
 enum class Mode : std::uint32_t { kernel = 0, direct = 1, shared = 2 };
@@ -59,7 +59,9 @@ struct ProcHeader {
     std::int32_t pid;
     std::uint32_t nslots;
     std::atomic<std::uint32_t> sleepers;  // threads blocked on the doorbell
-    std::uint32_t pad0;
+    // Peer processes attached afresh (their maps made), upgrades that
+    // found theirs attached already (cached or in use).
+    std::atomic<std::uint32_t> peers_attached;
     std::uint64_t start_ns;               // CLOCK_REALTIME at creation
     char comm[32];                        // program name, NUL-terminated
     // The registration cache (regcache.hpp), process-wide: on (1) or off;
@@ -67,14 +69,17 @@ struct ProcHeader {
     // entries dropped because the memory was freed or unmapped, dropped
     // for room; registered bytes held.
     std::atomic<std::uint32_t> reg_cache_on;
-    std::uint32_t pad2;
+    std::atomic<std::uint32_t> peer_reuses;
     std::atomic<std::uint64_t> reg_hits;
     std::atomic<std::uint64_t> reg_misses;
     std::atomic<std::uint64_t> reg_invalidated;
     std::atomic<std::uint64_t> reg_evicted;
     std::atomic<std::uint64_t> reg_bytes;
     std::uint64_t reg_budget;             // its bound in bytes (0: off)
-    std::uint8_t pad1[8];
+    // Idle peers dropped from the cache: for room (least recently used),
+    // and because their process ended.
+    std::atomic<std::uint32_t> peers_evicted;
+    std::atomic<std::uint32_t> peers_gone;
 };
 static_assert(sizeof(ProcHeader) == 128);
 static_assert(offsetof(ProcHeader, sleepers) == 16);
@@ -127,7 +132,11 @@ struct ConnStat {
     // The claim word of our advertised recv buffer (wire.hpp kSink*): the
     // peer maps this page writable to claim it.
     std::atomic<std::uint64_t> sink_word;
-    std::uint8_t pad1[48];
+    // CLOCK_MONOTONIC when the accepting side began looking for the
+    // connecting side's registry entry (0: not yet): the connecting side
+    // then knows whether its request would only cross the acceptor's.
+    std::atomic<std::uint64_t> lookup_ns;
+    std::uint8_t pad1[40];
 };
 static_assert(sizeof(ConnStat) == 256);
 static_assert(offsetof(ConnStat, tx_kernel) == 64);
@@ -156,7 +165,8 @@ struct ConnRecord {
 //  tx_kernel=0 rx_kernel=0 tx_fabric=1024 rx_fabric=0 tx_msgs=1 rx_msgs=0"
 std::string format_conn(int pid, const char *comm, const ConnStat &s);
 // "process pid=12 comm=iperf3 reg_cache=on reg_budget=4194304 reg_hits=9
-//  reg_misses=1 reg_invalidated=0 reg_evicted=0 reg_bytes=1048576"
+//  reg_misses=1 reg_invalidated=0 reg_evicted=0 reg_bytes=1048576
+//  peers_attached=1 peer_reuses=99 peers_evicted=0 peers_gone=0"
 std::string format_process(const ProcHeader &h);
 
 // The same lines written into `buf` (cut to fit, NUL-terminated), without

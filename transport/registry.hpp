@@ -9,8 +9,13 @@ namespace sd::transport {
 inline constexpr std::uint32_t kEntryMagic = 0x45524453;  // "SDRE"
 
 // Registry entry <registry>/c-<netns>-<family>-<local>-<peer>: one half of
-// a connection, written atomically (temporary file <entry>.<pid>.tmp, then
-// rename). Layout version 1, 128 bytes.
+// a connection. Layout version 3, 128 bytes. Created with O_EXCL and
+// written with one write(); a reader that comes between the two, or in the
+// middle of the write, finds it short or its check wrong and takes it as
+// not published yet (each end writes its own entry before it looks for the
+// other's, so one of them always sees the other's whole). A name still
+// held by an earlier connection of the same 4-tuple is replaced atomically
+// instead (temporary file <entry>.<pid>.tmp, then rename).
 struct Entry {
     std::uint32_t magic;
     std::uint32_t version;
@@ -18,15 +23,37 @@ struct Entry {
     std::uint32_t conn_id;
     std::uint32_t gen;
     std::uint32_t acceptor;
-    char addr[96];  // fabric address (fi_getname string), NUL-terminated
+    char addr[80];  // fabric address (fi_getname string), NUL-terminated
     // Not 0: this end stays on the kernel for this Reason (no upgrade);
     // the other end reports it (peer_kernel) instead of no_peer.
     std::uint32_t kernel_why;
     std::uint32_t pad;
+    // CLOCK_MONOTONIC just before the entry was written: a connecting
+    // side that finished writing its own entry before this time knows that
+    // the acceptor's lookup, which follows its write, finds it (and so
+    // initiates): it does not cross that request with one of its own.
+    std::uint64_t written_ns;
+    std::uint64_t check;  // entry_check() of the bytes before it
 };
 static_assert(sizeof(Entry) == 128);
 static_assert(offsetof(Entry, pid) == 8 && offsetof(Entry, addr) == 24);
-static_assert(offsetof(Entry, kernel_why) == 120);
+static_assert(offsetof(Entry, kernel_why) == 104 && offsetof(Entry, written_ns) == 112 &&
+              offsetof(Entry, check) == 120);
+inline constexpr std::uint32_t kEntryVersion = 3;
+
+// FNV-1a of the entry's first 120 bytes.
+inline std::uint64_t entry_check(const Entry &e) noexcept {
+    const auto *b = reinterpret_cast<const unsigned char *>(&e);
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    for (std::size_t i = 0; i < offsetof(Entry, check); ++i) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+// A whole entry of this layout.
+inline bool entry_valid(const Entry &e) noexcept {
+    return e.magic == kEntryMagic && e.version == kEntryVersion && e.pid > 0 &&
+           e.check == entry_check(e);
+}
 
 // Names tried after `base` when it belongs to someone else: base-1 ...
 // base-(kRegistryTries - 1).

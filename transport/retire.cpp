@@ -49,6 +49,10 @@ void Engine::forget_peers() noexcept {
     for (std::uint32_t i = 0; i < npeers_; ++i) {
         Peer &p = peers_[i];
         if (!p.page || p.pid == pid_ || p.addr == FI_ADDR_UNSPEC) continue;
+        if (!p.conns) {  // idle in the cache: nothing uses it
+            drop_peer(&p);
+            continue;
+        }
         // A connection still leaving (the peer left first and returns our
         // bytes on the fabric) keeps its peer until it is done.
         bool busy = false;

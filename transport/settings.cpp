@@ -74,6 +74,12 @@ constexpr Setting table[] = {
     {"SDIRECT_MAX_PEERS", SettingKind::integer, "256",
      "Peer processes in the address vector; connections to further peers "
      "stay on TCP."},
+    {"SDIRECT_PEER_CACHE", SettingKind::integer, "16",
+     "Peer processes kept attached (address vector entry, maps of their "
+     "process page and region, doorbell) after their last connection "
+     "closed, so that the next connection to them upgrades without "
+     "attaching again; the least recently used goes first, and one whose "
+     "process ended goes at once. 0: none. At most 64."},
     {"SDIRECT_SAME_PROCESS", SettingKind::boolean, "1",
      "Accelerate connections whose two ends live in the same process."},
     {"SDIRECT_UPGRADE_TIMEOUT_MS", SettingKind::integer, "1000",
@@ -197,6 +203,8 @@ void load_settings() noexcept {
     values.rx_buffer_size = integer(Key::rx_buffer_size);
     if (values.rx_buffer_size < (1u << 16)) values.rx_buffer_size = 1u << 16;
     values.max_peers = integer(Key::max_peers);
+    values.peer_cache = integer(Key::peer_cache);
+    if (values.peer_cache > 64) values.peer_cache = 64;
     values.same_process = boolean(Key::same_process);
     values.upgrade_timeout_ms = integer(Key::upgrade_timeout_ms);
     values.leave_timeout_ms = integer(Key::leave_timeout_ms);

@@ -35,6 +35,7 @@ enum class Key : std::uint8_t {
     rx_buffers,
     rx_buffer_size,
     max_peers,
+    peer_cache,
     same_process,
     upgrade_timeout_ms,
     leave_timeout_ms,
@@ -61,6 +62,7 @@ struct Settings {
     std::uint32_t rx_buffers;
     std::uint32_t rx_buffer_size;
     std::uint32_t max_peers;
+    std::uint32_t peer_cache;  // idle peers kept attached (0: none)
     bool same_process;        // accelerate connections within one process
     std::uint32_t upgrade_timeout_ms;
     std::uint32_t leave_timeout_ms;  // longest wait for a peer to answer our leave

@@ -200,6 +200,10 @@ std::size_t format_process_into(char *buf, std::size_t n, const ProcHeader &h) n
     o.kv("reg_invalidated", get(h.reg_invalidated));
     o.kv("reg_evicted", get(h.reg_evicted));
     o.kv("reg_bytes", get(h.reg_bytes));
+    o.kv("peers_attached", get(h.peers_attached));
+    o.kv("peer_reuses", get(h.peer_reuses));
+    o.kv("peers_evicted", get(h.peers_evicted));
+    o.kv("peers_gone", get(h.peers_gone));
     return std::size_t(o.p - buf);
 }
 

@@ -174,12 +174,12 @@ void mark_unattached(int fd, Reason why) noexcept {
     if (tuple_of(fd, t) != 0) return;
     Entry e{};
     e.magic = kEntryMagic;
-    e.version = 1;
+    e.version = kEntryVersion;
     e.pid = getpid();
     e.conn_id = ~0u;  // no connection of ours: nobody unpublishes it but the sweep
     e.acceptor = 1;
     e.kernel_why = std::uint32_t(why);
-    write_entry(t, e);
+    (void)write_entry(t, e, nullptr, nullptr);
 }
 
 void Engine::mark_kernel(Conn *c, Reason r) noexcept {
@@ -218,7 +218,7 @@ void Engine::judge(Conn *c, bool at_end) noexcept {
     Entry e{};
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd >= 0) {
-        const bool ok = sys.read(fd, &e, sizeof e) == sizeof e && e.magic == kEntryMagic;
+        const bool ok = sys.read(fd, &e, sizeof e) == sizeof e && entry_valid(e);
         sys.close(fd);
         if (!ok) return;
         if (!e.kernel_why || e.kernel_why >= std::uint32_t(Reason::count_)) {
