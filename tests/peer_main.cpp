@@ -19,6 +19,7 @@
 #include "peer_sendpath.hpp"
 #include "peer_storm.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -125,7 +126,11 @@ Options parse(int argc, char **argv, int first) {
 void serve_connection(int *fd, bool is_client, const Options &opt) {
     const std::string scenario = opt.get("scenario", "bulk");
     const bool client_drives = opt.get("driver", "client") == "client";
-    if (is_client) settle_client(*fd, std::uint32_t(opt.num("settle-ms", 0)));
+    // --earn-ms: a paced exchange that long, in which a connection under
+    // the library's default policy earns its upgrade and goes direct.
+    const auto earn_ms = std::uint32_t(opt.num("earn-ms", 0));
+    if (is_client)
+        settle_client(*fd, std::max(earn_ms, std::uint32_t(opt.num("settle-ms", 0))), earn_ms > 0);
     else settle_server(*fd);
     if (is_sendpath_scenario(scenario)) serve_sendpath(fd, is_client, opt);
     else if (is_storm_scenario(scenario)) serve_storm(*fd, is_client, opt);

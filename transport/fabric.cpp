@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <dlfcn.h>
+#include <atomic>
+#include <ctime>
 #include <mutex>
 
 namespace sd::transport {
@@ -26,6 +28,20 @@ struct Api {
 Api api;
 std::once_flag loaded;
 bool usable = false;
+std::atomic<bool> exiting{false};
+std::atomic<bool> parked{false};
+
+// Between two steps of the build: once the process is exiting, nothing is
+// to be gained from the endpoint, and libfabric's destructor must not run
+// under a call into it, so the building thread stops here for good.
+void park_if_exiting() noexcept {
+    if (!exiting.load(std::memory_order_acquire)) return;
+    parked.store(true, std::memory_order_release);
+    for (;;) {
+        timespec nap{3600, 0};
+        nanosleep(&nap, nullptr);
+    }
+}
 
 void load() noexcept {
     // Before the first dlopen: keep libinfinipath/libpsm2 from installing
@@ -67,8 +83,14 @@ const char *fabric_strerror(int err) noexcept {
     return usable ? api.strerror(err < 0 ? -err : err) : "libfabric not loaded";
 }
 
+void fabric_exit_began() noexcept { exiting.store(true, std::memory_order_release); }
+bool fabric_exiting() noexcept { return exiting.load(std::memory_order_acquire); }
+bool fabric_builder_parked() noexcept { return parked.load(std::memory_order_acquire); }
+
 int endpoint_open(Endpoint &e, const char *provider, const char *unique) noexcept {
+    park_if_exiting();
     if (!fabric_available()) return -ENOSYS;
+    park_if_exiting();  // the dlopen is over: the exit's loader lock is free
     Guard guard;
     struct sigaction saved[sizeof kTouchedSignals / sizeof kTouchedSignals[0]];
     for (std::size_t i = 0; i < std::size(kTouchedSignals); ++i)
@@ -96,9 +118,11 @@ int endpoint_open(Endpoint &e, const char *provider, const char *unique) noexcep
     if (rc) {
         // A provider without RMA reads still does everything else.
         hints->caps &= ~std::uint64_t(FI_READ | FI_REMOTE_READ);
+        park_if_exiting();
         rc = api.getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints, &e.info);
     }
     api.freeinfo(hints);
+    park_if_exiting();  // before the provider creates its region and handlers
     auto fail = [&](const char *what, int err) {
         SD_LOG(error, "fabric %s failed: %s", what, fabric_strerror(err));
         endpoint_close(e);

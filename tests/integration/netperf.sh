@@ -5,7 +5,9 @@
 # TCP_MAERTS for one second each; each must exit 0 with a positive result.
 # Then, with the library, each test's data connection must have run
 # direct (the client's counters: one direct connection per test with bytes
-# on the fabric).
+# on the fabric). It runs the library's default upgrade policy: the data
+# connections earn their upgrade as they go on (they start on TCP).
+export SDIRECT_UPGRADE_AFTER_MS="${SDIRECT_UPGRADE_AFTER_MS-}"
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib.sh"
 it_need netperf:netperf netserver:netperf
 it_preflight
