@@ -4,7 +4,11 @@
 // its answer gains nothing from it. So a connection starts on the kernel,
 // counted as a pending one, and asks for its upgrade only once it has
 // earned it: at its first I/O that moves bytes after it has lived
-// SDIRECT_UPGRADE_AFTER_MS. Until then it is in no registry, and a
+// SDIRECT_UPGRADE_AFTER_MS, once kEarnCalls of its calls have moved
+// bytes (a connection that goes on exchanging, not one that says a few
+// words at its start and its end, such as a test's control connection
+// whose last words would otherwise race its upgrade with its shutdown).
+// Until then it is in no registry, and a
 // process none of whose connections ever earns never builds its engine.
 // Both ends follow the same rule; the one that asks later finds the
 // other's half in the registry and initiates.
@@ -15,6 +19,13 @@
 #include "transport/wait.hpp"
 
 namespace sd::fallback {
+namespace {
+
+// Calls (reads and writes, both directions) that moved bytes before a
+// connection may ask: a request/answer protocol asks after 8 exchanges.
+constexpr std::uint32_t kEarnCalls = 16;
+
+}  // namespace
 
 void finish_pending_cb(void *ctx) noexcept {
     auto *s = static_cast<Stream *>(ctx);
@@ -27,11 +38,12 @@ void Stream::start_earning() noexcept {
     pending.store(true, std::memory_order_release);
     earn_ns = transport::monotonic_ns() +
               std::uint64_t(transport::settings().upgrade_after_ms) * 1000000ull;
+    earn_calls = 0;
     phase.store(Phase::attached, std::memory_order_release);
 }
 
 void Stream::ask_upgrade_locked() noexcept {
-    if (transport::monotonic_ns() < earn_ns) return;
+    if (++earn_calls < kEarnCalls || transport::monotonic_ns() < earn_ns) return;
     earn_ns = 0;
     transport::Engine *e = transport::Engine::ready();  // the first asks for the build
     if (!e) {

@@ -225,6 +225,7 @@ void Stream::reset(int f, int dom, bool nb) noexcept {
     share_check_ns = 0;
     pre_tx = pre_rx = 0;
     earn_ns = 0;
+    earn_calls = 0;
     calls.store(0, std::memory_order_relaxed);
     held_fd.store(-1, std::memory_order_relaxed);
     refs.store(1, std::memory_order_release);

@@ -72,6 +72,7 @@ class Stream {
     // its first kernel I/O that moves bytes from this time on (monotonic
     // ns). 0: it asked already, or never will (under pend_lock).
     std::uint64_t earn_ns = 0;
+    std::uint32_t earn_calls = 0;  // its kernel I/O calls that moved bytes so far
     bool acceptor = false;
     std::uint64_t pre_tx = 0;
     std::uint64_t pre_rx = 0;

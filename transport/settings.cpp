@@ -96,7 +96,8 @@ constexpr Setting table[] = {
     {"SDIRECT_UPGRADE_AFTER_MS", SettingKind::integer, "20",
      "Upgrade only when it can pay: a connection starts on TCP and asks to "
      "go direct at its first read or write that moves bytes once it has "
-     "lived this many ms; until then it touches neither the registry nor "
+     "lived this many ms and 16 of its calls have moved bytes (it goes on "
+     "exchanging); until then it touches neither the registry nor "
      "the fabric, and the process builds its fabric engine only when its "
      "first connection asks. A connection that is over sooner (one request "
      "and its answer) costs what TCP costs. 0: at once (connect() and "
