@@ -3,13 +3,13 @@
 #include "log.hpp"
 #include "sys.hpp"
 
+#include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
-#include <dlfcn.h>
-#include <atomic>
 #include <ctime>
+#include <dlfcn.h>
 #include <mutex>
 
 namespace sd::transport {

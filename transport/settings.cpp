@@ -106,7 +106,9 @@ constexpr Setting table[] = {
      "first byte)."},
     {"SDIRECT_STATS_FILE", SettingKind::text, "",
      "If set, every connection's counters are appended to this file when the "
-     "process exits (one line per connection, sdirect-stat format)."},
+     "process exits (one line per connection, sdirect-stat format). A "
+     "connection that never earned its upgrade (SDIRECT_UPGRADE_AFTER_MS) "
+     "has none, and a process that never built its engine writes nothing."},
 };
 static_assert(sizeof(table) / sizeof(table[0]) == std::size_t(Key::count_));
 
