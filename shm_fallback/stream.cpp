@@ -598,7 +598,10 @@ ssize_t Stream::recv_stream(const iovec *iov, int iovcnt, int flags) noexcept {
     }
     if (!claim_inherited()) return orphan_error(kfd());
     Conn *c = attached_conn();
-    if ((!c && counting()) || (c && left_holders(c))) {
+    // A redo can find the stream counting again: the last holder of a
+    // socket shared through fork that adopted it may start by earning its
+    // upgrade (pending), and its bytes must be counted from there too.
+    for (int redo = 0; redo < 4 && ((!c && counting()) || (c && left_holders(c))); ++redo) {
         std::size_t done = 0;
         ssize_t n = pending_io(iov, iovcnt, flags, false, done);
         if (n != -EALREADY) return n;
@@ -998,7 +1001,8 @@ ssize_t Stream::send_stream(const iovec *iov, int iovcnt, int flags) noexcept {
     if (!claim_inherited()) return orphan_error(kfd());
     if (flags & MSG_OOB) leave_for_urgent();
     Conn *c = attached_conn();
-    if (!c && counting()) {
+    // As in recv_stream: an adopted share may be counting again.
+    for (int redo = 0; redo < 4 && !c && counting(); ++redo) {
         std::size_t done = 0;
         ssize_t n = pending_io(iov, iovcnt, flags, true, done);  // the kernel raised SIGPIPE
         if (n != -EALREADY) return n;
