@@ -7,6 +7,7 @@
 #include "shm_fallback/readiness.hpp"
 #include "transport/engine.hpp"
 #include "transport/memguard.hpp"
+#include "transport/settings.hpp"
 
 #include <cstdarg>
 #include <cstdint>
@@ -61,17 +62,19 @@ SD_EXPORT int listen(int fd, int backlog) {
     Held s(fd);
     if (r == 0 && s) {
         s->phase.store(Phase::listener);
-        // Build the engine now, in the background: the first accepted
-        // connection then needs no wait to be upgraded.
-        sd::transport::Engine::ready();
+        // Upgrades at once: build the engine now, in the background, so
+        // that the first accepted connection needs no wait. Otherwise the
+        // first connection that earns its upgrade asks for it.
+        if (!sd::transport::settings().upgrade_after_ms) sd::transport::Engine::ready();
     }
     return r;
 }
 
 SD_EXPORT int connect(int fd, const sockaddr *addr, socklen_t len) {
     Held s(fd);
-    // Start building the engine now, so that it overlaps the handshake.
-    if (s) sd::transport::Engine::ready();
+    // Upgrades at once: start building the engine now, so that it
+    // overlaps the handshake.
+    if (s && !sd::transport::settings().upgrade_after_ms) sd::transport::Engine::ready();
     int r = sys.connect(fd, addr, len);
     if (!s) return r;
     int err = errno;

@@ -19,6 +19,7 @@
 # Environment: SDIRECT_SOAK_WORKER, SDIRECT_SOAK_LIB (default: build/),
 # SDIRECT_SOAK_PLAIN=1 runs without the library (checks the soak itself),
 # SDIRECT_SOAK_LOG=LEVEL sets the library's log level in every process.
+# SDIRECT_SOAK_UPGRADE_AFTER_MS the upgrade policy (default 0: at once).
 # Prints each session's line, a summary, and the modes the library's
 # statistics saw; exit 1 on any error or hang.
 set -uo pipefail
@@ -53,7 +54,11 @@ stats="$tmp/stats"
 env_args=()
 for v in $(env | grep -o '^\(SDIRECT_[A-Z_]*\|LD_PRELOAD\)='); do env_args+=(-u "${v%=}"); done
 if [[ -z ${SDIRECT_SOAK_PLAIN:-} ]]; then
-    env_args+=(LD_PRELOAD="$lib" SDIRECT_REGISTRY="$tmp/registry" SDIRECT_STATS_FILE="$stats")
+    # Sessions last under a second: they upgrade at once, so that their
+    # bytes cross the fabric (by default they would end before earning
+    # their upgrade). SDIRECT_SOAK_UPGRADE_AFTER_MS sets the policy.
+    env_args+=(LD_PRELOAD="$lib" SDIRECT_REGISTRY="$tmp/registry" SDIRECT_STATS_FILE="$stats"
+               SDIRECT_UPGRADE_AFTER_MS="${SDIRECT_SOAK_UPGRADE_AFTER_MS:-0}")
     # The library's log lines, mixed into the output (e.g. error).
     [[ -n ${SDIRECT_SOAK_LOG:-} ]] && env_args+=(SDIRECT_LOG="$SDIRECT_SOAK_LOG")
 fi

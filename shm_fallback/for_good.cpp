@@ -35,6 +35,7 @@ void Stream::to_kernel_for_good(Reason why) noexcept {
     {
         std::lock_guard lock(pend_lock);
         pending.store(false, std::memory_order_release);  // the builder attaches nothing
+        earn_ns = 0;                                       // nor asks for it
     }
     drop_share();  // shared through fork: no holder brings it to the fabric
     Conn *c = conn.load(std::memory_order_acquire);

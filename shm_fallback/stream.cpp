@@ -75,12 +75,6 @@ void ring_copy_out(const Conn *c, std::uint64_t head, const iovec *v, int k) noe
     }
 }
 
-void finish_pending_cb(void *ctx) noexcept {
-    auto *s = static_cast<Stream *>(ctx);
-    s->finish_pending();
-    release(s);
-}
-
 bool readable(void *ctx) noexcept {
     auto *c = static_cast<Conn *>(ctx);
     std::lock_guard lock(c->rx_lock);
@@ -230,6 +224,8 @@ void Stream::reset(int f, int dom, bool nb) noexcept {
     share.store(nullptr, std::memory_order_relaxed);
     share_check_ns = 0;
     pre_tx = pre_rx = 0;
+    earn_ns = 0;
+    earn_calls = 0;
     calls.store(0, std::memory_order_relaxed);
     held_fd.store(-1, std::memory_order_relaxed);
     refs.store(1, std::memory_order_release);
@@ -272,6 +268,12 @@ void Stream::fork_prepare(unsigned mark) noexcept {
     // No connection yet: the holders keep count together, and the last
     // one left upgrades it.
     std::lock_guard lock(pend_lock);
+    if (earn_ns) {
+        // Still earning its upgrade: no builder will come for it, and
+        // the holder left last upgrades it from the shared counts.
+        earn_ns = 0;
+        pending.store(false, std::memory_order_release);
+    }
     Sharers *sh = share.load(std::memory_order_relaxed);
     // The peer may wait for an upgrade that no holder makes while it is
     // shared: our entry tells it why (the last holder's replaces it).
@@ -299,6 +301,7 @@ void Stream::fork_child(unsigned mark, int parent) noexcept {
     Sharers *left = c && engine ? left_holders(c) : nullptr;
     engine = nullptr;
     pending.store(false, std::memory_order_relaxed);
+    earn_ns = 0;
     forked = true;
     if (c && (c->is_direct() || c->is_leaving() || c->state.load() == ConnState::initiating ||
               c->state.load() == ConnState::committing)) {
@@ -402,6 +405,7 @@ void Stream::connected(bool accepted) noexcept {
     }
     if (!phase.compare_exchange_strong(p, Phase::attaching)) return connected(accepted);
     acceptor = accepted;
+    if (transport::settings().upgrade_after_ms) return start_earning();
     if ((engine = transport::Engine::wait_ready(transport::settings().engine_wait_ms))) {
         // pre_tx/pre_rx: bytes through the kernel before now (0 unless the
         // socket was shared through fork).
@@ -419,18 +423,6 @@ void Stream::connected(bool accepted) noexcept {
         refs.fetch_sub(1, std::memory_order_relaxed);
     }
     phase.store(Phase::attached, std::memory_order_release);
-}
-
-void Stream::finish_pending() noexcept {
-    std::lock_guard lock(pend_lock);
-    if (!pending.load(std::memory_order_relaxed)) return;
-    engine = transport::Engine::current();
-    // Shared through fork meanwhile: the last holder left attaches it.
-    if (engine && fds.load(std::memory_order_acquire) > 0 && !share.load(std::memory_order_relaxed))
-        conn.store(engine->attach(kfd(), acceptor, rcvbuf.load(std::memory_order_relaxed), pre_tx,
-                                  pre_rx),
-                   std::memory_order_release);
-    pending.store(false, std::memory_order_release);
 }
 
 // Until the engine exists, the kernel carries the bytes. The calls never
@@ -472,8 +464,12 @@ ssize_t Stream::pending_io(const iovec *iov, int iovcnt, int flags, bool out,
             n = out ? transport::kernel_writev(kfd(), v, k, flags | MSG_DONTWAIT)
                     : transport::kernel_readv(kfd(), v, k, (flags & ~MSG_WAITALL) | MSG_DONTWAIT);
             if (n > 0 && !(flags & MSG_PEEK)) {
-                if (sh || left) sharers_count(sh ? sh : left, out, std::uint64_t(n));
-                else (out ? pre_tx : pre_rx) += std::uint64_t(n);
+                if (sh || left) {
+                    sharers_count(sh ? sh : left, out, std::uint64_t(n));
+                } else {
+                    (out ? pre_tx : pre_rx) += std::uint64_t(n);
+                    if (earn_ns) ask_upgrade_locked();
+                }
                 if (left) transport::bump(c->stat->rx_kernel, std::uint64_t(n));
             }
         }
@@ -609,7 +605,10 @@ ssize_t Stream::recv_stream(const iovec *iov, int iovcnt, int flags) noexcept {
     }
     if (!claim_inherited()) return orphan_error(kfd());
     Conn *c = attached_conn();
-    if ((!c && counting()) || (c && left_holders(c))) {
+    // A redo can find the stream counting again: the last holder of a
+    // socket shared through fork that adopted it may start by earning its
+    // upgrade (pending), and its bytes must be counted from there too.
+    for (int redo = 0; redo < 4 && ((!c && counting()) || (c && left_holders(c))); ++redo) {
         std::size_t done = 0;
         ssize_t n = pending_io(iov, iovcnt, flags, false, done);
         if (n != -EALREADY) return n;
@@ -1010,7 +1009,8 @@ ssize_t Stream::send_stream(const iovec *iov, int iovcnt, int flags) noexcept {
     if (!claim_inherited()) return orphan_error(kfd());
     if (flags & MSG_OOB) leave_for_urgent();
     Conn *c = attached_conn();
-    if (!c && counting()) {
+    // As in recv_stream: an adopted share may be counting again.
+    for (int redo = 0; redo < 4 && !c && counting(); ++redo) {
         std::size_t done = 0;
         ssize_t n = pending_io(iov, iovcnt, flags, true, done);  // the kernel raised SIGPIPE
         if (n != -EALREADY) return n;

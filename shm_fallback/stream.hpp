@@ -67,6 +67,12 @@ class Stream {
     // kernel under pend_lock, counted, until the builder attaches us.
     std::atomic<bool> pending{false};
     std::mutex pend_lock;
+    // Upgrade only when it can pay (earn.cpp, SDIRECT_UPGRADE_AFTER_MS): a
+    // pending connection that has not asked for its upgrade yet asks at
+    // its first kernel I/O that moves bytes from this time on (monotonic
+    // ns). 0: it asked already, or never will (under pend_lock).
+    std::uint64_t earn_ns = 0;
+    std::uint32_t earn_calls = 0;  // its kernel I/O calls that moved bytes so far
     bool acceptor = false;
     std::uint64_t pre_tx = 0;
     std::uint64_t pre_rx = 0;
@@ -175,6 +181,9 @@ class Stream {
 
     // The builder thread: attach now (pending connections).
     void finish_pending() noexcept;
+    // Connected, and the connection has not earned its upgrade yet: it
+    // runs on the kernel, counted, until ask_upgrade_locked() says it has.
+    void start_earning() noexcept;
 
   private:
     std::mutex alias_lock;
@@ -205,6 +214,11 @@ class Stream {
     // through the kernel.
     ssize_t pending_io(const iovec *iov, int iovcnt, int flags, bool out,
                        std::size_t &done) noexcept;
+    // Kernel I/O of a pending connection just moved bytes (pend_lock
+    // held): once it has earned its upgrade, the engine is asked for (its
+    // build starts if it is the first) and the connection attached, now
+    // or by the builder.
+    void ask_upgrade_locked() noexcept;
     ssize_t kernel_recv(const iovec *iov, int iovcnt, int flags, transport::Conn *c) noexcept;
     // Our connection left the fabric for sharing: `n` bytes read on the
     // kernel since count for the holders.
@@ -254,5 +268,9 @@ class Stream {
     ssize_t recv_sink(transport::Conn *c, const iovec &piece, std::uint64_t deadline,
                       std::int64_t tmo, transport::SpinSlot &slot) noexcept;
 };
+
+// The engine build's callback for a pending stream (earn.cpp): attaches
+// it, then drops the reference taken for the builder.
+void finish_pending_cb(void *ctx) noexcept;
 
 }  // namespace sd::fallback

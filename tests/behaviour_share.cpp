@@ -204,6 +204,35 @@ TEST_CASE("both ends hand a direct connection to a forked child, the peer first;
     });
 }
 
+TEST_CASE("a connection handed to a forked child before it earned its upgrade is earned by the "
+          "child from the holders' counts, byte-exact, and goes direct there",
+          "[fork]") {
+    // 300 ms: the settle (100 ms) earns nothing, so the socket has no
+    // connection at the fork and its holders count its bytes; the child
+    // is its last holder as soon as the parent closes, and every call it
+    // makes from then on is counted until its upgrade.
+    PairSpec spec = driven_by("server", {"--scenario", "fork-then-earn", "--child-ms", "3000"});
+    spec.env = {"SDIRECT_UPGRADE_AFTER_MS=300"};
+    spec.timeout = 60;
+    run_pair(spec, [](Pair &pair, const Placement &pl) {
+        if (pl.expect(true) != Expect::direct) return;  // exit statuses: bytes exact
+        for (const Proc *end : {&pair.server, &pair.client}) {
+            const std::string text = read_text(end->stats);
+            INFO("statistics file:\n" << text);
+            CHECK(text.find("mode=direct") != std::string::npos);
+        }
+        const auto stats = read_stats(pair.client.stats);
+        const auto conns = conns_of(pair.client);
+        REQUIRE(conns.size() == 1);
+        const StatLine *s = find_stat(stats, conns[0].pid, conns[0].local, conns[0].peer);
+        REQUIRE(s != nullptr);
+        INFO(s->text);
+        CHECK(s->mode == "direct");
+        CHECK(s->num("tx_kernel") > 0);
+        CHECK(s->num("tx_fabric") > 0);
+    });
+}
+
 TEST_CASE("cat started by posix_spawn on an inherited socket echoes the stream exactly, then "
           "EOF follows the peer's shutdown",
           "[fork]") {

@@ -5,6 +5,7 @@
 
 #include "harness.hpp"
 
+#include <cstdio>
 #include <map>
 
 using namespace sdt;
@@ -115,6 +116,44 @@ TEST_CASE("upgrades of a client at its fd limit lose no byte and agree", "[upgra
             const bool ok = e.client->mode == "direct" ||
                             (e.client->mode == "kernel" && e.client->reason != "none");
             CHECK(ok);
+        }
+    });
+}
+
+TEST_CASE("the first connection of a fresh process sends its first bytes without waiting for "
+          "the engine, and goes direct once it has earned it",
+          "[upgrade]") {
+    PairSpec spec;
+    // Three seconds of paced exchange: the connection earns its upgrade
+    // after SDIRECT_UPGRADE_AFTER_MS, then both processes build their
+    // engines (a few hundred ms each) while the bytes go on over TCP.
+    spec.args = {"--scenario", "pingpong", "--earn-ms", "3000"};
+    spec.env = {"SDIRECT_UPGRADE_AFTER_MS="};  // empty: the library's default policy
+    run_pair(spec, [](Pair &pair, const Placement &pl) {
+        const auto lines = lines_with(pair.client, "first-exchange ");
+        REQUIRE(lines.size() == 1);
+        unsigned long long us = 0;
+        int engine = -1;
+        REQUIRE(std::sscanf(lines[0].c_str(), "first-exchange us=%llu engine=%d", &us, &engine) == 2);
+        INFO(lines[0]);
+        // Connect and a round trip on TCP: microseconds (milliseconds on
+        // a loaded host); building the engine takes hundreds of ms.
+        CHECK(us < 100000);
+        // Not only fast: the process had not even started its engine.
+        CHECK(engine == 0);
+        if (!pl.client_preload || !pl.server_preload) return;
+        // It started on TCP and went direct afterwards, in both processes.
+        for (const Proc *p : {&pair.client, &pair.server}) {
+            std::vector<StatLine> stats;
+            for (const StatLine &s : read_stats(p->stats))
+                if (!s.mode.empty()) stats.push_back(s);  // not the process line
+            INFO(read_text(p->stats));
+            REQUIRE(stats.size() == 1);
+            CHECK(stats[0].mode == "direct");
+            CHECK(stats[0].num("tx_kernel") > 0);
+            CHECK(stats[0].num("tx_fabric") > 0);
+            CHECK(stats[0].num("rx_kernel") > 0);
+            CHECK(stats[0].num("rx_fabric") > 0);
         }
     });
 }

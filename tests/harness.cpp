@@ -151,6 +151,13 @@ std::vector<std::string> child_env(const Scratch &scratch, const Launch &l, cons
         bool own_wait = false;
         for (const std::string &v : l.env) own_wait |= v.rfind("SDIRECT_ENGINE_WAIT_MS=", 0) == 0;
         if (!own_wait) env.push_back("SDIRECT_ENGINE_WAIT_MS=30000");
+        // Most tests assert modes for connections that live a few ms or
+        // less, so they upgrade at once; the tests of the library's own
+        // policy (connections earn their upgrade) set SDIRECT_UPGRADE_AFTER_MS
+        // themselves (empty: the library's default).
+        bool own_policy = false;
+        for (const std::string &v : l.env) own_policy |= v.rfind("SDIRECT_UPGRADE_AFTER_MS=", 0) == 0;
+        if (!own_policy) env.push_back("SDIRECT_UPGRADE_AFTER_MS=0");
         if (const char *log = std::getenv("SDIRECT_TEST_LOG")) env.push_back(std::string("SDIRECT_LOG=") + log);
         for (const std::string &v : l.env) env.push_back(v);
     }

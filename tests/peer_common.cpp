@@ -12,6 +12,7 @@
 #include <netinet/in.h>
 #include <sys/uio.h>
 #include <unistd.h>
+#include <string>
 #include <vector>
 
 namespace peer {
@@ -434,7 +435,12 @@ void write_port_file(const std::string &path, std::uint16_t port) {
         fail("rename %s: %s", path.c_str(), errno_name(errno));
 }
 
+namespace {
+std::uint64_t first_connect_ns = 0;  // before the process's first connect()
+}  // namespace
+
 int connect_loopback(int family, std::uint16_t port) {
+    if (!first_connect_ns) first_connect_ns = now_ns();
     int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) fail("socket: %s", errno_name(errno));
     sockaddr_storage ss;
@@ -486,14 +492,25 @@ void report_bytes(int fd) {
          (unsigned long long)counted_tx(fd), (unsigned long long)counted_rx(fd));
 }
 
-void settle_client(int fd, std::uint32_t settle_ms) {
+void settle_client(int fd, std::uint32_t settle_ms, bool paced) {
     char hello[8];
     write_all(fd, "SDHELLO1", 8);
     read_all(fd, hello, 8, "hello");
     if (std::memcmp(hello, "SDHELLO2", 8) != 0) fail("bad hello from server");
+    static bool first = true;
+    if (first && first_connect_ns) {
+        first = false;
+        const char *reg = std::getenv("SDIRECT_REGISTRY");
+        const std::string page =
+            std::string(reg && *reg ? reg : "/nonexistent") + "/p" + std::to_string(getpid());
+        note("first-exchange us=%llu engine=%d",
+             (unsigned long long)((now_ns() - first_connect_ns) / 1000),
+             access(page.c_str(), F_OK) == 0 ? 1 : 0);
+    }
     const std::uint64_t end = now_ns() + std::uint64_t(settle_ms) * 1000000ull;
     char c;
     for (int round = 0; round < 200000 && now_ns() < end; ++round) {
+        if (paced) sleep_us(1000);
         write_all(fd, "p", 1);
         read_all(fd, &c, 1, "settle");
         if (c != 'p') fail("settle: expected 'p', got 0x%02x", unsigned(std::uint8_t(c)));

@@ -170,7 +170,12 @@ void report_bytes(int fd);
 
 // Hello plus a ping-pong of settle_ms, driven by the connecting side, so
 // that an accelerated connection has switched before the scenario starts.
-void settle_client(int fd, std::uint32_t settle_ms);
+// `paced`: a round per millisecond (a connection that goes on exchanging,
+// which earns its upgrade), else as fast as it goes. The process's first
+// hello prints "first-exchange us=N engine=0|1": its time from before the
+// first connect() to the hello's answer, and whether the process had its
+// fabric engine (its page in SDIRECT_REGISTRY) by then.
+void settle_client(int fd, std::uint32_t settle_ms, bool paced = false);
 void settle_server(int fd);
 
 // ---- scenarios ---------------------------------------------------------------

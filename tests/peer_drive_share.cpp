@@ -3,6 +3,7 @@
 // incoming stream while bytes are in flight both ways, dies blocked in a
 // read; a program started on the socket (cat on stdin and stdout).
 #include "peer_drivers.hpp"
+#include "peer_pingpong.hpp"
 #include "peer_records.hpp"
 
 #include <algorithm>
@@ -485,6 +486,32 @@ void drive_fork_handoff_both(int *fd, const Options &opt) {
     *fd = -1;
     token_put(go.w, 1);
     close(go.w);
+    reap(child, "child");
+}
+
+// The socket goes to a forked child before it earned its upgrade, and the
+// parent closes its copy at once: the child, its last holder, goes on
+// with paced ping-pongs for --child-ms and earns the upgrade from the
+// counts the holders kept. Every byte is checked on both ends.
+void drive_fork_then_earn(int *fd, const Options &opt) {
+    const int s = *fd;
+    const pid_t child = fork_child([&] {
+        const std::uint64_t end = now_ns() + opt.num("child-ms", 3000) * 1000000ull;
+        for (std::uint64_t k = 0; k < 10000 && now_ns() < end; ++k) {
+            Cmd cmd;
+            cmd.op = Op::pingpong;
+            cmd.size = 20;
+            cmd.seed = seed_of(opt, 70 + k);
+            cmd.chunk = 512;
+            send_cmd(s, cmd);
+            pingpong(s, true, cmd.seed, cmd.size, cmd.chunk);
+            sleep_us(1000);
+        }
+        send_exit(s);
+        close(s);
+    });
+    close(s);
+    *fd = -1;
     reap(child, "child");
 }
 

@@ -19,6 +19,7 @@
 #include "peer_sendpath.hpp"
 #include "peer_storm.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -78,6 +79,7 @@ constexpr Entry drivers[] = {
     {"fork-inflight", drive_fork_inflight},
     {"fork-sharer-killed", drive_fork_sharer_killed},
     {"fork-handoff-both", drive_fork_handoff_both},
+    {"fork-then-earn", drive_fork_then_earn},
     {"spawn-cat", drive_spawn_cat},
     {"bad-input", drive_bad_input},
     {"ready-data", drive_ready_data},
@@ -127,9 +129,13 @@ Options parse(int argc, char **argv, int first) {
 void serve_connection(int *fd, bool is_client, const Options &opt) {
     const std::string scenario = opt.get("scenario", "bulk");
     const bool client_drives = opt.get("driver", "client") == "client";
+    // --earn-ms: a paced exchange that long, in which a connection under
+    // the library's default policy earns its upgrade and goes direct.
     // echo-plain's peer is cat, which knows no hello.
+    const auto earn_ms = std::uint32_t(opt.num("earn-ms", 0));
     if (is_client) {
-        if (scenario != "echo-plain") settle_client(*fd, std::uint32_t(opt.num("settle-ms", 0)));
+        if (scenario != "echo-plain")
+            settle_client(*fd, std::max(earn_ms, std::uint32_t(opt.num("settle-ms", 0))), earn_ms > 0);
     } else {
         settle_server(*fd);
     }

@@ -77,22 +77,28 @@ void *build_engine(void *) noexcept {
     --guard_depth;
     // Callbacks run without the lock: they attach connections, which may
     // talk to peers. Later arrivals see the engine (or `unusable`) and
-    // never queue again.
-    for (std::size_t i = 0; i < n; ++i) pending[i].fn(pending[i].ctx);
+    // never queue again. Once the process is exiting, none is started.
+    for (std::size_t i = 0; i < n && !fabric_exiting(); ++i) pending[i].fn(pending[i].ctx);
     std::lock_guard lock(create_lock);
     building = false;
     return nullptr;
 }
 
 // At exit, libfabric's destructor must not run under a build still going on
-// (it frees what fi_getinfo reads). Registered after main() started, so it
-// runs before the shared objects' destructors.
+// (it frees what fi_getinfo reads). Registered (after main() started, so
+// it runs before the shared objects' destructors) only once a build was
+// asked for: a process that never built costs its exit nothing. The
+// builder parks before its next call into libfabric once exit began, so
+// the wait is for the step in progress only: a dlopen (whose loader lock
+// the exit's own unloading needs anyway) or one fi_getinfo.
 void wait_for_build() noexcept {
+    fabric_exit_began();
     for (int i = 0; i < 5000; ++i) {
         {
             std::lock_guard lock(create_lock);
             if (!building) break;
         }
+        if (fabric_builder_parked()) break;
         timespec nap{0, 1000000};
         nanosleep(&nap, nullptr);
     }

@@ -3,10 +3,12 @@
 #include "log.hpp"
 #include "sys.hpp"
 
+#include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <dlfcn.h>
 #include <mutex>
 
@@ -26,13 +28,47 @@ struct Api {
 Api api;
 std::once_flag loaded;
 bool usable = false;
+std::atomic<bool> exiting{false};
+std::atomic<bool> parked{false};
+
+// Between two steps of the build: once the process is exiting, nothing is
+// to be gained from the endpoint, and libfabric's destructor must not run
+// under a call into it, so the building thread stops here for good.
+void park_if_exiting() noexcept {
+    if (!exiting.load(std::memory_order_acquire)) return;
+    parked.store(true, std::memory_order_release);
+    for (;;) {
+        timespec nap{3600, 0};
+        nanosleep(&nap, nullptr);
+    }
+}
+
+// Variables the provider libraries read while they load and initialise:
+// keep libinfinipath/libpsm2 from installing backtrace handlers, and
+// libfabric's MR cache from hooking memory. Each is set only if the
+// application has not, and taken away again once the endpoint is open
+// (restore_env), so that the application and the programs it starts see
+// the environment it made.
+struct EnvPin {
+    const char *name;
+    const char *value;
+    bool set;  // we set it (it was absent)
+};
+EnvPin pins[] = {{"IPATH_NO_BACKTRACE", "1", false},
+                 {"HFI_NO_BACKTRACE", "1", false},
+                 {"FI_MR_CACHE_MONITOR", "disabled", false}};
+
+void restore_env() noexcept {
+    for (EnvPin &p : pins)
+        if (p.set) {
+            unsetenv(p.name);
+            p.set = false;
+        }
+}
 
 void load() noexcept {
-    // Before the first dlopen: keep libinfinipath/libpsm2 from installing
-    // backtrace handlers, and keep libfabric's MR cache from hooking memory.
-    setenv("IPATH_NO_BACKTRACE", "1", 0);
-    setenv("HFI_NO_BACKTRACE", "1", 0);
-    setenv("FI_MR_CACHE_MONITOR", "disabled", 0);
+    for (EnvPin &p : pins)
+        p.set = !std::getenv(p.name) && setenv(p.name, p.value, 0) == 0;
     Guard guard;
     void *h = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!h) {
@@ -67,8 +103,17 @@ const char *fabric_strerror(int err) noexcept {
     return usable ? api.strerror(err < 0 ? -err : err) : "libfabric not loaded";
 }
 
+void fabric_exit_began() noexcept { exiting.store(true, std::memory_order_release); }
+bool fabric_exiting() noexcept { return exiting.load(std::memory_order_acquire); }
+bool fabric_builder_parked() noexcept { return parked.load(std::memory_order_acquire); }
+
 int endpoint_open(Endpoint &e, const char *provider, const char *unique) noexcept {
-    if (!fabric_available()) return -ENOSYS;
+    park_if_exiting();
+    if (!fabric_available()) {
+        restore_env();
+        return -ENOSYS;
+    }
+    park_if_exiting();  // the dlopen is over: the exit's loader lock is free
     Guard guard;
     struct sigaction saved[sizeof kTouchedSignals / sizeof kTouchedSignals[0]];
     for (std::size_t i = 0; i < std::size(kTouchedSignals); ++i)
@@ -96,11 +141,14 @@ int endpoint_open(Endpoint &e, const char *provider, const char *unique) noexcep
     if (rc) {
         // A provider without RMA reads still does everything else.
         hints->caps &= ~std::uint64_t(FI_READ | FI_REMOTE_READ);
+        park_if_exiting();
         rc = api.getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints, &e.info);
     }
     api.freeinfo(hints);
+    park_if_exiting();  // before the provider creates its region and handlers
     auto fail = [&](const char *what, int err) {
         SD_LOG(error, "fabric %s failed: %s", what, fabric_strerror(err));
+        restore_env();
         endpoint_close(e);
         for (std::size_t i = 0; i < std::size(kTouchedSignals); ++i)
             sigaction(kTouchedSignals[i], &saved[i], nullptr);
@@ -131,6 +179,7 @@ int endpoint_open(Endpoint &e, const char *provider, const char *unique) noexcep
 
     for (std::size_t i = 0; i < std::size(kTouchedSignals); ++i)
         sigaction(kTouchedSignals[i], &saved[i], nullptr);
+    restore_env();
     return 0;
 }
 

@@ -42,6 +42,15 @@ void endpoint_close(Endpoint &e) noexcept;
 
 const char *fabric_strerror(int err) noexcept;
 
+// The process is exiting (its exit hook): an endpoint_open() under way
+// stops before its next call into libfabric and parks its thread for good,
+// so that the exit waits for no more than the step in progress (a dlopen,
+// or one fi_getinfo). Parked threads hold no lock of ours or libfabric's.
+void fabric_exit_began() noexcept;
+// True once exit began, and once a builder has parked.
+bool fabric_exiting() noexcept;
+bool fabric_builder_parked() noexcept;
+
 // The loaded library's FI_VERSION(major, minor); 0 if none.
 std::uint32_t fabric_version() noexcept;
 

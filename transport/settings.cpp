@@ -99,10 +99,23 @@ constexpr Setting table[] = {
      "engine while it is first built (libfabric takes a few hundred ms to "
      "load). 0: never wait; connections made meanwhile start on TCP and "
      "are upgraded once the engine is ready."},
+    {"SDIRECT_UPGRADE_AFTER_MS", SettingKind::integer, "20",
+     "Upgrade only when it can pay: a connection starts on TCP and asks to "
+     "go direct at its first read or write that moves bytes once it has "
+     "lived this many ms and 16 of its calls have moved bytes (it goes on "
+     "exchanging); until then it touches neither the registry nor "
+     "the fabric, and the process builds its fabric engine only when its "
+     "first connection asks. A connection that is over sooner (one request "
+     "and its answer) costs what TCP costs. 0: at once (connect() and "
+     "listen() start the engine build, connect() and accept() wait for it "
+     "up to SDIRECT_ENGINE_WAIT_MS, and the connection is direct from its "
+     "first byte)."},
     {"SDIRECT_STATS_FILE", SettingKind::text, "",
      "If set, every connection's counters are appended to this file when the "
      "process exits (one line per connection, sdirect-stat format), also "
-     "when it dies of SIGTERM, SIGINT or SIGHUP left at their default."},
+     "when it dies of SIGTERM, SIGINT or SIGHUP left at their default. A "
+     "connection that never earned its upgrade (SDIRECT_UPGRADE_AFTER_MS) "
+     "has none, and a process that never built its engine writes nothing."},
     {"SDIRECT_LOG_FILE", SettingKind::text, "",
      "If set, log lines (SDIRECT_LOG) are appended to this file instead of "
      "stderr, which a daemon may have closed or sent to /dev/null."},
@@ -210,6 +223,7 @@ void load_settings() noexcept {
     values.leave_timeout_ms = integer(Key::leave_timeout_ms);
     values.leave_pause_us = integer(Key::leave_pause_us);
     values.engine_wait_ms = integer(Key::engine_wait_ms);
+    values.upgrade_after_ms = integer(Key::upgrade_after_ms);
     values.stats_file = copy(raw(Key::stats_file));
     values.log_file = copy(raw(Key::log_file));
     values.protocols = copy(raw(Key::protocols));

@@ -16,7 +16,7 @@ for v in $(env | grep -o '^\(SDIRECT_[A-Z_]*\|LD_PRELOAD\)='); do plain_env+=(-u
 env "${plain_env[@]}" "$conform" > "$tmp/kernel.out" 2> "$tmp/kernel.err"
 echo "plain run: exit $?, $(wc -l < "$tmp/kernel.out") cases"
 env "${plain_env[@]}" LD_PRELOAD="$lib" SDIRECT_REGISTRY="$tmp/registry" \
-    SDIRECT_ENGINE_WAIT_MS=30000 SDIRECT_STATS_FILE="$tmp/lib.stats" \
+    SDIRECT_ENGINE_WAIT_MS=30000 SDIRECT_UPGRADE_AFTER_MS=0 SDIRECT_STATS_FILE="$tmp/lib.stats" \
     "$conform" --modes "$tmp/lib.modes" > "$tmp/lib.out" 2> "$tmp/lib.err"
 echo "preloaded run: exit $?, $(wc -l < "$tmp/lib.out") cases"
 for f in kernel lib; do

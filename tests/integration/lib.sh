@@ -23,7 +23,8 @@
 #   SDIRECT_IT_BUDGET  seconds the whole script may take (default 75); every
 #                      wait is bounded by what is left of it
 #   SDIRECT_IT_KEEP    1: keep the temporary directory (path printed at the end)
-# Every other SDIRECT_* variable reaches the preloaded programs unchanged.
+# Every other SDIRECT_* variable reaches the preloaded programs unchanged
+# (SDIRECT_UPGRADE_AFTER_MS: 0, upgrades at once, unless set).
 #
 # Exit status: 0 pass, 1 fail, 77 skip (a program is not installed).
 
@@ -37,6 +38,11 @@ it_tools="${SDIRECT_IT_TOOLS:-$it_root/build/tools}"
 it_kernel="${SDIRECT_IT_KERNEL:-0}"
 [[ "$it_kernel" == 1 ]] || it_kernel=0
 it_deadline=$((SECONDS + ${SDIRECT_IT_BUDGET:-75}))
+# Most scripts assert that every connection ran direct, short ones too:
+# those upgrade at once. A script that runs the library's own policy
+# (connections earn their upgrade) sets SDIRECT_UPGRADE_AFTER_MS to the
+# empty string (the library's default) before it sources this file.
+export SDIRECT_UPGRADE_AFTER_MS="${SDIRECT_UPGRADE_AFTER_MS-0}"
 
 if [[ -n "${SDIRECT_IT_PYTHON:-}" ]]; then
     it_py="$SDIRECT_IT_PYTHON"

@@ -1,0 +1,76 @@
+// Upgrade only when it can pay. An upgrade costs the process its fabric
+// engine (loading libfabric: a few hundred ms, once) and the connection a
+// handshake on both ends; a connection that is over after a request and
+// its answer gains nothing from it. So a connection starts on the kernel,
+// counted as a pending one, and asks for its upgrade only once it has
+// earned it: at its first I/O that moves bytes after it has lived
+// SDIRECT_UPGRADE_AFTER_MS, once kEarnCalls of its calls have moved
+// bytes (a connection that goes on exchanging, not one that says a few
+// words at its start and its end, such as a test's control connection
+// whose last words would otherwise race its upgrade with its shutdown).
+// Until then it is in no registry, and a
+// process none of whose connections ever earns never builds its engine.
+// Both ends follow the same rule; the one that asks later finds the
+// other's half in the registry and initiates.
+#include "stream.hpp"
+#include "table.hpp"
+
+#include "transport/settings.hpp"
+#include "transport/wait.hpp"
+
+namespace sd::fallback {
+namespace {
+
+// Calls (reads and writes, both directions) that moved bytes before a
+// connection may ask: a request/answer protocol asks after 8 exchanges.
+constexpr std::uint32_t kEarnCalls = 16;
+
+}  // namespace
+
+void finish_pending_cb(void *ctx) noexcept {
+    auto *s = static_cast<Stream *>(ctx);
+    s->finish_pending();
+    release(s);
+}
+
+void Stream::start_earning() noexcept {
+    std::lock_guard lock(pend_lock);
+    pending.store(true, std::memory_order_release);
+    earn_ns = transport::monotonic_ns() +
+              std::uint64_t(transport::settings().upgrade_after_ms) * 1000000ull;
+    earn_calls = 0;
+    phase.store(Phase::attached, std::memory_order_release);
+}
+
+void Stream::ask_upgrade_locked() noexcept {
+    if (++earn_calls < kEarnCalls || transport::monotonic_ns() < earn_ns) return;
+    earn_ns = 0;
+    transport::Engine *e = transport::Engine::ready();  // the first asks for the build
+    if (!e) {
+        refs.fetch_add(1, std::memory_order_relaxed);  // the builder's, until it is done
+        if (transport::Engine::when_ready(finish_pending_cb, this)) return;
+        refs.fetch_sub(1, std::memory_order_relaxed);
+        // No build under way: it finished since ready() (or cannot be).
+        e = transport::Engine::current();
+    }
+    engine = e;
+    if (e && fds.load(std::memory_order_acquire) > 0 && !share.load(std::memory_order_relaxed))
+        conn.store(e->attach(kfd(), acceptor, rcvbuf.load(std::memory_order_relaxed), pre_tx,
+                             pre_rx),
+                   std::memory_order_release);
+    pending.store(false, std::memory_order_release);
+}
+
+void Stream::finish_pending() noexcept {
+    std::lock_guard lock(pend_lock);
+    if (!pending.load(std::memory_order_relaxed)) return;
+    engine = transport::Engine::current();
+    // Shared through fork meanwhile: the last holder left attaches it.
+    if (engine && fds.load(std::memory_order_acquire) > 0 && !share.load(std::memory_order_relaxed))
+        conn.store(engine->attach(kfd(), acceptor, rcvbuf.load(std::memory_order_relaxed), pre_tx,
+                                  pre_rx),
+                   std::memory_order_release);
+    pending.store(false, std::memory_order_release);
+}
+
+}  // namespace sd::fallback
