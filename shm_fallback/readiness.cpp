@@ -78,8 +78,9 @@ bool user_view(Stream *s, short &bits, short &ask) noexcept {
                     : c->credits.load(std::memory_order_acquire) > 0 || closed || eof)
             b |= kWriteBits;
         // Both directions shut (the peer's FIN or our SHUT_RD, and our
-        // SHUT_WR): TCP reports a hang-up.
-        if ((fin || closed || eof || s->rd_shut.load(std::memory_order_relaxed)) && c->tx_fin)
+        // SHUT_WR, on the fabric or on the kernel before the upgrade): TCP
+        // reports a hang-up.
+        if ((fin || closed || eof || s->rd_shut.load(std::memory_order_acquire)) && s->wr_shut(c))
             b |= POLLHUP;
         // A reset (the peer closed or died with our bytes unread): the
         // kernel's socket is closed, with an error until one call reports it.

@@ -17,6 +17,7 @@
 #include "peer_drivers.hpp"
 #include "peer_ready.hpp"
 #include "peer_sendpath.hpp"
+#include "peer_shut_upgrade.hpp"
 #include "peer_storm.hpp"
 
 #include <cerrno>
@@ -125,12 +126,17 @@ Options parse(int argc, char **argv, int first) {
 void serve_connection(int *fd, bool is_client, const Options &opt) {
     const std::string scenario = opt.get("scenario", "bulk");
     const bool client_drives = opt.get("driver", "client") == "client";
-    if (is_client) settle_client(*fd, std::uint32_t(opt.num("settle-ms", 0)));
-    else settle_server(*fd);
-    if (is_sendpath_scenario(scenario)) serve_sendpath(fd, is_client, opt);
-    else if (is_storm_scenario(scenario)) serve_storm(*fd, is_client, opt);
-    else if (is_client == client_drives) drive(scenario, fd, opt);
-    else respond(fd);
+    // Shut down before any upgrade: the settle would start one first.
+    if (is_shut_upgrade_scenario(scenario)) {
+        serve_shut_upgrade(fd, is_client, opt);
+    } else {
+        if (is_client) settle_client(*fd, std::uint32_t(opt.num("settle-ms", 0)));
+        else settle_server(*fd);
+        if (is_sendpath_scenario(scenario)) serve_sendpath(fd, is_client, opt);
+        else if (is_storm_scenario(scenario)) serve_storm(*fd, is_client, opt);
+        else if (is_client == client_drives) drive(scenario, fd, opt);
+        else respond(fd);
+    }
     if (*fd >= 0) {
         report_bytes(*fd);
         close(*fd);
@@ -398,7 +404,8 @@ int main(int argc, char **argv) {
     arm_watchdog(unsigned(opt.num("watchdog", 120)));
     const std::string scenario = opt.get("scenario", "bulk");
     if (scenario != "many" && mode != "upgrade" && !is_driver_scenario(scenario) &&
-        !is_sendpath_scenario(scenario) && !is_storm_scenario(scenario))
+        !is_sendpath_scenario(scenario) && !is_storm_scenario(scenario) &&
+        !is_shut_upgrade_scenario(scenario))
         fail("unknown scenario '%s'", scenario.c_str());
     int rc = 2;
     if (mode == "server") rc = run_server(argv[2], opt);
