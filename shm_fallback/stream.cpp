@@ -229,6 +229,7 @@ void Stream::reset(int f, int dom, bool nb) noexcept {
     holders.store(nullptr, std::memory_order_relaxed);
     fork_mark = 0;
     share.store(nullptr, std::memory_order_relaxed);
+    prefix.store(nullptr, std::memory_order_relaxed);
     share_check_ns = 0;
     pre_tx = pre_rx = 0;
     calls.store(0, std::memory_order_relaxed);
@@ -265,6 +266,13 @@ void Stream::fork_prepare(unsigned mark) noexcept {
                 c->holder_counts.store(sharers_counts(h), std::memory_order_release);
             }
             if (h) sharers_expect_child(h);
+            // Answered the peer's leave with its bytes unread: whoever
+            // reads next gets them (the holders' counts start after them).
+            if (h && c->is_leaving() && !prefix.load(std::memory_order_relaxed))
+                if (Prefix *p = prefix_from_ring(c)) {
+                    prefix.store(p, std::memory_order_release);
+                    if (engine) engine->want_flush(c);
+                }
         } else if (Sharers *h = left_holders(c)) {
             sharers_expect_child(h);  // left for sharing: one holder more
         }
@@ -602,6 +610,19 @@ ssize_t Stream::recv_stream(const iovec *iov, int iovcnt, int flags) noexcept {
         return n < 0 ? -errno : n;
     }
     if (!claim_inherited()) return orphan_error(kfd());
+    if (Prefix *p = prefix.load(std::memory_order_acquire)) {
+        // Before anything the kernel socket holds.
+        const ssize_t n = prefix_recv(p, iov, iovcnt, flags);
+        const std::size_t total = iov_total(iov, iovcnt);
+        if (n <= 0 || std::size_t(n) == total || !(flags & MSG_WAITALL)) {
+            if (n != 0) return n;
+        } else {
+            iovec v[kMaxSlice];
+            const int k = slice(iov, iovcnt, std::size_t(n), total - std::size_t(n), v, kMaxSlice);
+            const ssize_t r = recv_stream(v, k, flags);
+            return r < 0 ? n : n + r;
+        }
+    }
     Conn *c = attached_conn();
     if ((!c && counting()) || (c && left_holders(c))) {
         std::size_t done = 0;
@@ -1402,6 +1423,8 @@ int Stream::readable_bytes() noexcept {
     Conn *c = attached_conn();
     int kernel = 0;
     if (sys.ioctl(kfd(), FIONREAD, &kernel) != 0) return -errno;
+    if (Prefix *p = prefix.load(std::memory_order_acquire))
+        kernel = int(std::min<std::uint64_t>(std::uint64_t(kernel) + prefix_left(p), 0x7fffffff));
     if (!c || (!c->is_direct() && !c->is_leaving())) return kernel;
     engine->progress();
     std::lock_guard lock(c->rx_lock);
@@ -1457,6 +1480,7 @@ void Stream::last_close() noexcept {
 }
 
 void Stream::destroy() noexcept {
+    if (Prefix *p = prefix.exchange(nullptr, std::memory_order_acq_rel)) prefix_release(p);
     if (Conn *c = conn.exchange(nullptr, std::memory_order_acq_rel)) engine->detach(c);
 }
 

@@ -5,6 +5,7 @@
 // companion socket up to the peer's switch point and then reads the ring.
 // Every method returns a value or -errno; only the shims touch errno.
 #pragma once
+#include "prefix.hpp"
 #include "sharers.hpp"
 #include "transport/conn.hpp"
 #include "transport/engine.hpp"
@@ -99,6 +100,9 @@ class Stream {
     unsigned fork_mark = 0;  // the fork pass that saw it last (dups)
     std::atomic<Sharers *> share{nullptr};
     std::uint64_t share_check_ns = 0;  // next look at other holders' lives
+    // The peer's bytes read before the kernel socket by every holder
+    // (prefix.cpp): unread at a fork after our answer to its leave.
+    std::atomic<Prefix *> prefix{nullptr};
 
     void reset(int fd, int domain, bool nonblock) noexcept;
 

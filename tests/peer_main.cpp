@@ -77,6 +77,7 @@ constexpr Entry drivers[] = {
     {"fork-inflight", drive_fork_inflight},
     {"fork-sharer-killed", drive_fork_sharer_killed},
     {"fork-handoff-both", drive_fork_handoff_both},
+    {"fork-after-answer", drive_fork_after_answer},
     {"spawn-cat", drive_spawn_cat},
     {"bad-input", drive_bad_input},
     {"ready-data", drive_ready_data},
