@@ -204,6 +204,31 @@ TEST_CASE("a process that answered its peer's leave with bytes unread, then fork
     }
 }
 
+// Known limit (docs/ARCHITECTURE.md, "The return"): forked while direct,
+// then the peer's leave answered with its bytes unread, then the child's
+// claim. The child holds no mapping made after its fork, so the parent
+// cannot hand it the bytes: its read fails with EIO (parent keeps its
+// copy) or finds EOF (parent closed). A visible skip where it fails.
+TEST_CASE("a process that forked while direct, then answered its peer's leave with bytes "
+          "unread: its child reads them, then the rest, byte-exact",
+          "[fork]") {
+    if (config() == Config::direct) {
+        note_skip("known limit: the child's read fails with EIO (or finds EOF once the parent "
+                  "closed); the bytes stay in the parent's ring");
+        return;
+    }
+    for (const char *parent : {"close", "keep"}) {
+        INFO("--parent " << parent);
+        PairSpec spec = driven_by("server", {"--scenario", "fork-after-answer", "--seed", "11",
+                                             "--parent", parent, "--fork", "before"});
+        const bool ran = run_pair(spec, [](Pair &pair, const Placement &pl) {
+            check_modes(pair.server, pl.expect(true));
+            check_modes(pair.client, pl.expect(false));
+        });
+        if (!ran) return;
+    }
+}
+
 TEST_CASE("both ends hand a direct connection to a forked child, the peer first; the children "
           "go on, one forks and hands over again, byte-exact, direct again at the end",
           "[fork]") {

@@ -458,12 +458,26 @@ void drive_fork_handoff_both(int *fd, const Options &opt) {
 // and only then do we fork and hand the socket to the child, whose first
 // read must get those bytes, then the rest of the stream. --parent close
 // (a forking server): we close our copy first; keep: we hold it while
-// the child reads.
+// the child reads. --fork before: the child is forked before the peer's
+// leave instead (while direct).
 void drive_fork_after_answer(int *fd, const Options &opt) {
     const int s = *fd;
     const std::string parent = opt.get("parent", "close");
     if (parent != "close" && parent != "keep") fail("--parent must be close or keep");
     rounds_before(s, opt);
+    const bool early = opt.get("fork", "after") == "before";
+    Pipe go = make_pipe();
+    Cmd bulk0;
+    bulk0.size = opt.num("size", 100000);
+    bulk0.seed = seed_of(opt, 70);
+    pid_t child = -1;
+    auto body = [&] {
+        close(go.w);
+        token_take(go.r, "the parent's go");
+        recv_stream_at(s, bulk0.seed, 0, bulk0.size, "bytes unread at the fork, read by the child");
+        finish_alone(s, opt);
+    };
+    if (early) child = fork_child(body);
     Cmd bulk;
     bulk.op = Op::send;
     bulk.api = std::uint32_t(Tx::send);
@@ -477,13 +491,7 @@ void drive_fork_after_answer(int *fd, const Options &opt) {
     // The peer's parent closes at once and leaves the fabric meanwhile; we
     // answer without reading (our control thread), the bytes in our ring.
     sleep_us(opt.num("pause-us", 400000));
-    Pipe go = make_pipe();
-    const pid_t child = fork_child([&] {
-        close(go.w);
-        token_take(go.r, "the parent's go");
-        recv_stream_at(s, bulk.seed, 0, bulk.size, "bytes unread at the fork, read by the child");
-        finish_alone(s, opt);
-    });
+    if (!early) child = fork_child(body);
     close(go.r);
     if (parent == "close") {
         close(s);
