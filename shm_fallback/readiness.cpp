@@ -78,8 +78,9 @@ bool user_view(Stream *s, short &bits, short &ask) noexcept {
                     : c->credits.load(std::memory_order_acquire) > 0 || closed || eof)
             b |= kWriteBits;
         // Both directions shut (the peer's FIN or our SHUT_RD, and our
-        // SHUT_WR): TCP reports a hang-up.
-        if ((fin || closed || eof || s->rd_shut.load(std::memory_order_relaxed)) && c->tx_fin)
+        // SHUT_WR, on the fabric or on the kernel before the upgrade): TCP
+        // reports a hang-up.
+        if ((fin || closed || eof || s->rd_shut.load(std::memory_order_acquire)) && s->wr_shut(c))
             b |= POLLHUP;
         // A reset (the peer closed or died with our bytes unread): the
         // kernel's socket is closed, with an error until one call reports it.
@@ -91,6 +92,11 @@ bool user_view(Stream *s, short &bits, short &ask) noexcept {
     ask = fin || closed || eof ? 0 : POLLRDHUP;
     bits = b;
     return true;
+}
+
+bool has_prefix(Stream *s) noexcept {
+    Prefix *p = s->prefix.load(std::memory_order_acquire);
+    return p && prefix_left(p);
 }
 
 // The companion said its TCP peer is gone while the fabric is silent.
@@ -279,6 +285,12 @@ std::uint32_t entry_events(EpollSet *set, Entry &e, bool commit, int depth) noex
     short bits = 0, ask = 0;
     if (!user_view(e.s, bits, ask)) {
         if (commit && e.trimmed) untrim(set, e);
+        // Bytes of the peer left to the holders at a fork come first, and
+        // the kernel socket knows nothing of them.
+        if (has_prefix(e.s) && (e.ev.events & EPOLLIN)) {
+            if (commit && (e.ev.events & EPOLLONESHOT)) e.armed = false;
+            return EPOLLIN;
+        }
         return 0;  // the kernel reports it
     }
     // A report trims the kernel's registration first (or the kernel would
@@ -440,7 +452,13 @@ bool poll_prepare(PollCtx &p) noexcept {
         p.user[i] = false;
         p.bits[i] = 0;
         short ask = 0;
-        if (p.ours[i] && user_view(p.ours[i], p.bits[i], ask)) {
+        if (p.ours[i] && has_prefix(p.ours[i])) {
+            p.bits[i] = kReadBits;  // before the kernel socket: see prefix.cpp
+            if (p.fds[i].events & kReadBits) any = true;
+        }
+        short mine = 0;
+        if (p.ours[i] && user_view(p.ours[i], mine, ask)) {
+            p.bits[i] |= mine;
             p.user[i] = true;
             p.k[i].events = ask;
             if (!ask) p.k[i].fd = -1;  // nothing to ask: the kernel skips it

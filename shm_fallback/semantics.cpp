@@ -45,7 +45,7 @@ bool Stream::first_send_to_closed(transport::Conn *c) noexcept {
     // TCP sends into a connection whose peer has only closed (FIN): that
     // segment draws the peer's reset, and the sends after it fail. A reset
     // already there (or our own shutdown) fails at once.
-    if (c->tx_fin || c->broken.load(std::memory_order_relaxed) ||
+    if (wr_shut(c) || c->broken.load(std::memory_order_relaxed) ||
         c->peer_reset.load(std::memory_order_acquire))
         return false;
     // A send of ours that went out before we had taken in the peer's close

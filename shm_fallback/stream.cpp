@@ -207,6 +207,7 @@ void Stream::reset(int f, int dom, bool nb) noexcept {
     nodelay.store(false, std::memory_order_relaxed);
     cork.store(false, std::memory_order_relaxed);
     rd_shut.store(false, std::memory_order_relaxed);
+    kernel_wr_shut.store(false, std::memory_order_relaxed);
     rcvlowat.store(1, std::memory_order_relaxed);
     linger_reset.store(false, std::memory_order_relaxed);
     drew_reset.store(false, std::memory_order_relaxed);
@@ -222,6 +223,7 @@ void Stream::reset(int f, int dom, bool nb) noexcept {
     holders.store(nullptr, std::memory_order_relaxed);
     fork_mark = 0;
     share.store(nullptr, std::memory_order_relaxed);
+    prefix.store(nullptr, std::memory_order_relaxed);
     share_check_ns = 0;
     pre_tx = pre_rx = 0;
     earn_ns = 0;
@@ -260,6 +262,13 @@ void Stream::fork_prepare(unsigned mark) noexcept {
                 c->holder_counts.store(sharers_counts(h), std::memory_order_release);
             }
             if (h) sharers_expect_child(h);
+            // Answered the peer's leave with its bytes unread: whoever
+            // reads next gets them (the holders' counts start after them).
+            if (h && c->is_leaving() && !prefix.load(std::memory_order_relaxed))
+                if (Prefix *p = prefix_from_ring(c)) {
+                    prefix.store(p, std::memory_order_release);
+                    if (engine) engine->want_flush(c);
+                }
         } else if (Sharers *h = left_holders(c)) {
             sharers_expect_child(h);  // left for sharing: one holder more
         }
@@ -604,6 +613,19 @@ ssize_t Stream::recv_stream(const iovec *iov, int iovcnt, int flags) noexcept {
         return n < 0 ? -errno : n;
     }
     if (!claim_inherited()) return orphan_error(kfd());
+    if (Prefix *p = prefix.load(std::memory_order_acquire)) {
+        // Before anything the kernel socket holds.
+        const ssize_t n = prefix_recv(p, iov, iovcnt, flags);
+        const std::size_t total = iov_total(iov, iovcnt);
+        if (n <= 0 || std::size_t(n) == total || !(flags & MSG_WAITALL)) {
+            if (n != 0) return n;
+        } else {
+            iovec v[kMaxSlice];
+            const int k = slice(iov, iovcnt, std::size_t(n), total - std::size_t(n), v, kMaxSlice);
+            const ssize_t r = recv_stream(v, k, flags);
+            return r < 0 ? n : n + r;
+        }
+    }
     Conn *c = attached_conn();
     // A redo can find the stream counting again: the last holder of a
     // socket shared through fork that adopted it may start by earning its
@@ -1039,7 +1061,7 @@ ssize_t Stream::send_stream(const iovec *iov, int iovcnt, int flags) noexcept {
             v = rest;
         }
         if (!c->is_direct() || total == 0) {
-            if (c->tx_fin && c->is_direct()) return epipe(flags);
+            if (wr_shut(c) && c->is_direct()) return epipe(flags);
             if (c->leave_under_way()) {
                 // Left the fabric: what is owed to the kernel goes first.
                 const bool nb = nonblock.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
@@ -1171,10 +1193,10 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
         *left = true;
         return -ESTALE;
     }
-    if (c->gone() || c->tx_fin) {
+    if (c->gone() || wr_shut(c)) {
         SD_LOG(debug, "fd %d: send refused: %s", kfd(),
-               c->tx_fin ? "shut down for writing" : c->broken ? "connection broken" : "peer closed");
-        if (!c->tx_fin && c->reset_unreported.exchange(false)) return -ECONNRESET;
+               wr_shut(c) ? "shut down for writing" : c->broken ? "connection broken" : "peer closed");
+        if (!wr_shut(c) && c->reset_unreported.exchange(false)) return -ECONNRESET;
         if (first_send_to_closed(c)) return ssize_t(total);  // to nobody, as TCP's
         return epipe(flags);
     }
@@ -1361,11 +1383,17 @@ int Stream::shutdown(int how) noexcept {
     if (c && (how == SHUT_WR || how == SHUT_RDWR)) {
         std::lock_guard tx(c->tx_lock);
         const bool direct = c->is_direct() && !leave_requested(c);
-        int rc = direct && !c->tx_fin ? flush_locked(c, true, 0) : 0;
+        int rc = direct && !wr_shut(c) ? flush_locked(c, true, 0) : 0;
         if (direct && rc != -ESTALE) {
-            if (!c->tx_fin && engine->post(c, MsgType::fin, nullptr, 0, 0, c->tx_off, 0) == 0)
-                engine->ring(c->peer);
+            // Shut on the kernel before the upgrade: the peer read our end
+            // there, and the fabric says nothing more of it.
+            const bool post_fin = !wr_shut(c);
+            // Marked before the FIN goes: the peer may answer it at once
+            // (its close), and a thread of ours polling meanwhile must see
+            // our side shut with it (POLLHUP), as it is.
             c->tx_fin = true;
+            if (post_fin && engine->post(c, MsgType::fin, nullptr, 0, 0, c->tx_off, 0) == 0)
+                engine->ring(c->peer);
         }
         if (c->is_direct() || c->leave_sent || c->leave_due.load(std::memory_order_acquire) ||
             c->leave_wanted.load(std::memory_order_acquire)) {
@@ -1380,13 +1408,19 @@ int Stream::shutdown(int how) noexcept {
     }
     // Our state first: the kernel's shutdown wakes a thread blocked in
     // poll or epoll on the socket, which must then see both directions
-    // shut (POLLHUP), as the kernel shows them at once.
+    // shut (POLLHUP), as the kernel shows them at once; so must one whose
+    // connection turns direct only afterwards (kernel_wr_shut).
     const bool rd = how == SHUT_RD || how == SHUT_RDWR;
+    const bool wr = kernel_how == SHUT_WR || kernel_how == SHUT_RDWR;
     const bool was_shut = rd_shut.load(std::memory_order_relaxed);
+    const bool was_wr_shut = kernel_wr_shut.load(std::memory_order_relaxed);
+    // The write side first: a reader that sees rd_shut (acquire) sees it.
+    if (wr) kernel_wr_shut.store(true, std::memory_order_release);
     if (rd) rd_shut.store(true, std::memory_order_release);
     if (kernel_how >= 0 && sys.shutdown(kfd(), kernel_how) != 0) {
         const int err = errno;
         if (rd) rd_shut.store(was_shut, std::memory_order_release);
+        if (wr) kernel_wr_shut.store(was_wr_shut, std::memory_order_release);
         return -err;
     }
     return 0;
@@ -1397,6 +1431,8 @@ int Stream::readable_bytes() noexcept {
     Conn *c = attached_conn();
     int kernel = 0;
     if (sys.ioctl(kfd(), FIONREAD, &kernel) != 0) return -errno;
+    if (Prefix *p = prefix.load(std::memory_order_acquire))
+        kernel = int(std::min<std::uint64_t>(std::uint64_t(kernel) + prefix_left(p), 0x7fffffff));
     if (!c || (!c->is_direct() && !c->is_leaving())) return kernel;
     engine->progress();
     std::lock_guard lock(c->rx_lock);
@@ -1452,6 +1488,7 @@ void Stream::last_close() noexcept {
 }
 
 void Stream::destroy() noexcept {
+    if (Prefix *p = prefix.exchange(nullptr, std::memory_order_acq_rel)) prefix_release(p);
     if (Conn *c = conn.exchange(nullptr, std::memory_order_acq_rel)) engine->detach(c);
 }
 

@@ -5,6 +5,7 @@
 // companion socket up to the peer's switch point and then reads the ring.
 // Every method returns a value or -errno; only the shims touch errno.
 #pragma once
+#include "prefix.hpp"
 #include "sharers.hpp"
 #include "transport/conn.hpp"
 #include "transport/engine.hpp"
@@ -52,6 +53,13 @@ class Stream {
     std::atomic<bool> nodelay{false};
     std::atomic<bool> cork{false};
     std::atomic<bool> rd_shut{false};
+    // Our write side was shut on the kernel socket itself (a shutdown
+    // while the connection was not direct: its FIN is in the kernel's
+    // stream). An upgrade afterwards does not undo it: the fabric carries
+    // nothing more of ours, sends fail with EPIPE, and readiness reports
+    // the hang-up once the read side is shut too, as the kernel does. Nothing
+    // goes on the fabric for it, so the peer's switch is not moved.
+    std::atomic<bool> kernel_wr_shut{false};
     // SO_RCVLOWAT: readiness and a blocking recv wait for this many bytes.
     std::atomic<int> rcvlowat{1};
     // SO_LINGER {1, 0}: the last close resets the connection.
@@ -98,6 +106,9 @@ class Stream {
     unsigned fork_mark = 0;  // the fork pass that saw it last (dups)
     std::atomic<Sharers *> share{nullptr};
     std::uint64_t share_check_ns = 0;  // next look at other holders' lives
+    // The peer's bytes read before the kernel socket by every holder
+    // (prefix.cpp): unread at a fork after our answer to its leave.
+    std::atomic<Prefix *> prefix{nullptr};
 
     void reset(int fd, int domain, bool nonblock) noexcept;
 
@@ -154,6 +165,12 @@ class Stream {
     ssize_t send_stream(const iovec *iov, int iovcnt, int flags) noexcept;
     ssize_t told(ssize_t r) noexcept;
     int shutdown(int how) noexcept;
+    // Our sending direction is over: a FIN or CLOSE on the fabric, or the
+    // kernel's FIN before the connection went direct.
+    bool wr_shut(const transport::Conn *c) const noexcept {
+        return c->tx_fin.load(std::memory_order_relaxed) ||
+               kernel_wr_shut.load(std::memory_order_acquire);
+    }
     // FIONREAD
     int readable_bytes() noexcept;
     // Pushes combined bytes out (TCP_CORK removed, TCP_NODELAY set).

@@ -75,6 +75,37 @@ TEST_CASE("after shutdown(SHUT_WR) the peer reads all data then EOF, and the hal
     both_ends("shutdown-wr");
 }
 
+// The accepting end touches its socket only after the connecting end's
+// shutdown, so a preloaded pair upgrades after it: the answer comes on the
+// fabric, and the shut end still gives TCP's results.
+TEST_CASE("a connection shut down before its upgrade refuses sends with EPIPE after it, and "
+          "poll reports IN|OUT|RDHUP|HUP once both directions are shut",
+          "[shutdown]") {
+    for (const char *part : {"wr", "rdwr"}) {
+        INFO("--part " << part);
+        PairSpec spec;
+        spec.args = {"--scenario", "shut-then-upgrade", "--part", part};
+        const bool rdwr = std::string(part) == "rdwr";
+        const bool ran = run_pair(spec, [rdwr](Pair &pair, const Placement &pl) {
+            if (pl.expect(false) != Expect::direct) return;
+            // Direct when the checks ran: upgraded once, after the request
+            // went on the kernel; the answer (SHUT_WR) came on the fabric.
+            const auto stats = read_stats(pair.client.stats);
+            const auto conns = conns_of(pair.client);
+            REQUIRE(conns.size() == 1);
+            const StatLine *s = find_stat(stats, conns[0].pid, conns[0].local, conns[0].peer);
+            REQUIRE(s != nullptr);
+            INFO(s->text);
+            CHECK(s->num("upgrades") == 1);
+            CHECK(s->num("tx_kernel") == 3000);
+            CHECK(s->num("tx_fabric") == 0);
+            CHECK(s->num("rx_kernel") == 0);
+            CHECK(s->num("rx_fabric") == (rdwr ? 0 : 100000));
+        });
+        if (!ran) return;
+    }
+}
+
 TEST_CASE("after the peer closes, the reader gets every byte, then EOF, then EPIPE with "
           "MSG_NOSIGNAL",
           "[close]") {

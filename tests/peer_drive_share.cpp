@@ -515,6 +515,55 @@ void drive_fork_then_earn(int *fd, const Options &opt) {
     reap(child, "child");
 }
 
+// The peer leaves the fabric first (its hand-off) while 100 kB it sent
+// are unread here; our control thread answers its leave, keeping them,
+// and only then do we fork and hand the socket to the child, whose first
+// read must get those bytes, then the rest of the stream. --parent close
+// (a forking server): we close our copy first; keep: we hold it while
+// the child reads. --fork before: the child is forked before the peer's
+// leave instead (while direct).
+void drive_fork_after_answer(int *fd, const Options &opt) {
+    const int s = *fd;
+    const std::string parent = opt.get("parent", "close");
+    if (parent != "close" && parent != "keep") fail("--parent must be close or keep");
+    rounds_before(s, opt);
+    const bool early = opt.get("fork", "after") == "before";
+    Pipe go = make_pipe();
+    Cmd bulk0;
+    bulk0.size = opt.num("size", 100000);
+    bulk0.seed = seed_of(opt, 70);
+    pid_t child = -1;
+    auto body = [&] {
+        close(go.w);
+        token_take(go.r, "the parent's go");
+        recv_stream_at(s, bulk0.seed, 0, bulk0.size, "bytes unread at the fork, read by the child");
+        finish_alone(s, opt);
+    };
+    if (early) child = fork_child(body);
+    Cmd bulk;
+    bulk.op = Op::send;
+    bulk.api = std::uint32_t(Tx::send);
+    bulk.size = opt.num("size", 100000);
+    bulk.seed = seed_of(opt, 70);
+    send_cmd(s, bulk);
+    Cmd cmd;
+    cmd.op = Op::handoff;
+    cmd.size2 = opt.num("peer-pause-us", 100000);
+    send_cmd(s, cmd);
+    // The peer's parent closes at once and leaves the fabric meanwhile; we
+    // answer without reading (our control thread), the bytes in our ring.
+    sleep_us(opt.num("pause-us", 400000));
+    if (!early) child = fork_child(body);
+    close(go.r);
+    if (parent == "close") {
+        close(s);
+        *fd = -1;
+    }
+    token_put(go.w, 1);
+    close(go.w);
+    reap(child, "child");
+}
+
 void drive_spawn_cat(int *fd, const Options &opt) {
     const char *cat = "/bin/cat";
     if (access(cat, X_OK) != 0) skip("%s is not installed", cat);

@@ -59,6 +59,7 @@ void drive_fork_inflight(int *fd, const Options &opt);
 void drive_fork_sharer_killed(int *fd, const Options &opt);
 void drive_fork_handoff_both(int *fd, const Options &opt);
 void drive_fork_then_earn(int *fd, const Options &opt);
+void drive_fork_after_answer(int *fd, const Options &opt);
 void drive_spawn_cat(int *fd, const Options &opt);
 
 // Readiness through every waiting call (peer_ready_poll.cpp).

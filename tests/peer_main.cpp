@@ -17,6 +17,7 @@
 #include "peer_drivers.hpp"
 #include "peer_ready.hpp"
 #include "peer_sendpath.hpp"
+#include "peer_shut_upgrade.hpp"
 #include "peer_storm.hpp"
 
 #include <algorithm>
@@ -80,6 +81,7 @@ constexpr Entry drivers[] = {
     {"fork-sharer-killed", drive_fork_sharer_killed},
     {"fork-handoff-both", drive_fork_handoff_both},
     {"fork-then-earn", drive_fork_then_earn},
+    {"fork-after-answer", drive_fork_after_answer},
     {"spawn-cat", drive_spawn_cat},
     {"bad-input", drive_bad_input},
     {"ready-data", drive_ready_data},
@@ -129,20 +131,25 @@ Options parse(int argc, char **argv, int first) {
 void serve_connection(int *fd, bool is_client, const Options &opt) {
     const std::string scenario = opt.get("scenario", "bulk");
     const bool client_drives = opt.get("driver", "client") == "client";
+    // Shut down before any upgrade: the settle would start one first.
     // --earn-ms: a paced exchange that long, in which a connection under
     // the library's default policy earns its upgrade and goes direct.
     // echo-plain's peer is cat, which knows no hello.
     const auto earn_ms = std::uint32_t(opt.num("earn-ms", 0));
-    if (is_client) {
-        if (scenario != "echo-plain")
-            settle_client(*fd, std::max(earn_ms, std::uint32_t(opt.num("settle-ms", 0))), earn_ms > 0);
+    if (is_shut_upgrade_scenario(scenario)) {
+        serve_shut_upgrade(fd, is_client, opt);
     } else {
-        settle_server(*fd);
+        if (is_client) {
+            if (scenario != "echo-plain")
+                settle_client(*fd, std::max(earn_ms, std::uint32_t(opt.num("settle-ms", 0))), earn_ms > 0);
+        } else {
+            settle_server(*fd);
+        }
+        if (is_sendpath_scenario(scenario)) serve_sendpath(fd, is_client, opt);
+        else if (is_storm_scenario(scenario)) serve_storm(*fd, is_client, opt);
+        else if (is_client == client_drives) drive(scenario, fd, opt);
+        else respond(fd);
     }
-    if (is_sendpath_scenario(scenario)) serve_sendpath(fd, is_client, opt);
-    else if (is_storm_scenario(scenario)) serve_storm(*fd, is_client, opt);
-    else if (is_client == client_drives) drive(scenario, fd, opt);
-    else respond(fd);
     if (*fd >= 0) {
         report_bytes(*fd);
         close(*fd);
@@ -464,7 +471,8 @@ int main(int argc, char **argv) {
     arm_watchdog(unsigned(opt.num("watchdog", 120)));
     const std::string scenario = opt.get("scenario", "bulk");
     if (scenario != "many" && mode != "upgrade" && !is_driver_scenario(scenario) &&
-        !is_sendpath_scenario(scenario) && !is_storm_scenario(scenario))
+        !is_sendpath_scenario(scenario) && !is_storm_scenario(scenario) &&
+        !is_shut_upgrade_scenario(scenario))
         fail("unknown scenario '%s'", scenario.c_str());
     int rc = 2;
     if (mode == "server") rc = run_server(argv[2], opt);
