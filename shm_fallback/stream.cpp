@@ -216,6 +216,7 @@ void Stream::reset(int f, int dom, bool nb) noexcept {
     rcvlowat.store(1, std::memory_order_relaxed);
     linger_reset.store(false, std::memory_order_relaxed);
     drew_reset.store(false, std::memory_order_relaxed);
+    shut_second.store(false, std::memory_order_relaxed);
     rcvtimeo_ns.store(0, std::memory_order_relaxed);
     sndtimeo_ns.store(0, std::memory_order_relaxed);
     rcvbuf.store(0, std::memory_order_relaxed);
@@ -232,6 +233,7 @@ void Stream::reset(int f, int dom, bool nb) noexcept {
     pre_tx = pre_rx = 0;
     calls.store(0, std::memory_order_relaxed);
     held_fd.store(-1, std::memory_order_relaxed);
+    fd_users.store(0, std::memory_order_relaxed);
     refs.store(1, std::memory_order_release);
 }
 
@@ -466,8 +468,10 @@ ssize_t Stream::pending_io(const iovec *iov, int iovcnt, int flags, bool out,
             if (redo) return -EALREADY;  // attached, or ours alone: redo
             iovec v[kMaxSlice];
             int k = slice(iov, iovcnt, done, total - done, v, kMaxSlice);
-            n = out ? transport::kernel_writev(kfd(), v, k, flags | MSG_DONTWAIT)
-                    : transport::kernel_readv(kfd(), v, k, (flags & ~MSG_WAITALL) | MSG_DONTWAIT);
+            n = on_kfd([&](int f) {
+                return out ? transport::kernel_writev(f, v, k, flags | MSG_DONTWAIT)
+                           : transport::kernel_readv(f, v, k, (flags & ~MSG_WAITALL) | MSG_DONTWAIT);
+            });
             if (n > 0 && !(flags & MSG_PEEK)) {
                 if (sh || left) sharers_count(sh ? sh : left, out, std::uint64_t(n));
                 else (out ? pre_tx : pre_rx) += std::uint64_t(n);
@@ -580,7 +584,7 @@ void Stream::count_after_leave(std::uint64_t n) noexcept {
 }
 
 ssize_t Stream::kernel_recv(const iovec *iov, int iovcnt, int flags, Conn *c) noexcept {
-    ssize_t n = transport::kernel_readv(kfd(), iov, iovcnt, flags);
+    ssize_t n = on_kfd([&](int f) { return transport::kernel_readv(f, iov, iovcnt, flags); });
     if (n < 0) return -errno;
     if (c && !(flags & MSG_PEEK)) {
         c->rx_off += std::uint64_t(n);
@@ -765,18 +769,19 @@ ssize_t Stream::try_recv(Conn *c, const iovec *iov, int iovcnt, std::size_t skip
         if (c->zc.active && c->rx_off == c->zc.off + c->zc.done)
             return skip == total ? 0 : read_advert(c, lock, iov, iovcnt, skip, total, flags);
         if (c->fin_off != kNoOffset && c->rx_off >= c->fin_off)
-            return c->reset_unreported.exchange(false) ? -ECONNRESET : 0;
+            // A reset after the peer's FIN is the next send's to report.
+            return c->reset_after_fin.load(std::memory_order_acquire) ? 0 : -c->take_reset();
         if (!check_kernel) return -EAGAIN;
         // Nothing on the fabric. A companion at EOF without a fabric FIN
         // means the peer process is gone: deliver what arrived, then EOF.
         char probe;
-        ssize_t n = sys.recv(kfd(), &probe, 1, MSG_PEEK | MSG_DONTWAIT);
+        ssize_t n = on_kfd([&](int f) { return sys.recv(f, &probe, 1, MSG_PEEK | MSG_DONTWAIT); });
         if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
             if (round == 1) {
                 // The peer is gone or closed without a word: sending to it
                 // fails from now on, as after a reset.
                 if (!engine->peer_alive(c->peer)) engine->peer_died(c);
-                if (c->reset_unreported.exchange(false)) return -ECONNRESET;
+                if (int e = c->take_reset()) return -e;
                 return n == 0 ? 0 : -errno;
             }
             lock.unlock();
@@ -1032,6 +1037,7 @@ ssize_t Stream::send_stream(const iovec *iov, int iovcnt, int flags) noexcept {
         }
         if (!c->is_direct() || total == 0) {
             if (c->tx_fin && c->is_direct()) return epipe(flags);
+            if (c->gone() && c->is_direct()) return send_nothing(c, flags);
             if (c->leave_under_way()) {
                 // Left the fabric: what is owed to the kernel goes first.
                 const bool nb = nonblock.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
@@ -1058,6 +1064,7 @@ ssize_t Stream::send_stream(const iovec *iov, int iovcnt, int flags) noexcept {
         }
         bool left = false;
         ssize_t r = direct_send(c, v, k, done ? sliced(v, k) : total, flags, &left);
+        if (r > 0) engine->sent_past_fin_locked(c);
         // An error told is the reset drawn: no later send is taken silently.
         if (r == -EPIPE || r == -ECONNRESET) drew_reset.store(true, std::memory_order_release);
         if (!left) return r < 0 && done ? ssize_t(done) : (r < 0 ? r : ssize_t(done) + r);
@@ -1119,7 +1126,8 @@ int Stream::send_failed(Conn *c, int rc) noexcept {
         engine->progress_blocking();
         if (c->gone()) rc = -EPIPE;
     }
-    if (rc == -EPIPE && !c->tx_fin && c->reset_unreported.exchange(false)) rc = -ECONNRESET;
+    if (rc == -EPIPE && !c->tx_fin)
+        if (int e = c->take_reset()) rc = -e;
     return rc;
 }
 
@@ -1166,7 +1174,7 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
     if (c->gone() || c->tx_fin) {
         SD_LOG(debug, "fd %d: send refused: %s", kfd(),
                c->tx_fin ? "shut down for writing" : c->broken ? "connection broken" : "peer closed");
-        if (!c->tx_fin && c->reset_unreported.exchange(false)) return -ECONNRESET;
+        if (int e = c->tx_fin ? 0 : c->take_reset()) return e == EPIPE ? epipe(flags) : -e;
         if (first_send_to_closed(c)) return ssize_t(total);  // to nobody, as TCP's
         return epipe(flags);
     }
@@ -1350,6 +1358,7 @@ int Stream::shutdown(int how) noexcept {
     // socket already shut, and nothing on the fabric would say so.
     if (c && engine) engine->await_upgrade(c);
     int kernel_how = how;
+    if (c && how != SHUT_WR) c->rd_shut.store(true, std::memory_order_release);
     if (c && (how == SHUT_WR || how == SHUT_RDWR)) {
         std::lock_guard tx(c->tx_lock);
         const bool direct = c->is_direct() && !leave_requested(c);
@@ -1357,6 +1366,7 @@ int Stream::shutdown(int how) noexcept {
         if (direct && rc != -ESTALE) {
             if (!c->tx_fin && engine->post(c, MsgType::fin, nullptr, 0, 0, c->tx_off, 0) == 0)
                 engine->ring(c->peer);
+            if (!c->tx_fin) shut_second.store(peer_fin_seen(c), std::memory_order_release);
             c->tx_fin = true;
         }
         if (c->is_direct() || c->leave_sent || c->leave_due.load(std::memory_order_acquire) ||

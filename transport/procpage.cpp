@@ -28,7 +28,8 @@ const char *reason_name(Reason r) noexcept {
         "none",        "no_peer",      "peer_refused", "other_user",
         "not_dumpable", "proof_failed", "av_full",     "no_fabric",
         "timeout",     "same_process", "inherited",    "fabric_error", "shared",
-        "exec",        "stdio",        "passed",      "privilege",   "oob"};
+        "exec",        "stdio",        "passed",      "privilege",   "oob",
+        "disconnect"};
     static_assert(sizeof(names) / sizeof(names[0]) == std::size_t(Reason::count_));
     auto i = std::size_t(r);
     return i < std::size_t(Reason::count_) ? names[i] : "?";

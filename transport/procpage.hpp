@@ -42,6 +42,7 @@ enum class Reason : std::uint32_t {
     passed,            // on the kernel for good: passed to another process (SCM_RIGHTS)
     privilege,         // on the kernel for good: the process changed its privileges
     oob,               // urgent data (MSG_OOB): the kernel carries the connection
+    disconnect,        // connect(AF_UNSPEC): the kernel disconnects it (a reset), for good
     count_
 };
 
