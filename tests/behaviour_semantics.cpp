@@ -87,6 +87,16 @@ TEST_CASE("close() while another thread is blocked in recv; the recv gets the by
     run_pair(scenario("sem-close-in-recv"));
 }
 
+TEST_CASE("bytes that reach an end shut both ways draw a reset: POLLERR, then ECONNRESET "
+          "once, then EOF",
+          "[semantics]") {
+    run_pair(scenario("sem-shut-rdwr-reset"));
+}
+
+TEST_CASE("TCP_INFO says CLOSE_WAIT once the peer's FIN is read", "[semantics]") {
+    run_pair(scenario("sem-tcp-info-fin"));
+}
+
 TEST_CASE("bytes held back by TCP_CORK or MSG_MORE go out after about 200 ms with no further "
           "write",
           "[semantics]") {
