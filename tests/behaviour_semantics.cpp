@@ -93,6 +93,12 @@ TEST_CASE("bytes that reach an end shut both ways draw a reset: POLLERR, then EC
     run_pair(scenario("sem-shut-rdwr-reset"));
 }
 
+TEST_CASE("a send to an end shut both ways, whose process makes no call, draws the reset: "
+          "POLLERR, then EPIPE",
+          "[semantics]") {
+    run_pair(scenario("sem-send-to-shut-end"));
+}
+
 TEST_CASE("TCP_INFO says CLOSE_WAIT once the peer's FIN is read", "[semantics]") {
     run_pair(scenario("sem-tcp-info-fin"));
 }

@@ -99,6 +99,8 @@ enum class Op : std::uint32_t {
     urgent,       // send size of seed, one urgent byte kUrgentByte (MSG_OOB), size2 of seed2
     handoff,      // fork: the parent closes its copy and waits; the child answers the
                   // next commands after size2 us
+    shut_idle,    // shutdown(SHUT_RDWR), then sleep size2 ms outside the socket calls,
+                  // then close and end the session
 };
 inline constexpr char kUrgentByte = 'U';
 

@@ -109,6 +109,7 @@ constexpr Entry drivers[] = {
     {"sem-close-in-recv", drive_sem_close_in_recv},
     {"sem-shut-rdwr-reset", drive_sem_shut_rdwr_reset},
     {"sem-tcp-info-fin", drive_sem_tcp_info_fin},
+    {"sem-send-to-shut-end", drive_sem_send_to_shut_end},
     {"sem-cork", drive_sem_cork},
     {"sem-urgent", drive_sem_urgent},
 };

@@ -217,6 +217,15 @@ void respond(int *fd) {
         case Op::handoff:
             hand_off(*fd, cmd);
             break;
+        case Op::shut_idle:
+            // The process makes no socket call while the driver sends to
+            // its end: whatever answers the driver's bytes, no thread of
+            // its application does.
+            if (shutdown(*fd, SHUT_RDWR) != 0) fail("shutdown(SHUT_RDWR): %s", errno_name(errno));
+            sleep_us(cmd.size2 * 1000);
+            close(*fd);
+            *fd = -1;
+            return;
         default:
             fail("unknown command %u", unsigned(cmd.op));
         }

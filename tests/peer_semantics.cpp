@@ -332,6 +332,34 @@ void drive_sem_shut_rdwr_reset(int *fd, const Options &opt) {
         fail("SO_ERROR after the reset was reported: %d, expected 0", err);
 }
 
+void drive_sem_send_to_shut_end(int *fd, const Options &) {
+    // The responder shuts both ways and then makes no socket call: our
+    // bytes to its end still draw the reset at once, as from TCP's kernel.
+    Cmd cmd;
+    cmd.op = Op::shut_idle;
+    cmd.size2 = 3000;
+    send_cmd(*fd, cmd);
+    pollfd p{*fd, POLLRDHUP, 0};
+    if (poll(&p, 1, 5000) != 1 || !(p.revents & POLLRDHUP)) fail("the responder's FIN never came");
+    EXPECT(send(*fd, "ps", 2, MSG_NOSIGNAL), 2, 0, "a send to an end shut both ways");
+    short got = 0;
+    for (int i = 0; i < 200 && !(got & POLLERR); ++i) {
+        p = pollfd{*fd, POLLIN | POLLOUT | POLLRDHUP, 0};
+        if (poll(&p, 1, 0) < 0) fail("poll: %s", errno_name(errno));
+        got = p.revents;
+        if (!(got & POLLERR)) sleep_us(5000);
+    }
+    const short want = POLLIN | POLLOUT | POLLRDHUP | POLLHUP | POLLERR;
+    if (got != want)
+        fail("poll after sending to an end shut both ways: revents %#x, expected %#x within 1 s",
+             unsigned(got), unsigned(want));
+    // After the peer's FIN, TCP reports the reset as EPIPE.
+    EXPECT(send(*fd, "ps", 2, MSG_NOSIGNAL), -1, EPIPE, "the send after the reset");
+    EXPECT(send(*fd, "ps", 2, MSG_NOSIGNAL), -1, EPIPE, "the next send");
+    char buf[8];
+    EXPECT(recv(*fd, buf, sizeof buf, MSG_DONTWAIT), 0, 0, "recv after the reset");
+}
+
 void drive_sem_tcp_info_fin(int *fd, const Options &opt) {
     // TCP_INFO's state follows the connection's end: CLOSE_WAIT once the
     // peer's FIN is read (on a direct connection the kernel socket's own
