@@ -93,8 +93,8 @@ TEST_CASE("bytes that reach an end shut both ways draw a reset: POLLERR, then EC
     run_pair(scenario("sem-shut-rdwr-reset"));
 }
 
-TEST_CASE("a send to an end shut both ways, whose process makes no call, draws the reset: "
-          "POLLERR, then EPIPE",
+TEST_CASE("sending to an end shut both ways draws its reset (POLLERR, then EPIPE) even when "
+          "its process makes no call",
           "[semantics]") {
     run_pair(scenario("sem-send-to-shut-end"));
 }
