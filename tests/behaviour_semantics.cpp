@@ -99,6 +99,35 @@ TEST_CASE("sending to an end shut both ways draws its reset (POLLERR, then EPIPE
     run_pair(scenario("sem-send-to-shut-end"));
 }
 
+TEST_CASE("connect(AF_UNSPEC) resets the connection both ways; a direct one moves to the "
+          "kernel first (reason disconnect)",
+          "[semantics]") {
+    PairSpec spec = scenario("sem-disconnect");
+    spec.check_modes = false;  // direct until the disconnect: checked below
+    run_pair(spec, [](Pair &pair, const Placement &pl) {
+        for (bool server : {true, false}) {
+            const Proc &p = server ? pair.server : pair.client;
+            const Expect expect = pl.expect(server);
+            if (!p.preloaded || expect == Expect::nothing) continue;
+            const auto stats = read_stats(p.stats);
+            INFO(describe(p));
+            INFO("statistics file:\n" << read_text(p.stats));
+            for (const ConnLine &c : conns_of(p)) {
+                const StatLine *s = find_stat(stats, c.pid, c.local, c.peer);
+                REQUIRE(s != nullptr);
+                CHECK(s->mode == "kernel");
+                if (expect == Expect::direct) {
+                    CHECK(s->num("upgrades") == 1);
+                    CHECK(s->num("leaves") == 1);
+                    if (!server) CHECK(s->reason == "disconnect");
+                } else {
+                    CHECK((s->reason == "no_peer" || s->reason == "disconnect"));
+                }
+            }
+        }
+    });
+}
+
 TEST_CASE("TCP_INFO says CLOSE_WAIT once the peer's FIN is read", "[semantics]") {
     run_pair(scenario("sem-tcp-info-fin"));
 }

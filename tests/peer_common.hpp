@@ -101,6 +101,8 @@ enum class Op : std::uint32_t {
                   // next commands after size2 us
     shut_idle,    // shutdown(SHUT_RDWR), then sleep size2 ms outside the socket calls,
                   // then close and end the session
+    await_reset,  // block in recv until the connection is reset (ECONNRESET expected),
+                  // then close and end the session
 };
 inline constexpr char kUrgentByte = 'U';
 

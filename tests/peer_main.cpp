@@ -110,6 +110,7 @@ constexpr Entry drivers[] = {
     {"sem-shut-rdwr-reset", drive_sem_shut_rdwr_reset},
     {"sem-tcp-info-fin", drive_sem_tcp_info_fin},
     {"sem-send-to-shut-end", drive_sem_send_to_shut_end},
+    {"sem-disconnect", drive_sem_disconnect},
     {"sem-cork", drive_sem_cork},
     {"sem-urgent", drive_sem_urgent},
 };

@@ -360,6 +360,23 @@ void drive_sem_send_to_shut_end(int *fd, const Options &) {
     EXPECT(recv(*fd, buf, sizeof buf, MSG_DONTWAIT), 0, 0, "recv after the reset");
 }
 
+void drive_sem_disconnect(int *fd, const Options &) {
+    // connect(AF_UNSPEC) disconnects: TCP resets the connection both ways.
+    // The responder waits in recv for that reset.
+    Cmd cmd;
+    cmd.op = Op::await_reset;
+    send_cmd(*fd, cmd);
+    sleep_us(100000);
+    sockaddr sa{};
+    sa.sa_family = AF_UNSPEC;
+    EXPECT(connect(*fd, &sa, sizeof sa), 0, 0, "connect(AF_UNSPEC)");
+    EXPECT(send(*fd, "x", 1, MSG_NOSIGNAL), -1, ECONNRESET, "a send after connect(AF_UNSPEC)");
+    sockaddr_in peer{};
+    socklen_t len = sizeof peer;
+    EXPECT(getpeername(*fd, reinterpret_cast<sockaddr *>(&peer), &len), -1, ENOTCONN,
+           "getpeername after connect(AF_UNSPEC)");
+}
+
 void drive_sem_tcp_info_fin(int *fd, const Options &opt) {
     // TCP_INFO's state follows the connection's end: CLOSE_WAIT once the
     // peer's FIN is read (on a direct connection the kernel socket's own
