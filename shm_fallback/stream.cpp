@@ -1126,8 +1126,11 @@ int Stream::send_failed(Conn *c, int rc) noexcept {
         engine->progress_blocking();
         if (c->gone()) rc = -EPIPE;
     }
-    if (rc == -EPIPE && !c->tx_fin)
+    if (rc == -EPIPE && !c->tx_fin) {
         if (int e = c->take_reset()) rc = -e;
+        // Its CLOSE came only now: this is the send that TCP takes (0).
+        else if (first_send_to_closed(c)) rc = 0;
+    }
     return rc;
 }
 
@@ -1226,6 +1229,7 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
                 return ssize_t(total);
             }
             rc = send_failed(c, rc);
+            if (rc == 0) return ssize_t(total);  // to nobody, as TCP's
             if (rc == -EPIPE) return epipe(flags);
             if (rc != -EAGAIN) return rc;
         }
@@ -1319,6 +1323,7 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
         }
         if ((rc = post_data(c, v, k, std::uint32_t(n), post_by))) {
             rc = send_failed(c, rc);
+            if (rc == 0) sent = total;  // the rest to nobody, as TCP's
             break;
         }
         sent += n;
@@ -1447,8 +1452,11 @@ void Stream::last_close() noexcept {
         unread = unread || c->rx_ready() != 0 ||
                  (c->switch_off != kNoOffset && c->rx_off < c->switch_off);
     }
-    if (!c->tx_fin && engine->post(c, MsgType::close, nullptr, 0, 0, c->tx_off, 0,
-                                   unread ? transport::kCloseReset : 0) == 0)
+    // Shut for writing before: the FIN went, but the peer must still learn
+    // that we read no more (its sends draw a reset from now on, as TCP's).
+    if (!c->close_sent.exchange(true) &&
+        engine->post(c, MsgType::close, nullptr, 0, 0, c->tx_off, 0,
+                     unread ? transport::kCloseReset : 0) == 0)
         engine->ring(c->peer);
     c->tx_fin = true;
 }

@@ -260,8 +260,9 @@ class Stream {
     // The credits, after a progress pass (try-lock) if they are short of
     // `need`.
     std::int64_t credit_after_progress(transport::Conn *c, std::size_t need) noexcept;
-    // What a failed post tells the application: -EPIPE (or -ECONNRESET
-    // once, after a reset) when the peer closed meanwhile.
+    // What a failed post tells the application: -EPIPE (or the reset's
+    // error once, after a reset) when the peer closed meanwhile; 0 when
+    // this send is the one a closed peer takes (first_send_to_closed).
     int send_failed(transport::Conn *c, int rc) noexcept;
     int post_data(transport::Conn *c, const iovec *iov, int iovcnt, std::uint32_t len,
                   std::uint64_t deadline) noexcept;

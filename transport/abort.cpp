@@ -29,7 +29,9 @@ bool Engine::refuse_at_shut_end_locked(Conn *c, std::uint64_t len, bool *answer)
 void Engine::answer_reset(Conn *c) noexcept {
     // Our FIN was the last of our stream: the reset goes at its offset
     // (tx_off no longer moves once tx_fin is set).
-    if (post(c, MsgType::close, nullptr, 0, 0, c->tx_off, 0, kCloseReset) == 0) ring(c->peer);
+    if (!c->close_sent.exchange(true) &&
+        post(c, MsgType::close, nullptr, 0, 0, c->tx_off, 0, kCloseReset) == 0)
+        ring(c->peer);
 }
 
 void Engine::sent_past_fin_locked(Conn *c) noexcept {

@@ -99,7 +99,8 @@ void Engine::detach(Conn *c) noexcept {
     await_upgrade(c);
     if (c->is_direct()) {
         std::lock_guard tx(c->tx_lock);
-        if (!c->tx_fin && !c->broken && post(c, MsgType::close, nullptr, 0, 0, c->tx_off, 0) == 0)
+        if (!c->broken && !c->close_sent.exchange(true) &&
+            post(c, MsgType::close, nullptr, 0, 0, c->tx_off, 0) == 0)
             ring(c->peer);
         c->tx_fin = true;
     }

@@ -138,6 +138,9 @@ struct Conn {
     // after it has made the peer's process take it (abort.cpp).
     std::atomic<bool> peer_fin{false};
     bool kicked_past_fin = false;   // under tx_lock
+    // Our CLOSE went (or the reset answer, itself a CLOSE): the peer knows
+    // we read no more. A FIN (shutdown) before it does not say that.
+    std::atomic<bool> close_sent{false};
     std::atomic<std::int64_t> credits{0};
     std::uint32_t staged = 0;       // combined bytes not yet sent (MSG_MORE, TCP_CORK)
     char *stage = nullptr;          // chunk-sized combining buffer
