@@ -60,6 +60,10 @@ bool Stream::first_send_to_closed(transport::Conn *c) noexcept {
     }
     if (drew_reset.exchange(true, std::memory_order_acq_rel)) return false;
     draw_kernel_reset();
+    // The reset it draws is as good as here (one host): POLLERR|POLLHUP,
+    // and the next send or SO_ERROR reports EPIPE (TCP's CLOSE_WAIT).
+    c->reset_after_fin.store(true, std::memory_order_release);
+    c->note_reset();
     return true;
 }
 
