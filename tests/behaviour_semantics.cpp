@@ -128,6 +128,12 @@ TEST_CASE("connect(AF_UNSPEC) resets the connection both ways; a direct one move
     });
 }
 
+TEST_CASE("after the peer shut both ways and closed, the first send is taken and draws the "
+          "reset; the next ones fail with EPIPE",
+          "[semantics]") {
+    run_pair(scenario("sem-send-after-shut-close"));
+}
+
 TEST_CASE("TCP_INFO says CLOSE_WAIT once the peer's FIN is read", "[semantics]") {
     run_pair(scenario("sem-tcp-info-fin"));
 }

@@ -103,6 +103,7 @@ enum class Op : std::uint32_t {
                   // then close and end the session
     await_reset,  // block in recv until the connection is reset (ECONNRESET expected),
                   // then close and end the session
+    shut_close,   // shutdown(SHUT_RDWR), close, stay alive size2 ms
 };
 inline constexpr char kUrgentByte = 'U';
 

@@ -111,6 +111,7 @@ constexpr Entry drivers[] = {
     {"sem-tcp-info-fin", drive_sem_tcp_info_fin},
     {"sem-send-to-shut-end", drive_sem_send_to_shut_end},
     {"sem-disconnect", drive_sem_disconnect},
+    {"sem-send-after-shut-close", drive_sem_send_after_shut_close},
     {"sem-cork", drive_sem_cork},
     {"sem-urgent", drive_sem_urgent},
 };

@@ -228,6 +228,12 @@ void respond(int *fd) {
             *fd = -1;
             return;
         }
+        case Op::shut_close:
+            if (shutdown(*fd, SHUT_RDWR) != 0) fail("shutdown(SHUT_RDWR): %s", errno_name(errno));
+            close(*fd);
+            *fd = -1;
+            sleep_us(cmd.size2 * 1000);
+            return;
         case Op::shut_idle:
             // The process makes no socket call while the driver sends to
             // its end: whatever answers the driver's bytes, no thread of

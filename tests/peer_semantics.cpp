@@ -360,6 +360,32 @@ void drive_sem_send_to_shut_end(int *fd, const Options &) {
     EXPECT(recv(*fd, buf, sizeof buf, MSG_DONTWAIT), 0, 0, "recv after the reset");
 }
 
+void drive_sem_send_after_shut_close(int *fd, const Options &) {
+    // The responder shuts both ways, then closes: it reads no more, so the
+    // first send is taken and draws the reset, and the next ones fail.
+    Cmd cmd;
+    cmd.op = Op::shut_close;
+    cmd.size2 = 2000;
+    send_cmd(*fd, cmd);
+    pollfd p{*fd, POLLRDHUP, 0};
+    if (poll(&p, 1, 5000) != 1 || !(p.revents & POLLRDHUP)) fail("the responder's FIN never came");
+    sleep_us(100000);
+    EXPECT(send(*fd, "x", 1, MSG_NOSIGNAL), 1, 0, "the first send after the peer's close");
+    short got = 0;
+    for (int i = 0; i < 200 && !(got & POLLERR); ++i) {
+        p = pollfd{*fd, POLLIN | POLLOUT | POLLRDHUP, 0};
+        if (poll(&p, 1, 0) < 0) fail("poll: %s", errno_name(errno));
+        got = p.revents;
+        if (!(got & POLLERR)) sleep_us(5000);
+    }
+    const short want = POLLIN | POLLOUT | POLLRDHUP | POLLHUP | POLLERR;
+    if (got != want)
+        fail("poll after the send that drew the reset: revents %#x, expected %#x within 1 s",
+             unsigned(got), unsigned(want));
+    EXPECT(send(*fd, "x", 1, MSG_NOSIGNAL), -1, EPIPE, "the send after the reset");
+    EXPECT(send(*fd, "x", 1, MSG_NOSIGNAL), -1, EPIPE, "the next send");
+}
+
 void drive_sem_disconnect(int *fd, const Options &) {
     // connect(AF_UNSPEC) disconnects: TCP resets the connection both ways.
     // The responder waits in recv for that reset.

@@ -34,6 +34,18 @@ void Engine::answer_reset(Conn *c) noexcept {
         ring(c->peer);
 }
 
+void Engine::closed_before_ours_locked(Conn *c) noexcept {
+    // Its counters (its process page) say what it read: fabric bytes of
+    // ours beyond that came to a closed socket, which TCP answers with a
+    // reset, after the FIN (EPIPE).
+    const std::uint64_t read = peer_read(c);
+    if (read == kNoOffset ||
+        c->stat->tx_fabric.load(std::memory_order_relaxed) - c->tx_fabric_base <= read)
+        return;
+    c->reset_after_fin.store(true, std::memory_order_release);
+    c->note_reset();
+}
+
 void Engine::sent_past_fin_locked(Conn *c) noexcept {
     // The peer's end may be shut for reading too: then these bytes draw
     // its reset, which TCP's peer answers at once, whether or not its

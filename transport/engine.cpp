@@ -575,6 +575,8 @@ void Engine::deliver(const char *buf, std::size_t len) noexcept {
             if (c->fin_off != kNoOffset && !c->peer_reset.load(std::memory_order_relaxed))
                 c->reset_after_fin.store(true, std::memory_order_release);
             c->note_reset();
+        } else if (MsgType(h.type) == MsgType::close) {
+            closed_before_ours_locked(c);
         }
         c->fin_off = h.offset;
         c->peer_fin.store(true, std::memory_order_release);

@@ -307,6 +307,9 @@ class Engine {
     // reset (answer_reset) once rx_lock is released.
     bool refuse_at_shut_end_locked(Conn *c, std::uint64_t len, bool *answer) noexcept;
     void answer_reset(Conn *c) noexcept;
+    // The peer's CLOSE without a reset came (rx_lock held): bytes of ours
+    // that reached it only after its close draw TCP's reset all the same.
+    void closed_before_ours_locked(Conn *c) noexcept;
     // A stream message of the peer came (rx_lock held): a registered sink
     // of ours it follows is never written.
     static void sink_passed_locked(Conn *c) noexcept;
