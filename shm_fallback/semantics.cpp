@@ -77,9 +77,9 @@ bool Stream::hold_for_calls() noexcept {
     if (priv < 0) return false;
     fd.store(priv, std::memory_order_seq_cst);
     // A call that read the old number may be in a syscall on it (never
-    // one that blocks: on_kfd): the number is closed once they are out,
-    // as the kernel's close waits for nothing but frees the number only
-    // for calls made after it. Bounded, should they keep coming.
+    // one that blocks: on_kfd). The caller closes that number once they
+    // are out of it; calls from now on read the private fd. Bounded,
+    // should such calls keep coming.
     for (int i = 0; i < 100000 && fd_users.load(std::memory_order_acquire); ++i) {
         timespec nap{0, 10000};
         nanosleep(&nap, nullptr);
