@@ -72,9 +72,14 @@ SD_EXPORT int listen(int fd, int backlog) {
 
 SD_EXPORT int connect(int fd, const sockaddr *addr, socklen_t len) {
     Held s(fd);
+    // connect(AF_UNSPEC) disconnects a connected socket: the kernel's,
+    // so the connection must be the kernel's first.
+    if (s && addr && len >= sizeof(sa_family_t) && sd::transport::readable(addr, len) &&
+        addr->sa_family == AF_UNSPEC)
+        s->disconnect();
     // Upgrades at once: start building the engine now, so that it
     // overlaps the handshake.
-    if (s && !sd::transport::settings().upgrade_after_ms) sd::transport::Engine::ready();
+    else if (s && !sd::transport::settings().upgrade_after_ms) sd::transport::Engine::ready();
     int r = sys.connect(fd, addr, len);
     if (!s) return r;
     int err = errno;
@@ -223,9 +228,16 @@ SD_EXPORT int ioctl(int fd, unsigned long req, ...) {
 }
 
 // The companion answers every option; SO_ERROR also reports (and clears,
-// as reading it does) a reset that came on the fabric.
+// as reading it does) a reset that came on the fabric, and TCP_INFO's
+// state is what the fabric knows of the connection's end.
 SD_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len) {
     int r = sys.getsockopt(fd, level, name, val, len);
+    if (r == 0 && level == IPPROTO_TCP && name == TCP_INFO && len && *len >= 1) {
+        Held s(fd);
+        auto *state = static_cast<std::uint8_t *>(val);
+        if (s) *state = std::uint8_t(s->tcp_state(*state));
+        return r;
+    }
     if (r != 0 || level != SOL_SOCKET || name != SO_ERROR) return r;
     Held s(fd);
     if (!s || !len || *len < sizeof(int)) return r;

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <fcntl.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
@@ -54,10 +55,16 @@ bool Stream::first_send_to_closed(transport::Conn *c) noexcept {
     const std::uint64_t read = engine->peer_read(c);
     if (read != transport::kNoOffset &&
         c->stat->tx_fabric.load(std::memory_order_relaxed) - c->tx_fabric_base > read) {
-        drew_reset.store(true, std::memory_order_release);
+        if (!drew_reset.exchange(true, std::memory_order_acq_rel)) draw_kernel_reset();
         return false;
     }
-    return !drew_reset.exchange(true, std::memory_order_acq_rel);
+    if (drew_reset.exchange(true, std::memory_order_acq_rel)) return false;
+    draw_kernel_reset();
+    // The reset it draws is as good as here (one host): POLLERR|POLLHUP,
+    // and the next send or SO_ERROR reports EPIPE (TCP's CLOSE_WAIT).
+    c->reset_after_fin.store(true, std::memory_order_release);
+    c->note_reset();
+    return true;
 }
 
 bool Stream::hold_for_calls() noexcept {
@@ -68,9 +75,21 @@ bool Stream::hold_for_calls() noexcept {
     const int base = lim > 64 ? int(std::min<rlim_t>(lim, 1u << 20) * 3 / 4) : 0;
     const int priv = transport::sys.fcntl(kfd(), F_DUPFD_CLOEXEC, base);
     if (priv < 0) return false;
-    fd.store(priv, std::memory_order_relaxed);
-    if (transport::Conn *c = conn.load(std::memory_order_acquire))
+    fd.store(priv, std::memory_order_seq_cst);
+    // A call that read the old number may be in a syscall on it (never
+    // one that blocks: on_kfd). The caller closes that number once they
+    // are out of it; calls from now on read the private fd. Bounded,
+    // should such calls keep coming.
+    for (int i = 0; i < 100000 && fd_users.load(std::memory_order_acquire); ++i) {
+        timespec nap{0, 10000};
+        nanosleep(&nap, nullptr);
+    }
+    if (transport::Conn *c = conn.load(std::memory_order_acquire)) {
         std::atomic_ref<std::int32_t>(c->stat->fd).store(priv, std::memory_order_relaxed);
+        // Calls asleep in poll on the old number look again, at the new one.
+        std::lock_guard lock(c->rx_lock);
+        c->wake_locked();
+    }
     held_fd.store(priv, std::memory_order_release);
     return true;
 }
@@ -121,12 +140,19 @@ ssize_t Stream::told(ssize_t r) noexcept {
             socklen_t len = sizeof pending;
             (void)transport::sys.getsockopt(kfd(), SOL_SOCKET, SO_ERROR, &pending, &len);
         }
+    if (r == -EPIPE && drew_reset.load(std::memory_order_acquire)) {
+        // The kernel socket's reset that our send drew (EPIPE, pending on
+        // it) is what this EPIPE reports: TCP's send clears it.
+        int pending = 0;
+        socklen_t len = sizeof pending;
+        (void)transport::sys.getsockopt(kfd(), SOL_SOCKET, SO_ERROR, &pending, &len);
+    }
     return r;
 }
 
 int Stream::take_error() noexcept {
     transport::Conn *c = conn.load(std::memory_order_acquire);
-    return c && c->reset_unreported.exchange(false, std::memory_order_acq_rel) ? ECONNRESET : 0;
+    return c ? c->take_reset() : 0;
 }
 
 int Stream::at_mark() noexcept {

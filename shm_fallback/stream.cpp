@@ -211,6 +211,7 @@ void Stream::reset(int f, int dom, bool nb) noexcept {
     rcvlowat.store(1, std::memory_order_relaxed);
     linger_reset.store(false, std::memory_order_relaxed);
     drew_reset.store(false, std::memory_order_relaxed);
+    shut_second.store(false, std::memory_order_relaxed);
     rcvtimeo_ns.store(0, std::memory_order_relaxed);
     sndtimeo_ns.store(0, std::memory_order_relaxed);
     rcvbuf.store(0, std::memory_order_relaxed);
@@ -230,6 +231,7 @@ void Stream::reset(int f, int dom, bool nb) noexcept {
     earn_calls = 0;
     calls.store(0, std::memory_order_relaxed);
     held_fd.store(-1, std::memory_order_relaxed);
+    fd_users.store(0, std::memory_order_relaxed);
     refs.store(1, std::memory_order_release);
 }
 
@@ -470,8 +472,10 @@ ssize_t Stream::pending_io(const iovec *iov, int iovcnt, int flags, bool out,
             if (redo) return -EALREADY;  // attached, or ours alone: redo
             iovec v[kMaxSlice];
             int k = slice(iov, iovcnt, done, total - done, v, kMaxSlice);
-            n = out ? transport::kernel_writev(kfd(), v, k, flags | MSG_DONTWAIT)
-                    : transport::kernel_readv(kfd(), v, k, (flags & ~MSG_WAITALL) | MSG_DONTWAIT);
+            n = on_kfd([&](int f) {
+                return out ? transport::kernel_writev(f, v, k, flags | MSG_DONTWAIT)
+                           : transport::kernel_readv(f, v, k, (flags & ~MSG_WAITALL) | MSG_DONTWAIT);
+            });
             if (n > 0 && !(flags & MSG_PEEK)) {
                 if (sh || left) {
                     sharers_count(sh ? sh : left, out, std::uint64_t(n));
@@ -591,7 +595,7 @@ void Stream::count_after_leave(std::uint64_t n) noexcept {
 }
 
 ssize_t Stream::kernel_recv(const iovec *iov, int iovcnt, int flags, Conn *c) noexcept {
-    ssize_t n = transport::kernel_readv(kfd(), iov, iovcnt, flags);
+    ssize_t n = on_kfd([&](int f) { return transport::kernel_readv(f, iov, iovcnt, flags); });
     if (n < 0) return -errno;
     if (c && engine) engine->judge_due(c);
     if (c && !(flags & MSG_PEEK)) {
@@ -793,18 +797,19 @@ ssize_t Stream::try_recv(Conn *c, const iovec *iov, int iovcnt, std::size_t skip
         if (c->zc.active && c->rx_off == c->zc.off + c->zc.done)
             return skip == total ? 0 : read_advert(c, lock, iov, iovcnt, skip, total, flags);
         if (c->fin_off != kNoOffset && c->rx_off >= c->fin_off)
-            return c->reset_unreported.exchange(false) ? -ECONNRESET : 0;
+            // A reset after the peer's FIN is the next send's to report.
+            return c->reset_after_fin.load(std::memory_order_acquire) ? 0 : -c->take_reset();
         if (!check_kernel) return -EAGAIN;
         // Nothing on the fabric. A companion at EOF without a fabric FIN
         // means the peer process is gone: deliver what arrived, then EOF.
         char probe;
-        ssize_t n = sys.recv(kfd(), &probe, 1, MSG_PEEK | MSG_DONTWAIT);
+        ssize_t n = on_kfd([&](int f) { return sys.recv(f, &probe, 1, MSG_PEEK | MSG_DONTWAIT); });
         if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
             if (round == 1) {
                 // The peer is gone or closed without a word: sending to it
                 // fails from now on, as after a reset.
                 if (!engine->peer_alive(c->peer)) engine->peer_died(c);
-                if (c->reset_unreported.exchange(false)) return -ECONNRESET;
+                if (int e = c->take_reset()) return -e;
                 return n == 0 ? 0 : -errno;
             }
             lock.unlock();
@@ -1062,6 +1067,7 @@ ssize_t Stream::send_stream(const iovec *iov, int iovcnt, int flags) noexcept {
         }
         if (!c->is_direct() || total == 0) {
             if (wr_shut(c) && c->is_direct()) return epipe(flags);
+            if (c->gone() && c->is_direct()) return send_nothing(c, flags);
             if (c->leave_under_way()) {
                 // Left the fabric: what is owed to the kernel goes first.
                 const bool nb = nonblock.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
@@ -1088,6 +1094,7 @@ ssize_t Stream::send_stream(const iovec *iov, int iovcnt, int flags) noexcept {
         }
         bool left = false;
         ssize_t r = direct_send(c, v, k, done ? sliced(v, k) : total, flags, &left);
+        if (r > 0) engine->sent_past_fin_locked(c);
         // An error told is the reset drawn: no later send is taken silently.
         if (r == -EPIPE || r == -ECONNRESET) drew_reset.store(true, std::memory_order_release);
         if (!left) return r < 0 && done ? ssize_t(done) : (r < 0 ? r : ssize_t(done) + r);
@@ -1149,7 +1156,11 @@ int Stream::send_failed(Conn *c, int rc) noexcept {
         engine->progress_blocking();
         if (c->gone()) rc = -EPIPE;
     }
-    if (rc == -EPIPE && !c->tx_fin && c->reset_unreported.exchange(false)) rc = -ECONNRESET;
+    if (rc == -EPIPE && !c->tx_fin) {
+        if (int e = c->take_reset()) rc = -e;
+        // Its CLOSE came only now: this is the send that TCP takes (0).
+        else if (first_send_to_closed(c)) rc = 0;
+    }
     return rc;
 }
 
@@ -1196,7 +1207,7 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
     if (c->gone() || wr_shut(c)) {
         SD_LOG(debug, "fd %d: send refused: %s", kfd(),
                wr_shut(c) ? "shut down for writing" : c->broken ? "connection broken" : "peer closed");
-        if (!wr_shut(c) && c->reset_unreported.exchange(false)) return -ECONNRESET;
+        if (int e = wr_shut(c) ? 0 : c->take_reset()) return e == EPIPE ? epipe(flags) : -e;
         if (first_send_to_closed(c)) return ssize_t(total);  // to nobody, as TCP's
         return epipe(flags);
     }
@@ -1248,6 +1259,7 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
                 return ssize_t(total);
             }
             rc = send_failed(c, rc);
+            if (rc == 0) return ssize_t(total);  // to nobody, as TCP's
             if (rc == -EPIPE) return epipe(flags);
             if (rc != -EAGAIN) return rc;
         }
@@ -1341,6 +1353,7 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
         }
         if ((rc = post_data(c, v, k, std::uint32_t(n), post_by))) {
             rc = send_failed(c, rc);
+            if (rc == 0) sent = total;  // the rest to nobody, as TCP's
             break;
         }
         sent += n;
@@ -1380,6 +1393,7 @@ int Stream::shutdown(int how) noexcept {
     // socket already shut, and nothing on the fabric would say so.
     if (c && engine) engine->await_upgrade(c);
     int kernel_how = how;
+    if (c && how != SHUT_WR) c->rd_shut.store(true, std::memory_order_release);
     if (c && (how == SHUT_WR || how == SHUT_RDWR)) {
         std::lock_guard tx(c->tx_lock);
         const bool direct = c->is_direct() && !leave_requested(c);
@@ -1388,6 +1402,7 @@ int Stream::shutdown(int how) noexcept {
             // Shut on the kernel before the upgrade: the peer read our end
             // there, and the fabric says nothing more of it.
             const bool post_fin = !wr_shut(c);
+            if (post_fin) shut_second.store(peer_fin_seen(c), std::memory_order_release);
             // Marked before the FIN goes: the peer may answer it at once
             // (its close), and a thread of ours polling meanwhile must see
             // our side shut with it (POLLHUP), as it is.
@@ -1481,8 +1496,11 @@ void Stream::last_close() noexcept {
         unread = unread || c->rx_ready() != 0 ||
                  (c->switch_off != kNoOffset && c->rx_off < c->switch_off);
     }
-    if (!c->tx_fin && engine->post(c, MsgType::close, nullptr, 0, 0, c->tx_off, 0,
-                                   unread ? transport::kCloseReset : 0) == 0)
+    // Shut for writing before: the FIN went, but the peer must still learn
+    // that we read no more (its sends draw a reset from now on, as TCP's).
+    if (!c->close_sent.exchange(true) &&
+        engine->post(c, MsgType::close, nullptr, 0, 0, c->tx_off, 0,
+                     unread ? transport::kCloseReset : 0) == 0)
         engine->ring(c->peer);
     c->tx_fin = true;
 }

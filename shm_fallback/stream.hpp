@@ -34,7 +34,9 @@ enum class Phase : std::uint8_t {
 class Stream {
   public:
     // The kernel socket: one of the fd numbers that map to this stream
-    // (after dup and a close of the original, another one).
+    // (after dup and a close of the original, another one; the private fd
+    // of hold_for_calls). Only on_kfd() uses it across a syscall that a
+    // close may race.
     std::atomic<int> fd{-1};
     int domain = 0;
     // The socket's inode: exec finds it among the fds a new program
@@ -67,6 +69,9 @@ class Stream {
     // A send found the peer closed and was taken, as TCP takes the one
     // that draws the peer's reset: the next ones fail.
     std::atomic<bool> drew_reset{false};
+    // Our FIN went on the fabric after the peer's had come (TCP_INFO: the
+    // second end to shut ends CLOSED, the first in TIME_WAIT).
+    std::atomic<bool> shut_second{false};
     std::atomic<std::int64_t> rcvtimeo_ns{0};
     std::atomic<std::int64_t> sndtimeo_ns{0};
     std::atomic<std::uint32_t> rcvbuf{0};  // SO_RCVBUF as the application set it
@@ -164,6 +169,13 @@ class Stream {
     }
     ssize_t send_stream(const iovec *iov, int iovcnt, int flags) noexcept;
     ssize_t told(ssize_t r) noexcept;
+    // TCP_INFO's tcpi_state: the kernel socket's `kernel` state, or what
+    // the fabric knows of the connection's end where the kernel socket
+    // cannot (tcp_view.cpp).
+    int tcp_state(int kernel) noexcept;
+    // connect(AF_UNSPEC) is about to disconnect the kernel socket: the
+    // connection moves back to it for good first (tcp_view.cpp).
+    void disconnect() noexcept;
     int shutdown(int how) noexcept;
     // Our sending direction is over: a FIN or CLOSE on the fabric, or the
     // kernel's FIN before the connection went direct.
@@ -203,6 +215,18 @@ class Stream {
     void start_earning() noexcept;
 
   private:
+    // Calls inside a syscall on the fd number they read from `fd`, one
+    // that never blocks: a close that moves the socket to a private fd
+    // (hold_for_calls) lets them finish before the old number goes, so
+    // that none of them uses it once it is closed (or reused).
+    std::atomic<int> fd_users{0};
+    template <typename F>
+    auto on_kfd(F f) noexcept {
+        fd_users.fetch_add(1, std::memory_order_seq_cst);
+        auto r = f(fd.load(std::memory_order_seq_cst));
+        fd_users.fetch_sub(1, std::memory_order_release);
+        return r;
+    }
     std::mutex alias_lock;
     std::vector<int> aliases;  // fd numbers besides `fd` (dup)
     int kfd() const noexcept { return fd.load(std::memory_order_relaxed); }
@@ -241,6 +265,11 @@ class Stream {
     // kernel since count for the holders.
     void count_after_leave(std::uint64_t n) noexcept;
     ssize_t kernel_send(const iovec *iov, int iovcnt, int flags, transport::Conn *c) noexcept;
+    // A send of no bytes on a direct connection whose peer closed or reset
+    // it: what TCP's would return (tcp_view.cpp).
+    ssize_t send_nothing(transport::Conn *c, int flags) noexcept;
+    // The peer's FIN (or close) has come on the fabric.
+    static bool peer_fin_seen(transport::Conn *c) noexcept;
     // MSG_TRUNC on a connection on the fabric: up to `total` bytes
     // consumed (peeked) and thrown away, as TCP does (semantics.cpp).
     ssize_t recv_discard(std::size_t total, int flags) noexcept;
@@ -249,6 +278,10 @@ class Stream {
     // The peer closed: the first send is taken (TCP sends it and draws
     // the peer's reset); true if this one is it (semantics.cpp).
     bool first_send_to_closed(transport::Conn *c) noexcept;
+    // That send's reset, on the kernel socket too (its name, TCP_INFO and
+    // SO_ERROR are the kernel's): one byte into it, which the peer's
+    // closed socket answers with the kernel's own reset (tcp_view.cpp).
+    void draw_kernel_reset() noexcept;
     ssize_t try_recv(transport::Conn *c, const iovec *iov, int iovcnt, std::size_t skip,
                      std::size_t total, int flags, bool check_kernel) noexcept;
     // -ESTALE (and *left) when the connection is leaving the fabric: the
@@ -258,8 +291,9 @@ class Stream {
     // The credits, after a progress pass (try-lock) if they are short of
     // `need`.
     std::int64_t credit_after_progress(transport::Conn *c, std::size_t need) noexcept;
-    // What a failed post tells the application: -EPIPE (or -ECONNRESET
-    // once, after a reset) when the peer closed meanwhile.
+    // What a failed post tells the application: -EPIPE (or the reset's
+    // error once, after a reset) when the peer closed meanwhile; 0 when
+    // this send is the one a closed peer takes (first_send_to_closed).
     int send_failed(transport::Conn *c, int rc) noexcept;
     int post_data(transport::Conn *c, const iovec *iov, int iovcnt, std::uint32_t len,
                   std::uint64_t deadline) noexcept;

@@ -87,6 +87,57 @@ TEST_CASE("close() while another thread is blocked in recv; the recv gets the by
     run_pair(scenario("sem-close-in-recv"));
 }
 
+TEST_CASE("bytes that reach an end shut both ways draw a reset: POLLERR, then ECONNRESET "
+          "once, then EOF",
+          "[semantics]") {
+    run_pair(scenario("sem-shut-rdwr-reset"));
+}
+
+TEST_CASE("sending to an end shut both ways draws its reset (POLLERR, then EPIPE) even when "
+          "its process makes no call",
+          "[semantics]") {
+    run_pair(scenario("sem-send-to-shut-end"));
+}
+
+TEST_CASE("connect(AF_UNSPEC) resets the connection both ways; a direct one moves to the "
+          "kernel first (reason disconnect)",
+          "[semantics]") {
+    PairSpec spec = scenario("sem-disconnect");
+    spec.check_modes = false;  // direct until the disconnect: checked below
+    run_pair(spec, [](Pair &pair, const Placement &pl) {
+        for (bool server : {true, false}) {
+            const Proc &p = server ? pair.server : pair.client;
+            const Expect expect = pl.expect(server);
+            if (!p.preloaded || expect == Expect::nothing) continue;
+            const auto stats = read_stats(p.stats);
+            INFO(describe(p));
+            INFO("statistics file:\n" << read_text(p.stats));
+            for (const ConnLine &c : conns_of(p)) {
+                const StatLine *s = find_stat(stats, c.pid, c.local, c.peer);
+                REQUIRE(s != nullptr);
+                CHECK(s->mode == "kernel");
+                if (expect == Expect::direct) {
+                    CHECK(s->num("upgrades") == 1);
+                    CHECK(s->num("leaves") == 1);
+                    if (!server) CHECK(s->reason == "disconnect");
+                } else {
+                    CHECK((s->reason == "no_peer" || s->reason == "disconnect"));
+                }
+            }
+        }
+    });
+}
+
+TEST_CASE("after the peer shut both ways and closed, the first send is taken and draws the "
+          "reset; the next ones fail with EPIPE",
+          "[semantics]") {
+    run_pair(scenario("sem-send-after-shut-close"));
+}
+
+TEST_CASE("TCP_INFO says CLOSE_WAIT once the peer's FIN is read", "[semantics]") {
+    run_pair(scenario("sem-tcp-info-fin"));
+}
+
 TEST_CASE("bytes held back by TCP_CORK or MSG_MORE go out after about 200 ms with no further "
           "write",
           "[semantics]") {

@@ -99,6 +99,11 @@ enum class Op : std::uint32_t {
     urgent,       // send size of seed, one urgent byte kUrgentByte (MSG_OOB), size2 of seed2
     handoff,      // fork: the parent closes its copy and waits; the child answers the
                   // next commands after size2 us
+    shut_idle,    // shutdown(SHUT_RDWR), then sleep size2 ms outside the socket calls,
+                  // then close and end the session
+    await_reset,  // block in recv until the connection is reset (ECONNRESET expected),
+                  // then close and end the session
+    shut_close,   // shutdown(SHUT_RDWR), close, stay alive size2 ms
 };
 inline constexpr char kUrgentByte = 'U';
 

@@ -107,6 +107,11 @@ void drive_sem_shut_rd(int *fd, const Options &opt);
 void drive_sem_linger_reset(int *fd, const Options &opt);
 void drive_sem_send_after_close(int *fd, const Options &opt);
 void drive_sem_close_in_recv(int *fd, const Options &opt);
+void drive_sem_shut_rdwr_reset(int *fd, const Options &opt);
+void drive_sem_tcp_info_fin(int *fd, const Options &opt);
+void drive_sem_send_to_shut_end(int *fd, const Options &opt);
+void drive_sem_disconnect(int *fd, const Options &opt);
+void drive_sem_send_after_shut_close(int *fd, const Options &opt);
 void drive_sem_cork(int *fd, const Options &opt);
 void drive_sem_urgent(int *fd, const Options &opt);
 

@@ -113,6 +113,11 @@ constexpr Entry drivers[] = {
     {"sem-linger-reset", drive_sem_linger_reset},
     {"sem-send-after-close", drive_sem_send_after_close},
     {"sem-close-in-recv", drive_sem_close_in_recv},
+    {"sem-shut-rdwr-reset", drive_sem_shut_rdwr_reset},
+    {"sem-tcp-info-fin", drive_sem_tcp_info_fin},
+    {"sem-send-to-shut-end", drive_sem_send_to_shut_end},
+    {"sem-disconnect", drive_sem_disconnect},
+    {"sem-send-after-shut-close", drive_sem_send_after_shut_close},
     {"sem-cork", drive_sem_cork},
     {"sem-urgent", drive_sem_urgent},
 };

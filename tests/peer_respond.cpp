@@ -230,6 +230,32 @@ void respond(int *fd) {
         case Op::handoff:
             hand_off(*fd, cmd);
             break;
+        case Op::await_reset: {
+            char b;
+            const ssize_t n = recv(*fd, &b, 1, 0);
+            const int err = errno;
+            if (n != -1 || err != ECONNRESET)
+                fail("recv while the peer disconnected: %zd (%s), expected ECONNRESET", n,
+                     n < 0 ? errno_name(err) : "-");
+            close(*fd);
+            *fd = -1;
+            return;
+        }
+        case Op::shut_close:
+            if (shutdown(*fd, SHUT_RDWR) != 0) fail("shutdown(SHUT_RDWR): %s", errno_name(errno));
+            close(*fd);
+            *fd = -1;
+            sleep_us(cmd.size2 * 1000);
+            return;
+        case Op::shut_idle:
+            // The process makes no socket call while the driver sends to
+            // its end: whatever answers the driver's bytes, no thread of
+            // its application does.
+            if (shutdown(*fd, SHUT_RDWR) != 0) fail("shutdown(SHUT_RDWR): %s", errno_name(errno));
+            sleep_us(cmd.size2 * 1000);
+            close(*fd);
+            *fd = -1;
+            return;
         default:
             fail("unknown command %u", unsigned(cmd.op));
         }

@@ -304,6 +304,130 @@ void drive_sem_close_in_recv(int *fd, const Options &opt) {
     pattern_expect(seed, 0, buf, 64, "the bytes of that recv");
 }
 
+void drive_sem_shut_rdwr_reset(int *fd, const Options &opt) {
+    // TCP answers bytes that reach an end shut both ways with a reset: that
+    // end reports POLLERR, then ECONNRESET once, then EOF. The responder
+    // sends 0.2 s after our shutdown.
+    const std::uint64_t seed = seed_of(opt, 12);
+    ask_send(*fd, 64, seed, 200000);
+    EXPECT(shutdown(*fd, SHUT_RDWR), 0, 0, "shutdown(SHUT_RDWR)");
+    short got = 0;
+    for (int i = 0; i < 500 && !(got & POLLERR); ++i) {
+        pollfd p{*fd, POLLIN | POLLOUT | POLLRDHUP, 0};
+        if (poll(&p, 1, 0) < 0) fail("poll: %s", errno_name(errno));
+        got = p.revents;
+        if (!(got & POLLERR)) sleep_us(10000);
+    }
+    const short want = POLLIN | POLLOUT | POLLRDHUP | POLLHUP | POLLERR;
+    if (got != want)
+        fail("poll after bytes came to an end shut both ways: revents %#x, expected %#x",
+             unsigned(got), unsigned(want));
+    char buf[64];
+    EXPECT(recv(*fd, buf, sizeof buf, MSG_DONTWAIT), -1, ECONNRESET,
+           "recv after bytes came to an end shut both ways");
+    EXPECT(recv(*fd, buf, sizeof buf, MSG_DONTWAIT), 0, 0, "recv after the reset was reported");
+    int err = -1;
+    socklen_t len = sizeof err;
+    if (getsockopt(*fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0)
+        fail("SO_ERROR after the reset was reported: %d, expected 0", err);
+}
+
+void drive_sem_send_to_shut_end(int *fd, const Options &) {
+    // The responder shuts both ways and then makes no socket call: our
+    // bytes to its end still draw the reset at once, as from TCP's kernel.
+    Cmd cmd;
+    cmd.op = Op::shut_idle;
+    cmd.size2 = 3000;
+    send_cmd(*fd, cmd);
+    pollfd p{*fd, POLLRDHUP, 0};
+    if (poll(&p, 1, 5000) != 1 || !(p.revents & POLLRDHUP)) fail("the responder's FIN never came");
+    EXPECT(send(*fd, "ps", 2, MSG_NOSIGNAL), 2, 0, "a send to an end shut both ways");
+    short got = 0;
+    for (int i = 0; i < 200 && !(got & POLLERR); ++i) {
+        p = pollfd{*fd, POLLIN | POLLOUT | POLLRDHUP, 0};
+        if (poll(&p, 1, 0) < 0) fail("poll: %s", errno_name(errno));
+        got = p.revents;
+        if (!(got & POLLERR)) sleep_us(5000);
+    }
+    const short want = POLLIN | POLLOUT | POLLRDHUP | POLLHUP | POLLERR;
+    if (got != want)
+        fail("poll after sending to an end shut both ways: revents %#x, expected %#x within 1 s",
+             unsigned(got), unsigned(want));
+    // After the peer's FIN, TCP reports the reset as EPIPE.
+    EXPECT(send(*fd, "ps", 2, MSG_NOSIGNAL), -1, EPIPE, "the send after the reset");
+    EXPECT(send(*fd, "ps", 2, MSG_NOSIGNAL), -1, EPIPE, "the next send");
+    char buf[8];
+    EXPECT(recv(*fd, buf, sizeof buf, MSG_DONTWAIT), 0, 0, "recv after the reset");
+}
+
+void drive_sem_send_after_shut_close(int *fd, const Options &) {
+    // The responder shuts both ways, then closes: it reads no more, so the
+    // first send is taken and draws the reset, and the next ones fail.
+    Cmd cmd;
+    cmd.op = Op::shut_close;
+    cmd.size2 = 2000;
+    send_cmd(*fd, cmd);
+    pollfd p{*fd, POLLRDHUP, 0};
+    if (poll(&p, 1, 5000) != 1 || !(p.revents & POLLRDHUP)) fail("the responder's FIN never came");
+    sleep_us(100000);
+    EXPECT(send(*fd, "x", 1, MSG_NOSIGNAL), 1, 0, "the first send after the peer's close");
+    short got = 0;
+    for (int i = 0; i < 200 && !(got & POLLERR); ++i) {
+        p = pollfd{*fd, POLLIN | POLLOUT | POLLRDHUP, 0};
+        if (poll(&p, 1, 0) < 0) fail("poll: %s", errno_name(errno));
+        got = p.revents;
+        if (!(got & POLLERR)) sleep_us(5000);
+    }
+    const short want = POLLIN | POLLOUT | POLLRDHUP | POLLHUP | POLLERR;
+    if (got != want)
+        fail("poll after the send that drew the reset: revents %#x, expected %#x within 1 s",
+             unsigned(got), unsigned(want));
+    EXPECT(send(*fd, "x", 1, MSG_NOSIGNAL), -1, EPIPE, "the send after the reset");
+    EXPECT(send(*fd, "x", 1, MSG_NOSIGNAL), -1, EPIPE, "the next send");
+}
+
+void drive_sem_disconnect(int *fd, const Options &) {
+    // connect(AF_UNSPEC) disconnects: TCP resets the connection both ways.
+    // The responder waits in recv for that reset.
+    Cmd cmd;
+    cmd.op = Op::await_reset;
+    send_cmd(*fd, cmd);
+    sleep_us(100000);
+    sockaddr sa{};
+    sa.sa_family = AF_UNSPEC;
+    EXPECT(connect(*fd, &sa, sizeof sa), 0, 0, "connect(AF_UNSPEC)");
+    EXPECT(send(*fd, "x", 1, MSG_NOSIGNAL), -1, ECONNRESET, "a send after connect(AF_UNSPEC)");
+    sockaddr_in peer{};
+    socklen_t len = sizeof peer;
+    EXPECT(getpeername(*fd, reinterpret_cast<sockaddr *>(&peer), &len), -1, ENOTCONN,
+           "getpeername after connect(AF_UNSPEC)");
+}
+
+void drive_sem_tcp_info_fin(int *fd, const Options &opt) {
+    // TCP_INFO's state follows the connection's end: CLOSE_WAIT once the
+    // peer's FIN is read (on a direct connection the kernel socket's own
+    // FIN waits, so the state comes from what the fabric said).
+    const std::uint64_t seed = seed_of(opt, 13);
+    tcp_info ti{};
+    socklen_t len = sizeof ti;
+    if (getsockopt(*fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0 || ti.tcpi_state != TCP_ESTABLISHED)
+        fail("TCP_INFO state before the peer's FIN: %u, expected ESTABLISHED",
+             unsigned(ti.tcpi_state));
+    Cmd cmd;
+    cmd.op = Op::send_shut;
+    cmd.size = 100;
+    cmd.seed = seed;
+    send_cmd(*fd, cmd);
+    char buf[100];
+    read_all(*fd, buf, sizeof buf, "the bytes before the peer's FIN");
+    pattern_expect(seed, 0, buf, sizeof buf, "the bytes before the peer's FIN");
+    expect_eof(*fd, "recv after the peer's FIN");
+    len = sizeof ti;
+    if (getsockopt(*fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0 || ti.tcpi_state != TCP_CLOSE_WAIT)
+        fail("TCP_INFO state after the peer's FIN: %u, expected CLOSE_WAIT (%u)",
+             unsigned(ti.tcpi_state), unsigned(TCP_CLOSE_WAIT));
+}
+
 namespace {
 
 // `len` bytes held back (TCP_CORK or MSG_MORE) reach the responder, whose

@@ -106,7 +106,8 @@ void Engine::detach(Conn *c) noexcept {
     if (c->verdict_due.load(std::memory_order_relaxed)) judge(c, true);
     if (c->is_direct()) {
         std::lock_guard tx(c->tx_lock);
-        if (!c->tx_fin && !c->broken && post(c, MsgType::close, nullptr, 0, 0, c->tx_off, 0) == 0)
+        if (!c->broken && !c->close_sent.exchange(true) &&
+            post(c, MsgType::close, nullptr, 0, 0, c->tx_off, 0) == 0)
             ring(c->peer);
         c->tx_fin = true;
     }

@@ -10,6 +10,7 @@
 #include <rdma/fi_domain.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <mutex>
 #include <netinet/in.h>
@@ -141,6 +142,16 @@ struct Conn {
     // fin or close sent on the fabric (written under tx_lock; readiness
     // reads it under rx_lock)
     std::atomic<bool> tx_fin{false};
+    // The application shut it for reading (SHUT_RD): once our FIN is sent
+    // too, bytes that come are answered with a reset (abort.cpp).
+    std::atomic<bool> rd_shut{false};
+    // The peer's FIN (or close) came (set with fin_off); our first send
+    // after it has made the peer's process take it (abort.cpp).
+    std::atomic<bool> peer_fin{false};
+    bool kicked_past_fin = false;   // under tx_lock
+    // Our CLOSE went (or the reset answer, itself a CLOSE): the peer knows
+    // we read no more. A FIN (shutdown) before it does not say that.
+    std::atomic<bool> close_sent{false};
     std::atomic<std::int64_t> credits{0};
     std::uint32_t staged = 0;       // combined bytes not yet sent (MSG_MORE, TCP_CORK)
     char *stage = nullptr;          // chunk-sized combining buffer
@@ -174,6 +185,9 @@ struct Conn {
     // POLLERR|POLLHUP, and the next recv or send reports ECONNRESET once.
     std::atomic<bool> peer_reset{false};
     std::atomic<bool> reset_unreported{false};
+    // The reset came after the peer's FIN (TCP's CLOSE_WAIT): TCP reports
+    // it as EPIPE, to a send or SO_ERROR only (a recv says EOF).
+    std::atomic<bool> reset_after_fin{false};
     char *ring = nullptr;           // fabric bytes not yet consumed
     std::uint32_t ring_cap = 0;     // = our window
     fid_mr *ring_mr = nullptr;      // the ring registered for the peer's writes
@@ -244,6 +258,12 @@ struct Conn {
     void show_flow(bool rx_locked) noexcept;
     void note_reset() noexcept {
         if (!peer_reset.exchange(true)) reset_unreported.store(true, std::memory_order_release);
+    }
+    // The reset not reported yet, now reported: ECONNRESET, EPIPE (after
+    // the peer's FIN), or 0.
+    int take_reset() noexcept {
+        if (!reset_unreported.exchange(false, std::memory_order_acq_rel)) return 0;
+        return reset_after_fin.load(std::memory_order_acquire) ? EPIPE : ECONNRESET;
     }
     void add_waiter(Waiter *w) noexcept;
     void remove_waiter(Waiter *w) noexcept;

@@ -484,10 +484,12 @@ void Engine::deliver(const char *buf, std::size_t len) noexcept {
     std::uint64_t answer_off = kNoOffset;  // a cancelled advert to answer
     std::uint32_t answer_len = 0;
     bool answer_sink = false;              // a sink_cancel to answer
+    bool answer_rst = false;               // bytes came to an end shut both ways
     if (is_stream_msg(MsgType(h.type))) sink_passed_locked(c);
     switch (MsgType(h.type)) {
     case MsgType::data: {
         if (c->switch_off == kNoOffset) c->switch_off = h.offset;
+        if (refuse_at_shut_end_locked(c, h.len, &answer_rst)) break;
         std::uint64_t expect = c->rx_expect();
         if (!c->ring || h.offset != expect || c->ring_bytes() + h.len > c->ring_cap ||
             c->fin_off != kNoOffset || c->zc.active ||
@@ -510,6 +512,7 @@ void Engine::deliver(const char *buf, std::size_t len) noexcept {
         // The bytes are in the ring already (the peer wrote them): accept
         // them only where they continue the stream and fit.
         if (c->switch_off == kNoOffset) c->switch_off = h.offset;
+        if (refuse_at_shut_end_locked(c, h.flags, &answer_rst)) break;
         std::uint64_t expect = c->rx_expect();
         if (!c->ring_mr || h.offset != expect || c->ring_bytes() + h.flags > c->ring_cap ||
             c->fin_off != kNoOffset || c->zc.active ||
@@ -533,6 +536,7 @@ void Engine::deliver(const char *buf, std::size_t len) noexcept {
         break;
     case MsgType::src_avail: {
         if (c->switch_off == kNoOffset) c->switch_off = h.offset;
+        if (refuse_at_shut_end_locked(c, h.flags, &answer_rst)) break;
         SrcAvailBody body;
         if (h.len != sizeof body || h.offset != c->rx_expect() || c->zc.active || !h.flags ||
             c->fin_off != kNoOffset) {
@@ -576,9 +580,17 @@ void Engine::deliver(const char *buf, std::size_t len) noexcept {
     case MsgType::fin:
     case MsgType::close:
         if (c->switch_off == kNoOffset) c->switch_off = h.offset;
+        if (MsgType(h.type) == MsgType::close && (h.flags & kCloseReset)) {
+            // After its FIN we were in CLOSE_WAIT: TCP says EPIPE then.
+            if (c->fin_off != kNoOffset && !c->peer_reset.load(std::memory_order_relaxed))
+                c->reset_after_fin.store(true, std::memory_order_release);
+            c->note_reset();
+        } else if (MsgType(h.type) == MsgType::close) {
+            closed_before_ours_locked(c);
+        }
         c->fin_off = h.offset;
+        c->peer_fin.store(true, std::memory_order_release);
         if (MsgType(h.type) == MsgType::close) c->peer_closed = true;
-        if (MsgType(h.type) == MsgType::close && (h.flags & kCloseReset)) c->note_reset();
         break;
     default:
         SD_LOG(error, "conn %u: unknown message type %u", c->id, unsigned(h.type));
@@ -587,6 +599,7 @@ void Engine::deliver(const char *buf, std::size_t len) noexcept {
     c->wake_locked();
     lock.unlock();
     if (answer_off != kNoOffset) answer_advert(c, answer_off, answer_len);
+    if (answer_rst) answer_reset(c);
     if (answer_sink) {
         std::uint64_t seq;
         std::memcpy(&seq, buf + sizeof h, sizeof seq);

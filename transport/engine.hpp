@@ -265,6 +265,9 @@ class Engine {
     void announce_switch_locked(Conn *c) noexcept;
     // Rings the peer's doorbell if one of its threads sleeps.
     void ring(const Peer *p) noexcept;
+    // Our bytes went on the fabric (tx_lock held): after the peer's FIN,
+    // the first time, its process is made to take them (abort.cpp).
+    void sent_past_fin_locked(Conn *c) noexcept;
     // Makes the peer process progress its fabric, through its control
     // thread, until its queue is empty (for an answer it owes while none
     // of its threads may call in: a cancelled advertisement, a leave; or
@@ -333,6 +336,15 @@ class Engine {
     // posted by the caller once rx_lock is released).
     bool on_sink_cancel(Conn *c, const MsgHeader &h, const char *payload) noexcept;
     void answer_sink_cancel(Conn *c, std::uint64_t seq, std::uint64_t off) noexcept;
+    // abort.cpp: `len` stream bytes came (rx_lock held). True when they
+    // are refused: our end is shut both ways, so TCP answers with a reset;
+    // `*answer` is set the first time, and the caller then posts the
+    // reset (answer_reset) once rx_lock is released.
+    bool refuse_at_shut_end_locked(Conn *c, std::uint64_t len, bool *answer) noexcept;
+    void answer_reset(Conn *c) noexcept;
+    // The peer's CLOSE without a reset came (rx_lock held): bytes of ours
+    // that reached it only after its close draw TCP's reset all the same.
+    void closed_before_ours_locked(Conn *c) noexcept;
     // A stream message of the peer came (rx_lock held): a registered sink
     // of ours it follows is never written.
     static void sink_passed_locked(Conn *c) noexcept;

@@ -47,6 +47,7 @@ enum class Reason : std::uint32_t {
     fd_limit,          // this process had no fd to spare for the upgrade (RLIMIT_NOFILE)
     other_host,        // no entry, and the peer's address is not one of this host's
     ended_early,       // closed (or exited) while its peer, which runs the library, was about to upgrade
+    disconnect,        // connect(AF_UNSPEC): the kernel disconnects it (a reset), for good
     count_
 };
 

@@ -1,0 +1,58 @@
+// TCP's abort when bytes come to an end that reads no more: an end shut
+// both ways (SHUT_RD, and its FIN sent) that is sent more bytes answers
+// them with a reset, as the kernel does in FIN_WAIT with its receive side
+// shut. The bytes are thrown away, our own end reports the reset (recv:
+// ECONNRESET once, then EOF; POLLERR until reported), and the sender is
+// told with a close that carries the reset (kCloseReset), so that its
+// sends fail and its poll reports POLLERR, as after the kernel's RST.
+#include "engine.hpp"
+
+#include "log.hpp"
+
+namespace sd::transport {
+
+bool Engine::refuse_at_shut_end_locked(Conn *c, std::uint64_t len, bool *answer) noexcept {
+    if (!len || !c->rd_shut.load(std::memory_order_acquire) ||
+        !c->tx_fin.load(std::memory_order_acquire))
+        return false;
+    if (!c->peer_reset.load(std::memory_order_acquire)) {
+        SD_LOG(debug, "conn %u: %llu bytes came after SHUT_RDWR: reset", c->id,
+               (unsigned long long)len);
+        c->note_reset();
+        if (c->fin_off == kNoOffset) c->fin_off = c->rx_expect();
+        c->peer_closed.store(true, std::memory_order_release);
+        *answer = true;
+    }
+    return true;
+}
+
+void Engine::answer_reset(Conn *c) noexcept {
+    // Our FIN was the last of our stream: the reset goes at its offset
+    // (tx_off no longer moves once tx_fin is set).
+    if (!c->close_sent.exchange(true) &&
+        post(c, MsgType::close, nullptr, 0, 0, c->tx_off, 0, kCloseReset) == 0)
+        ring(c->peer);
+}
+
+void Engine::closed_before_ours_locked(Conn *c) noexcept {
+    // Its counters (its process page) say what it read: fabric bytes of
+    // ours beyond that came to a closed socket, which TCP answers with a
+    // reset, after the FIN (EPIPE).
+    const std::uint64_t read = peer_read(c);
+    if (read == kNoOffset ||
+        c->stat->tx_fabric.load(std::memory_order_relaxed) - c->tx_fabric_base <= read)
+        return;
+    c->reset_after_fin.store(true, std::memory_order_release);
+    c->note_reset();
+}
+
+void Engine::sent_past_fin_locked(Conn *c) noexcept {
+    // The peer's end may be shut for reading too: then these bytes draw
+    // its reset, which TCP's peer answers at once, whether or not its
+    // application calls in. Its control thread takes them (once).
+    if (c->kicked_past_fin || !c->peer_fin.load(std::memory_order_acquire)) return;
+    c->kicked_past_fin = true;
+    kick(c->peer);
+}
+
+}  // namespace sd::transport
