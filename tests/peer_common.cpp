@@ -9,6 +9,7 @@
 #include <cstring>
 #include <ctime>
 #include <fcntl.h>
+#include <spawn.h>
 #include <netinet/in.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -355,6 +356,24 @@ void expect_eof(int fd, const char *what) {
 // ---- commands ----------------------------------------------------------------
 
 void send_cmd(int fd, const Cmd &cmd) { write_all(fd, &cmd, sizeof cmd); }
+
+pid_t spawn_plain_cat(const char *cat, int fd) {
+    std::vector<char *> env;
+    for (char **e = environ; *e; ++e)
+        if (std::strncmp(*e, "LD_PRELOAD=", 11) != 0 && std::strncmp(*e, "SDIRECT_", 8) != 0)
+            env.push_back(*e);
+    env.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fd, 0);
+    posix_spawn_file_actions_adddup2(&fa, fd, 1);
+    char *argv[] = {const_cast<char *>(cat), nullptr};
+    pid_t pid = -1;
+    const int rc = posix_spawn(&pid, cat, &fa, nullptr, argv, env.data());
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) fail("posix_spawn %s: %s", cat, errno_name(rc));
+    return pid;
+}
 
 void expect_ack(int fd, const char *what) {
     char c = 0;

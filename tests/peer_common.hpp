@@ -138,6 +138,10 @@ struct Cmd {
 static_assert(sizeof(Cmd) == 64);
 
 void send_cmd(int fd, const Cmd &cmd);
+
+// Starts `cat` (path given) on `fd` as its stdin and stdout, without the
+// library or its settings in its environment; returns its pid.
+pid_t spawn_plain_cat(const char *cat, int fd);
 void expect_ack(int fd, const char *what);
 
 // Serves commands until Op::exit or a clean EOF between commands.

@@ -581,20 +581,7 @@ void drive_spawn_cat(int *fd, const Options &opt) {
     send_cmd(s, cmd);
     if (via == "spawn") {
         // The program runs without the library: it knows only the kernel socket.
-        std::vector<char *> env;
-        for (char **e = environ; *e; ++e)
-            if (std::strncmp(*e, "LD_PRELOAD=", 11) != 0 && std::strncmp(*e, "SDIRECT_", 8) != 0)
-                env.push_back(*e);
-        env.push_back(nullptr);
-        posix_spawn_file_actions_t fa;
-        posix_spawn_file_actions_init(&fa);
-        posix_spawn_file_actions_adddup2(&fa, s, 0);
-        posix_spawn_file_actions_adddup2(&fa, s, 1);
-        char *argv[] = {const_cast<char *>(cat), nullptr};
-        pid_t pid = -1;
-        const int rc = posix_spawn(&pid, cat, &fa, nullptr, argv, env.data());
-        posix_spawn_file_actions_destroy(&fa);
-        if (rc != 0) fail("posix_spawn %s: %s", cat, errno_name(rc));
+        const pid_t pid = spawn_plain_cat(cat, s);
         // The responder sees EOF only once every copy of the socket is closed.
         close(s);
         *fd = -1;

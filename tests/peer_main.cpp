@@ -196,20 +196,7 @@ Options for_conn(const Options &opt, std::size_t i) {
 int serve_by_cat(int fd) {
     const char *cat = "/bin/cat";
     if (access(cat, X_OK) != 0) skip("%s is not installed", cat);
-    std::vector<char *> env;
-    for (char **e = environ; *e; ++e)
-        if (std::strncmp(*e, "LD_PRELOAD=", 11) != 0 && std::strncmp(*e, "SDIRECT_", 8) != 0)
-            env.push_back(*e);
-    env.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, fd, 0);
-    posix_spawn_file_actions_adddup2(&fa, fd, 1);
-    char *argv[] = {const_cast<char *>(cat), nullptr};
-    pid_t pid = -1;
-    const int rc = posix_spawn(&pid, cat, &fa, nullptr, argv, env.data());
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) fail("posix_spawn %s: %s", cat, errno_name(rc));
+    const pid_t pid = spawn_plain_cat(cat, fd);
     close(fd);
     int status = 0;
     if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
