@@ -38,7 +38,8 @@ Prefix *prefix_from_ring(Conn *c) noexcept {
     if (m == MAP_FAILED) return nullptr;
     auto *p = static_cast<Prefix *>(m);
     p->taken.store(0, std::memory_order_relaxed);
-    p->len = n;
+    p->len.store(n, std::memory_order_relaxed);
+    p->cap = n;
     for (std::uint64_t done = 0; done < n;) {
         const std::uint32_t at = std::uint32_t((c->ring_head + done) % c->ring_cap);
         const std::uint64_t run = std::min<std::uint64_t>(n - done, c->ring_cap - at);
@@ -55,8 +56,28 @@ Prefix *prefix_from_ring(Conn *c) noexcept {
     return p;
 }
 
+Prefix *prefix_reserve(Conn *c) noexcept {
+    std::uint64_t cap;
+    {
+        std::lock_guard rx(c->rx_lock);
+        cap = c->ring_cap;
+    }
+    if (!cap) return nullptr;
+    void *m = mmap(nullptr, sizeof(Prefix) + cap, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                   -1, 0);
+    if (m == MAP_FAILED) return nullptr;
+    auto *p = static_cast<Prefix *>(m);
+    p->taken.store(0, std::memory_order_relaxed);
+    p->len.store(0, std::memory_order_relaxed);
+    p->cap = cap;
+    std::lock_guard rx(c->rx_lock);
+    c->spill = transport::Spill{&p->len, p->bytes(), cap};
+    return p;
+}
+
 std::uint64_t prefix_left(const Prefix *p) noexcept {
-    return p->len - std::min(p->len, p->taken.load(std::memory_order_acquire));
+    const std::uint64_t len = p->len.load(std::memory_order_acquire);
+    return len - std::min(len, p->taken.load(std::memory_order_acquire));
 }
 
 ssize_t prefix_recv(Prefix *p, const iovec *iov, int iovcnt, int flags) noexcept {
@@ -64,8 +85,9 @@ ssize_t prefix_recv(Prefix *p, const iovec *iov, int iovcnt, int flags) noexcept
     for (int i = 0; i < iovcnt; ++i) want += iov[i].iov_len;
     std::uint64_t from = p->taken.load(std::memory_order_acquire), n;
     for (;;) {
-        if (from >= p->len) return 0;
-        n = std::min(want, p->len - from);
+        const std::uint64_t len = p->len.load(std::memory_order_acquire);
+        if (from >= len) return 0;
+        n = std::min(want, len - from);
         // A bad buffer takes nothing, as the kernel's copy would.
         std::uint64_t left = n;
         for (int i = 0; i < iovcnt && left; ++i) {
@@ -86,6 +108,6 @@ ssize_t prefix_recv(Prefix *p, const iovec *iov, int iovcnt, int flags) noexcept
     return ssize_t(n);
 }
 
-void prefix_release(Prefix *p) noexcept { munmap(p, sizeof(Prefix) + p->len); }
+void prefix_release(Prefix *p) noexcept { munmap(p, sizeof(Prefix) + p->cap); }
 
 }  // namespace sd::fallback

@@ -271,6 +271,10 @@ void Stream::fork_prepare(unsigned mark) noexcept {
                     prefix.store(p, std::memory_order_release);
                     if (engine) engine->want_flush(c);
                 }
+            // Still direct: room for what a later answer to the peer's
+            // leave would keep unread, in memory the child maps too.
+            if (h && !prefix.load(std::memory_order_relaxed))
+                if (Prefix *p = prefix_reserve(c)) prefix.store(p, std::memory_order_release);
         } else if (Sharers *h = left_holders(c)) {
             sharers_expect_child(h);  // left for sharing: one holder more
         }
@@ -1506,8 +1510,14 @@ void Stream::last_close() noexcept {
 }
 
 void Stream::destroy() noexcept {
+    Conn *c = conn.exchange(nullptr, std::memory_order_acq_rel);
+    if (c) {
+        // The spill buffer is the prefix's memory: gone with it.
+        std::lock_guard rx(c->rx_lock);
+        c->spill = transport::Spill{};
+    }
     if (Prefix *p = prefix.exchange(nullptr, std::memory_order_acq_rel)) prefix_release(p);
-    if (Conn *c = conn.exchange(nullptr, std::memory_order_acq_rel)) engine->detach(c);
+    if (c) engine->detach(c);
 }
 
 }  // namespace sd::fallback

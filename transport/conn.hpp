@@ -106,6 +106,14 @@ struct PeerSink {
 };
 
 
+// A buffer shared with the processes forked while a connection was
+// direct: `len` (bytes put in it) then `cap` bytes.
+struct Spill {
+    std::atomic<std::uint64_t> *len = nullptr;
+    char *bytes = nullptr;
+    std::uint64_t cap = 0;
+};
+
 struct Conn {
     std::uint32_t id = 0;
     std::uint32_t gen = 0;
@@ -249,6 +257,10 @@ struct Conn {
     // sharing adds our offsets there, so that the last holder can return
     // to direct mode (shm_fallback/sharers.hpp).
     std::atomic<std::atomic<std::uint64_t> *> holder_counts{nullptr};
+    // Where the peer's unread fabric bytes go if this process must give
+    // the connection up before reading them, for its holders to read
+    // first (set at a fork while direct; rx_lock). Used once.
+    Spill spill;
 
     // Something arrived or changed: wakes every waiter and poller; caller
     // holds rx_lock.

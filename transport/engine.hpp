@@ -369,6 +369,10 @@ class Engine {
     // Instead of rearming: the connection was forked while direct, so its
     // holders take over from our offsets (final here). False if not forked.
     bool hand_to_holders_locked(Conn *c) noexcept;
+    // The peer's unread fabric bytes into the connection's spill buffer,
+    // for the holders to read first; then final for this process, the
+    // offsets (past those bytes) handed to the holders. rx_lock held.
+    bool spill_to_holders_locked(Conn *c) noexcept;
     int write_owed_locked(Conn *c) noexcept;
     // The provider's RMA write or read of our iov (with `flags` too),
     // waited for as long as the peer lives. 0, -EIO, -EPIPE (a write whose

@@ -244,6 +244,33 @@ bool Engine::hand_to_holders_locked(Conn *c) noexcept {
     return true;
 }
 
+bool Engine::spill_to_holders_locked(Conn *c) noexcept {
+    const Spill sp = c->spill;
+    const std::uint64_t n = c->ring_bytes();
+    // Every fabric byte of the peer is here and nothing more comes on the
+    // fabric: what the ring holds is exactly what precedes the kernel's.
+    if (!sp.len || !n || n > sp.cap || c->zc.active || c->peer_end == kNoOffset ||
+        c->rx_expect() < c->peer_end || c->rx_off + n != c->peer_end ||
+        c->tx_owed.load(std::memory_order_acquire) || !c->holder_counts.load(std::memory_order_acquire))
+        return false;
+    for (std::uint64_t done = 0; done < n;) {
+        const std::uint32_t at = std::uint32_t((c->ring_head + done) % c->ring_cap);
+        const std::uint64_t run = std::min<std::uint64_t>(n - done, c->ring_cap - at);
+        std::memcpy(sp.bytes + done, c->ring + at, run);
+        done += run;
+    }
+    sp.len->store(n, std::memory_order_release);
+    c->spill = Spill{};
+    c->ring_head += n;
+    c->rx_off += n;
+    SD_LOG(info, "fd %d: %llu unread bytes of the peer's fabric stream go to the holders of the "
+                 "socket, read first", c->stat->fd, (unsigned long long)n);
+    // Final here (or due to be rearmed, which it must not be: the holders
+    // go on from our offsets, past the bytes just moved).
+    (void)c->settle_left_locked();
+    return hand_to_holders_locked(c);
+}
+
 bool Engine::peer_conn_closed(const Conn *c) const noexcept {
     // Its slot in the peer's process page: closed, or already another
     // connection's (the ports name the connection; a slot reused for the
@@ -416,6 +443,7 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
         const ConnState now = c->state.load(std::memory_order_acquire);
         if (now != ConnState::direct && now != ConnState::leaving) return 1;
         if (c->settle_left_locked()) return 1;  // nothing left unread
+        if (spill_to_holders_locked(c)) return 1;
         SD_LOG(error, "fd %d: the peer left the fabric first while bytes of it were unread "
                       "here; they can be read by this process only", fd);
         return -EBUSY;
