@@ -46,29 +46,21 @@ void park_if_exiting() noexcept {
 // Variables the provider libraries read while they load and initialise:
 // keep libinfinipath/libpsm2 from installing backtrace handlers, and
 // libfabric's MR cache from hooking memory. Each is set only if the
-// application has not, and taken away again once the endpoint is open
-// (restore_env), so that the application and the programs it starts see
-// the environment it made.
+// application has not, and stays for the process's life: the engine of
+// a forked child initialises the providers again, after the parent's
+// endpoint opened. Taken away once the endpoint was open, they let a
+// provider library of sshd's pre-auth child (forked, chrooted, under
+// seccomp) install its own fault handling, and the child died of SIGSYS.
 struct EnvPin {
     const char *name;
     const char *value;
-    bool set;  // we set it (it was absent)
 };
-EnvPin pins[] = {{"IPATH_NO_BACKTRACE", "1", false},
-                 {"HFI_NO_BACKTRACE", "1", false},
-                 {"FI_MR_CACHE_MONITOR", "disabled", false}};
-
-void restore_env() noexcept {
-    for (EnvPin &p : pins)
-        if (p.set) {
-            unsetenv(p.name);
-            p.set = false;
-        }
-}
+constexpr EnvPin pins[] = {{"IPATH_NO_BACKTRACE", "1"},
+                           {"HFI_NO_BACKTRACE", "1"},
+                           {"FI_MR_CACHE_MONITOR", "disabled"}};
 
 void load() noexcept {
-    for (EnvPin &p : pins)
-        p.set = !std::getenv(p.name) && setenv(p.name, p.value, 0) == 0;
+    for (const EnvPin &p : pins) setenv(p.name, p.value, 0);
     Guard guard;
     void *h = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!h) {
@@ -109,10 +101,7 @@ bool fabric_builder_parked() noexcept { return parked.load(std::memory_order_acq
 
 int endpoint_open(Endpoint &e, const char *provider, const char *unique) noexcept {
     park_if_exiting();
-    if (!fabric_available()) {
-        restore_env();
-        return -ENOSYS;
-    }
+    if (!fabric_available()) return -ENOSYS;
     park_if_exiting();  // the dlopen is over: the exit's loader lock is free
     Guard guard;
     struct sigaction saved[sizeof kTouchedSignals / sizeof kTouchedSignals[0]];
@@ -148,7 +137,6 @@ int endpoint_open(Endpoint &e, const char *provider, const char *unique) noexcep
     park_if_exiting();  // before the provider creates its region and handlers
     auto fail = [&](const char *what, int err) {
         SD_LOG(error, "fabric %s failed: %s", what, fabric_strerror(err));
-        restore_env();
         endpoint_close(e);
         for (std::size_t i = 0; i < std::size(kTouchedSignals); ++i)
             sigaction(kTouchedSignals[i], &saved[i], nullptr);
@@ -179,7 +167,6 @@ int endpoint_open(Endpoint &e, const char *provider, const char *unique) noexcep
 
     for (std::size_t i = 0; i < std::size(kTouchedSignals); ++i)
         sigaction(kTouchedSignals[i], &saved[i], nullptr);
-    restore_env();
     return 0;
 }
 
