@@ -62,10 +62,13 @@ SD_EXPORT int listen(int fd, int backlog) {
     Held s(fd);
     if (r == 0 && s) {
         s->phase.store(Phase::listener);
-        // Upgrades at once: build the engine now, in the background, so
-        // that the first accepted connection needs no wait. Otherwise the
-        // first connection that earns its upgrade asks for it.
-        if (!sd::transport::settings().upgrade_after_ms) sd::transport::Engine::ready();
+        // A server: build the engine now, in the background, whatever the
+        // upgrade policy. The first accepted connection that earns its
+        // upgrade then needs no wait, and a server that forks a process
+        // per connection (postgres, netserver, sshd) gives its children a
+        // loaded libfabric: each of them would otherwise load it anew
+        // (~0.3 s and a CPU's worth of work while it runs).
+        sd::transport::Engine::ready();
     }
     return r;
 }
