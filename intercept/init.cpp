@@ -1,10 +1,13 @@
-// Library start. The constructor resolves libc, reads the settings and
-// builds the socket table before main() runs; nothing else happens until
-// the first TCP connection (the end is an atexit hook the engine build
-// registers: transport/engine.cpp).
+// Library start. The constructor resolves libc, reads the settings, sets
+// the provider libraries' variables and builds the socket table before
+// main() runs; nothing else happens until the first TCP connection (the
+// end is an atexit hook the engine build registers: transport/engine.cpp).
 #include "fork_protocol/fork.hpp"
+#include "shm_fallback/handover.hpp"
 #include "shm_fallback/table.hpp"
+#include "transport/fabric.hpp"
 #include "transport/protocol.hpp"
+#include "transport/rules.hpp"
 #include "transport/settings.hpp"
 #include "transport/sys.hpp"
 
@@ -18,8 +21,14 @@ __attribute__((constructor(101))) void sdirect_start() {
     sd::intercept::memhooks_check();
     sd::transport::resolve_sys();
     sd::transport::load_settings();
+    // Here, while the process has one thread: the engine is built on a
+    // thread of its own, and a setenv() there raced the application's
+    // threads reading the environment.
+    if (sd::transport::settings().enable) sd::transport::fabric_pin_environment();
     sd::transport::load_protocols();
+    sd::transport::load_rules();
     sd::fallback::table_init();
+    sd::fallback::inherit_init();
     sd::forking::install();
 }
 

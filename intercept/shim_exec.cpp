@@ -1,14 +1,20 @@
 // Starting programs: the exec family, posix_spawn, system and popen. The
 // new program may not run the library (or runs a fresh copy that knows
 // nothing of our connections), so every socket it inherits goes back to
-// the kernel first. glibc's own calls between these entry
+// the kernel first: for good, unless the exec replaces this process with
+// a program whose environment preloads the library; then the connections
+// are handed over (shm_fallback/handover.hpp) and the new image may
+// upgrade them again. glibc's own calls between these entry
 // points are internal and not interposable: each public one is caught.
 // vfork needs nothing of its own: its child reaches exec through here.
 #include "shim.hpp"
+#include "shm_fallback/handover.hpp"
 #include "transport/engine.hpp"
+#include "transport/log.hpp"
 
 #include <cstdarg>
 #include <cstdlib>
+#include <cstring>
 #include <dlfcn.h>
 #include <mutex>
 #include <spawn.h>
@@ -93,7 +99,59 @@ void prepare_spawn(const posix_spawn_file_actions_t *actions) noexcept {
 
 void prepare() noexcept {
     if (!sd::transport::guarded()) sd::fallback::table_before_exec();
+    else SD_LOG(error, "exec from inside the library: inherited sockets stay as they are");
 }
+
+// The environment of an exec in place: `envp` itself, after every
+// inherited socket went back to the kernel for good; or, when `envp`
+// preloads the library, `envp` with the hand-over of the connections
+// that could be handed over (SDIRECT_INHERIT) and for good for the rest.
+// Never in a vfork child (its memory and fds are its parent's): there the
+// sockets go for good.
+class ExecEnv {
+  public:
+    explicit ExecEnv(char *const envp[]) noexcept : env_(envp) {
+        if (sd::transport::guarded()) return;
+        if (sd::fallback::foreign_process()) {
+            sd::fallback::table_before_exec();
+            return;
+        }
+        own_ = true;
+        sd::fallback::table_exec_drop_uninherited();
+        if (!sd::fallback::env_preloads_library(envp)) {
+            sd::fallback::table_before_exec();
+            return;
+        }
+        const std::size_t n = sd::fallback::table_hand_over_for_exec(envp, var_, sizeof var_);
+        const std::size_t name = std::strlen(sd::fallback::kInheritVar);
+        std::size_t count = 0;
+        for (char *const *e = envp; e && *e; ++e) ++count;
+        // An old one is never passed on, whether or not there is a new one.
+        list_.reserve(count + 2);
+        for (char *const *e = envp; e && *e; ++e)
+            if (std::strncmp(*e, sd::fallback::kInheritVar, name) != 0 || (*e)[name] != '=')
+                list_.push_back(*e);
+        if (n) list_.push_back(var_);
+        list_.push_back(nullptr);
+        env_ = list_.data();
+        handed_ = n != 0;
+    }
+    // Only reached when the exec failed.
+    ~ExecEnv() {
+        if (handed_) sd::fallback::hand_over_failed();
+        if (own_) sd::fallback::table_exec_failed();
+    }
+    ExecEnv(const ExecEnv &) = delete;
+    ExecEnv &operator=(const ExecEnv &) = delete;
+    char *const *get() const noexcept { return env_; }
+
+  private:
+    char *const *env_;
+    bool handed_ = false;
+    bool own_ = false;  // not a vfork child: holder entries were dropped
+    char var_[8192];
+    std::vector<char *> list_;
+};
 
 // An exec of this process: after prepare(), no other thread may enter the
 // provider until the new image replaces them all; reopened if exec fails.
@@ -122,40 +180,40 @@ std::vector<char *> gather(const char *first, va_list ap, char ***envp) {
 }  // namespace
 
 SD_EXPORT int execve(const char *path, char *const argv[], char *const envp[]) {
-    prepare();
+    ExecEnv env(envp);
     ExecGate gate;
-    return real.execve ? real.execve(path, argv, envp) : missing();
+    return real.execve ? real.execve(path, argv, env.get()) : missing();
 }
 
 SD_EXPORT int execv(const char *path, char *const argv[]) {
-    prepare();
+    ExecEnv env(environ);
     ExecGate gate;
-    return real.execve ? real.execve(path, argv, environ) : missing();
+    return real.execve ? real.execve(path, argv, env.get()) : missing();
 }
 
 SD_EXPORT int execvpe(const char *file, char *const argv[], char *const envp[]) {
-    prepare();
+    ExecEnv env(envp);
     ExecGate gate;
-    return real.execvpe ? real.execvpe(file, argv, envp) : missing();
+    return real.execvpe ? real.execvpe(file, argv, env.get()) : missing();
 }
 
 SD_EXPORT int execvp(const char *file, char *const argv[]) {
-    prepare();
+    ExecEnv env(environ);
     ExecGate gate;
-    return real.execvpe ? real.execvpe(file, argv, environ) : missing();
+    return real.execvpe ? real.execvpe(file, argv, env.get()) : missing();
 }
 
 SD_EXPORT int fexecve(int fd, char *const argv[], char *const envp[]) {
-    prepare();
+    ExecEnv env(envp);
     ExecGate gate;
-    return real.fexecve ? real.fexecve(fd, argv, envp) : missing();
+    return real.fexecve ? real.fexecve(fd, argv, env.get()) : missing();
 }
 
 SD_EXPORT int execveat(int dirfd, const char *path, char *const argv[], char *const envp[],
                        int flags) {
-    prepare();
+    ExecEnv env(envp);
     ExecGate gate;
-    return real.execveat ? real.execveat(dirfd, path, argv, envp, flags) : missing();
+    return real.execveat ? real.execveat(dirfd, path, argv, env.get(), flags) : missing();
 }
 
 SD_EXPORT int execl(const char *path, const char *arg, ...) {

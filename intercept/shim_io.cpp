@@ -277,7 +277,8 @@ namespace {
 // kernel): from then on this process counts what it moves, and the
 // counts are where the last holder upgrades it again; a sendfile of its
 // bytes straight into the kernel would shift every later offset. A claim
-// that fails leaves the stream to answer (EIO), as a send would.
+// that fails leaves the stream to answer (EIO, or a reset where the owner
+// died first), as a send would.
 bool through_stream(Held &s) noexcept {
     if (!s) return false;
     if (!s->claim_inherited()) return true;

@@ -27,7 +27,7 @@ packages=(
     apache2-utils stress-ng
     iproute2 procps
     redis-server redis-tools postgresql memcached nginx-light
-    openssh-server openssh-client
+    openssh-server openssh-client socat git
     python3
 )
 

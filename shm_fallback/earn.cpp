@@ -44,6 +44,7 @@ void Stream::start_earning() noexcept {
 
 void Stream::ask_upgrade_locked() noexcept {
     if (++earn_calls < kEarnCalls || transport::monotonic_ns() < earn_ns) return;
+    if (kernel_waiters) return;  // the blocked recv asks when it returns
     earn_ns = 0;
     transport::Engine *e = transport::Engine::ready();  // the first asks for the build
     if (!e) {

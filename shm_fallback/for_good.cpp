@@ -17,6 +17,7 @@ using transport::Reason;
 void Stream::to_kernel_for_good(Reason why) noexcept {
     Phase p = phase.load(std::memory_order_acquire);
     if (p == Phase::fresh || p == Phase::listener) return;
+    for_good.store(true, std::memory_order_release);
     // Direct in the process we inherited it from: that one leaves, for good.
     if (orphan.load(std::memory_order_acquire)) (void)claim_inherited(-1, why);
     // Another thread's first call is attaching it: let it finish.
@@ -40,14 +41,19 @@ void Stream::to_kernel_for_good(Reason why) noexcept {
     drop_share();  // shared through fork: no holder brings it to the fabric
     Conn *c = conn.load(std::memory_order_acquire);
     if (!c || !engine) return;
-    const ConnState st = c->state.load(std::memory_order_acquire);
+    ConnState st = c->state.load(std::memory_order_acquire);
+    if (st != ConnState::direct && st != ConnState::leaving) {
+        engine->stay_on_kernel(c, why);
+        // An upgrade under way that still ended direct leaves like one
+        // that was direct.
+        (void)engine->settle_upgrade(c);
+        st = c->state.load(std::memory_order_acquire);
+    }
     if (st == ConnState::direct || st == ConnState::leaving) {
         const int rc = engine->leave(c, why);
         if (rc < 0)
             SD_LOG(error, "fd %d could not leave the fabric (%s): %s", kfd(),
                    transport::reason_name(why), std::strerror(-rc));
-    } else {
-        engine->stay_on_kernel(c, why);
     }
 }
 

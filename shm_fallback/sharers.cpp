@@ -12,6 +12,7 @@
 #include <poll.h>
 #include <sys/syscall.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace sd::fallback {
@@ -43,6 +44,19 @@ inline constexpr std::size_t kSlots = 4096;  // 1 MiB, touched only where used
 inline constexpr std::uint64_t kRecheckNs = 20'000'000;
 
 Sharers *arena = nullptr;  // inherited by every child: the same pages
+// The arena is a memfd, so that an exec'd image of a holder can map it
+// again (handover.cpp); -1 when it is anonymous memory. Its identity is
+// kept: the application may close or reuse the number.
+int arena_fd = -1;
+dev_t arena_dev = 0;
+ino_t arena_ino = 0;
+constexpr std::size_t kArenaBytes = kSlots * sizeof(Sharers);
+
+bool arena_fd_ok() noexcept {
+    struct stat st;
+    return arena_fd >= 0 && fstat(arena_fd, &st) == 0 && st.st_dev == arena_dev &&
+           st.st_ino == arena_ino;
+}
 
 std::uint64_t me() noexcept { return kHolder | std::uint32_t(getpid()); }
 
@@ -92,10 +106,24 @@ bool take(Sharers *sh, std::uint64_t value, std::uint64_t with) noexcept {
 
 Sharers *sharers_open(std::uint64_t sent, std::uint64_t received) noexcept {
     if (!arena) {
-        void *mem = mmap(nullptr, kSlots * sizeof(Sharers), PROT_READ | PROT_WRITE,
-                         MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (mem == MAP_FAILED) return nullptr;
+        int fd = int(syscall(SYS_memfd_create, "sdirect-sharers", MFD_CLOEXEC));
+        struct stat st;
+        if (fd >= 0 && (ftruncate(fd, off_t(kArenaBytes)) != 0 || fstat(fd, &st) != 0)) {
+            sys.close(fd);
+            fd = -1;
+        }
+        void *mem = mmap(nullptr, kArenaBytes, PROT_READ | PROT_WRITE,
+                         MAP_SHARED | MAP_NORESERVE | (fd < 0 ? MAP_ANONYMOUS : 0), fd, 0);
+        if (mem == MAP_FAILED) {
+            if (fd >= 0) sys.close(fd);
+            return nullptr;
+        }
         arena = static_cast<Sharers *>(mem);
+        if (fd >= 0) {
+            arena_fd = fd;
+            arena_dev = st.st_dev;
+            arena_ino = st.st_ino;
+        }
     }
     // Start where this process's pid points, so that processes of one tree
     // rarely race for the same slot.
@@ -191,6 +219,58 @@ bool sharers_left(const Sharers *sh) noexcept {
 
 std::uint64_t sharers_received(const Sharers *sh) noexcept {
     return sh->received.load(std::memory_order_acquire);
+}
+
+bool sharers_handle(const Sharers *sh, int *fd, std::uint32_t *index) noexcept {
+    if (!arena || sh < arena || sh >= arena + kSlots || !arena_fd_ok()) return false;
+    *fd = arena_fd;
+    *index = std::uint32_t(sh - arena);
+    return true;
+}
+
+void sharers_pass_on_exec(bool pass) noexcept {
+    if (!arena_fd_ok()) return;
+    const int fl = sys.fcntl(arena_fd, F_GETFD);
+    if (fl >= 0) sys.fcntl(arena_fd, F_SETFD, pass ? fl & ~FD_CLOEXEC : fl | FD_CLOEXEC);
+}
+
+bool sharers_map_inherited(int fd) noexcept {
+    struct stat st;
+    char link[64], target[64];
+    std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    const ssize_t n = readlink(link, target, sizeof target - 1);
+    if (arena || n <= 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+        std::uint64_t(st.st_size) != kArenaBytes)
+        return false;
+    target[n] = '\0';
+    if (std::strncmp(target, "/memfd:sdirect-sharers", 22) != 0) return false;
+    void *mem = mmap(nullptr, kArenaBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+    if (mem == MAP_FAILED) return false;
+    // Not passed on to further programs but through a hand-over.
+    const int fl = sys.fcntl(fd, F_GETFD);
+    if (fl >= 0) sys.fcntl(fd, F_SETFD, fl | FD_CLOEXEC);
+    arena = static_cast<Sharers *>(mem);
+    arena_fd = fd;
+    arena_dev = st.st_dev;
+    arena_ino = st.st_ino;
+    return true;
+}
+
+Sharers *sharers_at(std::uint32_t index) noexcept {
+    return arena && index < kSlots && arena[index].used.load(std::memory_order_acquire) ? &arena[index]
+                                                                                          : nullptr;
+}
+
+bool sharers_hold(const Sharers *sh) noexcept {
+    const std::uint64_t self = me();
+    for (const auto &e : sh->entry)
+        if (e.load(std::memory_order_acquire) == self) return true;
+    return false;
+}
+
+void sharers_rejoin(Sharers *sh) noexcept {
+    if (sh->used.load(std::memory_order_acquire) && !sharers_hold(sh) && !put(sh, me()))
+        sh->stuck.store(1, std::memory_order_release);
 }
 
 }  // namespace sd::fallback

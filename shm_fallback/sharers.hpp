@@ -53,4 +53,25 @@ std::uint64_t sharers_received(const Sharers *sh) noexcept;
 std::atomic<std::uint64_t> *sharers_counts(Sharers *sh) noexcept;
 bool sharers_left(const Sharers *sh) noexcept;
 
+// exec of a holder whose new image runs the library (handover.cpp): the
+// arena is a memfd when it could be made, and the new image maps it again
+// from the fd it inherits, so that it holds the socket in the same slot
+// (the holder entry is the pid, which exec keeps).
+// The arena's fd (checked to be ours still) and the slot's index; false
+// when the arena is anonymous or its fd is gone.
+bool sharers_handle(const Sharers *sh, int *fd, std::uint32_t *index) noexcept;
+// The arena's fd stays open across the coming exec (`pass`), or no longer
+// (the exec failed).
+void sharers_pass_on_exec(bool pass) noexcept;
+// In the new image: `fd` is the arena handed over; maps it (false if it is
+// not one, or an arena is mapped already).
+bool sharers_map_inherited(int fd) noexcept;
+// Slot `index` of the mapped arena, if in use.
+Sharers *sharers_at(std::uint32_t index) noexcept;
+// This process has its holder entry in the slot.
+bool sharers_hold(const Sharers *sh) noexcept;
+// Holds it again (an exec that would have dropped it failed): its entry
+// back, or the slot stuck when there is no room.
+void sharers_rejoin(Sharers *sh) noexcept;
+
 }  // namespace sd::fallback

@@ -6,6 +6,7 @@
 #include "transport/log.hpp"
 #include "transport/memguard.hpp"
 #include "transport/protocol.hpp"
+#include "transport/rules.hpp"
 #include "transport/settings.hpp"
 #include "transport/sys.hpp"
 #include "transport/wait.hpp"
@@ -211,6 +212,7 @@ void Stream::reset(int f, int dom, bool nb) noexcept {
     rcvlowat.store(1, std::memory_order_relaxed);
     linger_reset.store(false, std::memory_order_relaxed);
     drew_reset.store(false, std::memory_order_relaxed);
+    for_good.store(false, std::memory_order_relaxed);
     shut_second.store(false, std::memory_order_relaxed);
     rcvtimeo_ns.store(0, std::memory_order_relaxed);
     sndtimeo_ns.store(0, std::memory_order_relaxed);
@@ -220,6 +222,7 @@ void Stream::reset(int f, int dom, bool nb) noexcept {
     next_free = nullptr;
     forked = false;
     orphan.store(false, std::memory_order_relaxed);
+    orphan_lost.store(kNotLost, std::memory_order_relaxed);
     owner = 0;
     holders.store(nullptr, std::memory_order_relaxed);
     fork_mark = 0;
@@ -281,7 +284,8 @@ void Stream::fork_prepare(unsigned mark) noexcept {
         return;
     }
     // No connection yet: the holders keep count together, and the last
-    // one left upgrades it.
+    // one left upgrades it; unless it is on TCP for good.
+    if (for_good.load(std::memory_order_acquire)) return;
     std::lock_guard lock(pend_lock);
     if (earn_ns) {
         // Still earning its upgrade: no builder will come for it, and
@@ -302,6 +306,7 @@ void Stream::fork_child(unsigned mark, int parent) noexcept {
     if (fork_mark == mark) return;
     fork_mark = mark;
     new (&pend_lock) std::mutex();
+    kernel_waiters = 0;  // the threads blocked in the parent are not here
     new (&alias_lock) std::mutex();
     refs.store(fds.load(std::memory_order_relaxed), std::memory_order_relaxed);
     calls.store(0, std::memory_order_relaxed);  // the parent's threads are not ours
@@ -420,6 +425,16 @@ void Stream::connected(bool accepted) noexcept {
     }
     if (!phase.compare_exchange_strong(p, Phase::attaching)) return connected(accepted);
     acceptor = accepted;
+    if (transport::rules_keep_fd_on_kernel(kfd(), accepted)) {
+        // On TCP for good, before it touches the engine; the peer's
+        // upgrade finds our entry and says why.
+        for_good.store(true, std::memory_order_release);
+        transport::mark_unattached(kfd(), transport::Reason::rule);
+        SD_LOG(info, "fd %d stays on TCP: %s", kfd(),
+               transport::rules().error[0] ? "the rules file is unusable" : "a rule says kernel");
+        phase.store(Phase::attached, std::memory_order_release);
+        return;
+    }
     if (transport::settings().upgrade_after_ms) return start_earning();
     if ((engine = transport::Engine::wait_ready(transport::settings().engine_wait_ms))) {
         // pre_tx/pre_rx: bytes through the kernel before now (0 unless the
@@ -440,9 +455,13 @@ void Stream::connected(bool accepted) noexcept {
     phase.store(Phase::attached, std::memory_order_release);
 }
 
-// Until the engine exists, the kernel carries the bytes. The calls never
-// block in the kernel (the connection may be upgraded meanwhile, and a
-// thread blocked in recv would never see the fabric); they poll instead.
+// Until the engine exists, the kernel carries the bytes. Once a connection
+// has asked for its upgrade, the calls never block in the kernel (it may
+// turn direct meanwhile, and a thread blocked in recv would never see the
+// fabric); they poll instead. Before it asks, nothing can upgrade it but
+// a call of ours (it is in no registry), so a blocking recv is the
+// kernel's own, one system call as without the library, and holds the
+// ask back until it returns (kernel_waiters).
 ssize_t Stream::pending_io(const iovec *iov, int iovcnt, int flags, bool out,
                            std::size_t &done) noexcept {
     const bool nb = nonblock.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
@@ -476,6 +495,28 @@ ssize_t Stream::pending_io(const iovec *iov, int iovcnt, int flags, bool out,
             if (redo) return -EALREADY;  // attached, or ours alone: redo
             iovec v[kMaxSlice];
             int k = slice(iov, iovcnt, done, total - done, v, kMaxSlice);
+            if (!out && !nb && !sh && !left && earn_ns) {
+                ++kernel_waiters;
+                lock.unlock();
+                // Like the recv of a connection on TCP for good: the
+                // kernel waits, times out and restarts as it was asked.
+                n = transport::kernel_readv(kfd(), v, k, flags);
+                const int err = errno;
+                lock.lock();
+                --kernel_waiters;
+                if (n > 0 && !(flags & MSG_PEEK)) {
+                    // A fork while we waited made the socket shared: its
+                    // holders count together from the counts at the fork.
+                    if (Sharers *now = share.load(std::memory_order_relaxed)) {
+                        sharers_count(now, false, std::uint64_t(n));
+                    } else {
+                        pre_rx += std::uint64_t(n);
+                        if (earn_ns) ask_upgrade_locked();
+                    }
+                }
+                if (n < 0) return done ? ssize_t(done) : -err;
+                return ssize_t(done) + n;
+            }
             n = on_kfd([&](int f) {
                 return out ? transport::kernel_writev(f, v, k, flags | MSG_DONTWAIT)
                            : transport::kernel_readv(f, v, k, (flags & ~MSG_WAITALL) | MSG_DONTWAIT);
@@ -535,11 +576,29 @@ bool Stream::claim_inherited(int proof, transport::Reason why) noexcept {
     if (!orphan.load(std::memory_order_acquire)) return true;
     std::lock_guard lock(pend_lock);
     if (!orphan.load(std::memory_order_relaxed)) return true;
+    if (orphan_lost.load(std::memory_order_relaxed) != kNotLost) return false;
     Sharers *h = holders.load(std::memory_order_relaxed);
     // Left already (its owner closed its copy, or another holder claimed
     // it): the counts say where the kernel took over.
     int rc = h && sharers_left(h) ? 0
                                   : transport::ask_owner_to_leave(owner, proof >= 0 ? proof : kfd(), why);
+    if (rc == -ESRCH || rc == -ECONNRESET) {
+        // The owner died before it moved the connection to the kernel
+        // (or its peer died with bytes unread there): the bytes it held
+        // died with it, and the kernel stream alone would go on past a
+        // gap. What TCP gives for a connection that lost its bytes is a
+        // reset: the kernel connection is reset too (connect(AF_UNSPEC)
+        // sends the RST and keeps the descriptor), so the peer's kernel
+        // side ends as ours does.
+        SD_LOG(error, "fd %d: inherited from pid %d while on the fabric, and %s before moving it "
+                      "back to the kernel: the connection is reset", kfd(), owner,
+               rc == -ESRCH ? "that process died" : "the peer died with bytes unread there");
+        sockaddr unspec{};
+        unspec.sa_family = AF_UNSPEC;
+        (void)sys.connect(kfd(), &unspec, sizeof unspec);
+        orphan_lost.store(kLostUntold, std::memory_order_release);
+        return false;
+    }
     if (rc != 0) {
         static std::atomic<bool> said{false};
         if (!said.exchange(true))
@@ -574,6 +633,8 @@ void Stream::before_exec(bool vforked, int kept) noexcept {
         return;
     }
     Conn *c = conn.load(std::memory_order_acquire);
+    SD_LOG(debug, "fd %d before exec: phase %d, %s, state %d", kfd(), int(p),
+           c ? "a connection" : "no connection", c ? int(c->state.load()) : -1);
     // Never used here: the peer may wait for an upgrade that cannot come.
     if (!c && (p == Phase::deferred || p == Phase::connecting))
         transport::mark_unattached(kfd(), transport::Reason::exec);
@@ -582,15 +643,31 @@ void Stream::before_exec(bool vforked, int kept) noexcept {
     if (st == ConnState::direct || st == ConnState::leaving) {
         // In a vfork child, the process that owns the engine acts.
         if (vforked) (void)transport::ask_owner_to_leave(engine->pid(), kept, transport::Reason::exec);
-        else (void)engine->leave(c, transport::Reason::exec);
+        else if (const int rc = engine->leave(c, transport::Reason::exec); rc < 0)
+            SD_LOG(error, "fd %d: before exec, the connection could not leave the fabric: %s",
+                   kfd(), std::strerror(-rc));
     } else if (st != ConnState::final) {
         engine->hold(c, transport::Reason::exec);  // no upgrade from now on: the new program may not know of it
+        // An upgrade under way that still ended direct leaves before the
+        // new program starts (the peer would write into memory the exec
+        // replaces).
+        if (engine->settle_upgrade(c))
+            if (const int rc = engine->leave(c, transport::Reason::exec); rc < 0)
+                SD_LOG(error, "fd %d: before exec, the connection could not leave the fabric: %s",
+                       kfd(), std::strerror(-rc));
     }
 }
 
-namespace {
-int orphan_error(int) noexcept { return -EIO; }
-}  // namespace
+ssize_t Stream::orphan_error(bool out, int flags) noexcept {
+    // Lost with its owner: the reset once (as a TCP socket's pending
+    // error), then EOF for reads and EPIPE for writes. Otherwise the owner
+    // lives and could not leave (its peer did not answer): EIO.
+    int told = kLostUntold;
+    if (orphan_lost.compare_exchange_strong(told, kLostTold, std::memory_order_acq_rel))
+        return -ECONNRESET;
+    if (told == kNotLost) return -EIO;
+    return out ? epipe(flags) : 0;
+}
 
 void Stream::count_after_leave(std::uint64_t n) noexcept {
     // Read on the kernel after our connection left the fabric (final):
@@ -620,7 +697,7 @@ ssize_t Stream::recv_stream(const iovec *iov, int iovcnt, int flags) noexcept {
         ssize_t n = sys.recvmsg(kfd(), &mh, flags);
         return n < 0 ? -errno : n;
     }
-    if (!claim_inherited()) return orphan_error(kfd());
+    if (!claim_inherited()) return orphan_error(false, flags);
     if (Prefix *p = prefix.load(std::memory_order_acquire)) {
         // Before anything the kernel socket holds.
         const ssize_t n = prefix_recv(p, iov, iovcnt, flags);
@@ -809,6 +886,10 @@ ssize_t Stream::try_recv(Conn *c, const iovec *iov, int iovcnt, std::size_t skip
         char probe;
         ssize_t n = on_kfd([&](int f) { return sys.recv(f, &probe, 1, MSG_PEEK | MSG_DONTWAIT); });
         if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+            // The kernel reset the connection (the peer's exit closed its
+            // socket with bytes of ours unread there): the probe took the
+            // error, which the kernel reports once; it is ours to report.
+            if (n < 0 && errno == ECONNRESET) c->note_reset();
             if (round == 1) {
                 // The peer is gone or closed without a word: sending to it
                 // fails from now on, as after a reset.
@@ -1037,7 +1118,7 @@ ssize_t Stream::kernel_send(const iovec *iov, int iovcnt, int flags, Conn *c) no
 }
 
 ssize_t Stream::send_stream(const iovec *iov, int iovcnt, int flags) noexcept {
-    if (!claim_inherited()) return orphan_error(kfd());
+    if (!claim_inherited()) return orphan_error(true, flags);
     if (flags & MSG_OOB) leave_for_urgent();
     Conn *c = attached_conn();
     // As in recv_stream: an adopted share may be counting again.
@@ -1304,7 +1385,11 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
             // The rest of the iov piece we are in.
             iovec piece{};
             slice(iov, iovcnt, sent, total - sent, &piece, 1);
-            if (transport::use_zcopy(piece.iov_len)) {
+            // Not to a peer of another uid: its read would go through the
+            // provider's SAR buffers (two copies, no gain), and with ring
+            // writes going through them the other way an echo between
+            // users hung in 2 of 10 runs (none in 10 without zero-copy).
+            if (transport::use_zcopy(piece.iov_len) && !(c->peer && c->peer->cross)) {
                 const char *p = static_cast<const char *>(piece.iov_base);
                 std::uint32_t len = std::uint32_t(std::min<std::size_t>(piece.iov_len, 1u << 30));
                 if (!transport::readable(p, len)) {
@@ -1475,16 +1560,26 @@ void Stream::last_close() noexcept {
         std::uint64_t look_now = 0;
         const bool alone = sharers_alone(h, &look_now);
         sharers_leave(h);
-        if (!alone && on_fabric) (void)engine->leave(c, transport::Reason::shared);
+        if (!alone && on_fabric) {
+            if (const int rc = engine->leave(c, transport::Reason::shared); rc < 0)
+                SD_LOG(error, "fd %d: closing while a process we forked holds it, and the "
+                              "connection could not leave the fabric first: %s", kfd(),
+                       std::strerror(-rc));
+        }
     } else if (forked && on_fabric) {
-        (void)engine->leave(c, transport::Reason::shared);  // holders unknown
+        if (const int rc = engine->leave(c, transport::Reason::shared); rc < 0)  // holders unknown
+            SD_LOG(error, "fd %d: closing after a fork, and the connection could not leave the "
+                          "fabric first: %s", kfd(), std::strerror(-rc));
     }
     if (!c) return;
     if (!c->is_direct()) {
         // Left the fabric: what is owed to the kernel goes before its close.
         std::lock_guard tx(c->tx_lock);
-        if (c->leave_under_way())
-            (void)engine->leave_flush_locked(c, true, monotonic_ns() + 1000000000ull);
+        // Bounded, and not ended by a signal (the bytes are the holders').
+        const std::uint64_t until = monotonic_ns() + 1000000000ull;
+        while (c->leave_under_way() &&
+               engine->leave_flush_locked(c, true, until) == -EINTR && monotonic_ns() < until) {
+        }
         return;
     }
     std::lock_guard tx(c->tx_lock);

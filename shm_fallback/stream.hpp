@@ -69,6 +69,9 @@ class Stream {
     // A send found the peer closed and was taken, as TCP takes the one
     // that draws the peer's reset: the next ones fail.
     std::atomic<bool> drew_reset{false};
+    // On TCP for good (for_good.cpp, or a rule): no holder left after a
+    // fork brings it to the fabric either.
+    std::atomic<bool> for_good{false};
     // Our FIN went on the fabric after the peer's had come (TCP_INFO: the
     // second end to shut ends CLOSED, the first in TIME_WAIT).
     std::atomic<bool> shut_second{false};
@@ -86,6 +89,10 @@ class Stream {
     // ns). 0: it asked already, or never will (under pend_lock).
     std::uint64_t earn_ns = 0;
     std::uint32_t earn_calls = 0;  // its kernel I/O calls that moved bytes so far
+    // Threads blocked in the kernel's recv of a connection that has not
+    // asked for its upgrade (pend_lock): while one is, nobody asks, since
+    // that thread would sleep through the peer's switch to the fabric.
+    std::uint32_t kernel_waiters = 0;
     bool acceptor = false;
     std::uint64_t pre_tx = 0;
     std::uint64_t pre_rx = 0;
@@ -107,6 +114,11 @@ class Stream {
     bool forked = false;
     std::atomic<bool> orphan{false};
     int owner = 0;
+    // The owner died (or its peer did) holding bytes of the connection
+    // that no other process can read: the connection is reset here
+    // (`kLostUntold` until a call has returned ECONNRESET once).
+    enum : int { kNotLost, kLostUntold, kLostTold };
+    std::atomic<int> orphan_lost{kNotLost};
     std::atomic<Sharers *> holders{nullptr};
     unsigned fork_mark = 0;  // the fork pass that saw it last (dups)
     std::atomic<Sharers *> share{nullptr};
@@ -129,7 +141,9 @@ class Stream {
     void fork_child(unsigned mark, int parent) noexcept;
     // This process uses a socket that was direct in another (inherited
     // through fork): that owner moves it back to the kernel first. False
-    // if it could not (its I/O then fails with EIO).
+    // if it could not: its I/O then fails with EIO, or as after a reset
+    // (orphan_error) where the owner died first or its peer died with
+    // bytes unread there.
     // `proof`: an fd of the socket (default: ours).
     bool claim_inherited(int proof = -1, transport::Reason why = transport::Reason::shared) noexcept;
     // exec, posix_spawn, system, popen are about to start a program that
@@ -138,6 +152,17 @@ class Stream {
     // kernel for good. `vforked`: called in a vfork child,
     // whose memory is its parent's (only the owner's control thread acts).
     void before_exec(bool vforked, int kept) noexcept;
+    // What an I/O call on an orphan whose claim failed returns.
+    ssize_t orphan_error(bool out, int flags) noexcept;
+    // An exec in place whose new image runs the library (handover.cpp):
+    // the socket goes back to the kernel for this image, and `tx`/`rx`
+    // are the offsets the new image goes on from; or, for a socket shared
+    // through fork, `slot` is its place in the sharers arena, which the
+    // new image maps again (-1 otherwise). False when it cannot be handed
+    // over (shared and the arena cannot be passed, unless the others let
+    // go within 100 ms; half-closed; the peer's bytes in a prefix);
+    // before_exec then applies.
+    bool hand_over_for_exec(std::uint64_t &tx, std::uint64_t &rx, int &slot) noexcept;
     // The socket goes back to the kernel for good, for `why` (for_good.cpp):
     // a direct connection leaves the fabric, one not direct yet (or not
     // attached yet) never upgrades.

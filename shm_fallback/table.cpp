@@ -1,4 +1,7 @@
 #include "table.hpp"
+#include "handover.hpp"
+
+#include "transport/log.hpp"
 
 #include "transport/sys.hpp"
 
@@ -57,7 +60,9 @@ Stream *acquire(int fd) noexcept {
     if (fd < 0 || fd >= nslots) return nullptr;
     for (;;) {
         Stream *s = slots[fd].load(std::memory_order_acquire);
-        if (!s) return nullptr;
+        // A socket handed over by the image before an exec: tracked from
+        // its first use here.
+        if (!s) return inherit_waiting() ? adopt_inherited(fd) : nullptr;
         int r = s->refs.load(std::memory_order_relaxed);
         while (r > 0 && !s->refs.compare_exchange_weak(r, r + 1, std::memory_order_acq_rel)) {
         }
@@ -140,11 +145,7 @@ void table_after_fork_child() noexcept {
 
 bool foreign_process() noexcept { return int(getpid()) != self_pid; }
 
-namespace {
-
-// The sockets a new program would inherit: inode numbers (and fd numbers)
-// of this process's fds without FD_CLOEXEC. Read with getdents64 into the stack
-// (a vfork child must not allocate). Returns the count (at most `max`).
+// Read with getdents64 into the stack (a vfork child must not allocate).
 int inherited_sockets(ino_t *out, int *out_fd, int max) noexcept {
     int dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dir < 0) return 0;
@@ -173,7 +174,9 @@ int inherited_sockets(ino_t *out, int *out_fd, int max) noexcept {
     return n;
 }
 
-}  // namespace
+bool slot_taken(int fd) noexcept {
+    return fd >= 0 && fd < nslots && slots[fd].load(std::memory_order_acquire);
+}
 
 void table_before_exec() noexcept { table_before_exec(nullptr, 0); }
 
@@ -189,6 +192,7 @@ void table_before_exec(const int *fds, int nfds) noexcept {
             kept[nkept++] = st.st_ino;
         }
     }
+    SD_LOG(debug, "exec: the new program inherits %d socket(s)", nkept);
     if (!nkept) return;  // the new program inherits no socket
     // vfork runs no fork handlers: a pid that is not ours is a vfork child.
     const bool vforked = int(getpid()) != self_pid;
@@ -200,6 +204,39 @@ void table_before_exec(const int *fds, int nfds) noexcept {
             s->before_exec(vforked, kept_fd[at - kept]);
         release(s);
     }
+}
+
+namespace {
+// Slots this process left before an exec in place, for a failed exec.
+constexpr int kLeftMax = 64;
+Sharers *left_on_exec[kLeftMax];
+int nleft_on_exec = 0;
+}  // namespace
+
+void table_exec_drop_uninherited() noexcept {
+    nleft_on_exec = 0;
+    if (!slots || foreign_process()) return;
+    ino_t kept[256];
+    int kept_fd[256];
+    const int nkept = inherited_sockets(kept, kept_fd, 256);
+    for (int fd = 0; fd < nslots; ++fd) {
+        Stream *s = acquire(fd);
+        if (!s) continue;
+        if (s->fd.load(std::memory_order_relaxed) == fd &&
+            std::find(kept, kept + nkept, ino_t(s->ino)) == kept + nkept)
+            for (Sharers *sh : {s->share.load(std::memory_order_acquire),
+                                s->holders.load(std::memory_order_acquire)})
+                if (sh && sharers_hold(sh) && nleft_on_exec < kLeftMax) {
+                    sharers_leave(sh);
+                    left_on_exec[nleft_on_exec++] = sh;
+                }
+        release(s);
+    }
+}
+
+void table_exec_failed() noexcept {
+    for (int i = 0; i < nleft_on_exec; ++i) sharers_rejoin(left_on_exec[i]);
+    nleft_on_exec = 0;
 }
 
 }  // namespace sd::fallback

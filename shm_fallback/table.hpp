@@ -43,6 +43,12 @@ void table_before_exec() noexcept;
 // The same for the sockets at `fds` too (posix_spawn's dup2 actions make
 // even an FD_CLOEXEC socket the new program's).
 void table_before_exec(const int *fds, int nfds) noexcept;
+// exec in place (not in a vfork child): the new image will not hold the
+// sockets it does not inherit (FD_CLOEXEC), so this process's holder
+// entries for those shared through fork go now, and their other holders
+// may upgrade them once alone. table_exec_failed() takes them back.
+void table_exec_drop_uninherited() noexcept;
+void table_exec_failed() noexcept;
 // The sockets at `fds` (or every socket, nfds < 0) go back to the kernel
 // for good (Stream::to_kernel_for_good). Not in a vfork child.
 void table_to_kernel_for_good(const int *fds, int nfds, transport::Reason why) noexcept;
@@ -50,6 +56,12 @@ void table_to_kernel_for_good(const int *fds, int nfds, transport::Reason why) n
 // goes back to the kernel for good, and the process never upgrades again
 // (transport::retired); the peers' pages and regions are unmapped.
 void table_retire() noexcept;
+
+// The sockets a new program would inherit: their inode numbers and fd
+// numbers (fds without FD_CLOEXEC), at most `max`; the count.
+int inherited_sockets(ino_t *out, int *out_fd, int max) noexcept;
+// Some stream is mapped at `fd` (no reference taken, no adoption).
+bool slot_taken(int fd) noexcept;
 
 // A vfork child: its memory (this table, every stream) is its parent's,
 // so it must change none of it. One getpid() call.

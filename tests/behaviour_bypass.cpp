@@ -22,18 +22,6 @@ PairSpec part(const std::string &name, std::vector<std::string> extra = {}) {
     return spec;
 }
 
-// The connection of `p` (its only one) as the statistics show it.
-const StatLine *only_conn(const Proc &p, std::vector<StatLine> &stats) {
-    stats = read_stats(p.stats);
-    const auto conns = conns_of(p);
-    INFO(describe(p));
-    INFO("statistics file:\n" << read_text(p.stats));
-    REQUIRE(conns.size() == 1);
-    const StatLine *s = find_stat(stats, conns[0].pid, conns[0].local, conns[0].peer);
-    REQUIRE(s != nullptr);
-    return s;
-}
-
 // Direct first, then on the kernel for good for `reason`, on both ends;
 // where only one end runs the library it never left the kernel.
 void check_left_for_good(const Pair &pair, const Placement &pl, const std::string &reason) {
@@ -41,17 +29,16 @@ void check_left_for_good(const Pair &pair, const Placement &pl, const std::strin
         const Proc &p = server ? pair.server : pair.client;
         const Expect expect = pl.expect(server);
         if (expect == Expect::nothing) continue;
-        std::vector<StatLine> stats;
-        const StatLine *s = only_conn(p, stats);
+        const StatLine s = only_conn_stat(p);
         INFO((server ? "server" : "client") << " statistics:\n" << read_text(p.stats));
-        CHECK(s->mode == "kernel");
+        CHECK(s.mode == "kernel");
         if (expect == Expect::direct) {
-            CHECK(s->reason == reason);
-            CHECK(s->num("tx_fabric") + s->num("rx_fabric") > 0);
-            CHECK(s->num("upgrades") == 1);
-            CHECK(s->num("leaves") == 1);
+            CHECK(s.reason == reason);
+            CHECK(s.num("tx_fabric") + s.num("rx_fabric") > 0);
+            CHECK(s.num("upgrades") == 1);
+            CHECK(s.num("leaves") == 1);
         } else {
-            CHECK((s->reason == "no_peer" || s->reason == reason));
+            CHECK((s.reason == "no_peer" || s.reason == reason));
         }
     }
 }

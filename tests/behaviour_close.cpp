@@ -143,6 +143,36 @@ TEST_CASE("a peer killed with SIGKILL wakes a blocked recv with EOF or ECONNRESE
     kill_responder("server", SIGKILL);
 }
 
+// The connection starts on TCP (the default upgrade policy), so the bytes
+// the victim leaves unread are in its kernel socket; then it goes direct.
+// Its death resets the connection in the kernel: the survivor must see
+// the reset as over TCP (before, a direct survivor read EOF).
+TEST_CASE("a peer killed with bytes of ours unread in its kernel socket, after the connection "
+          "went direct, draws ECONNRESET, then EOF",
+          "[peer-death]") {
+    for (const Placement &pl : placements()) {
+        Scratch scratch;
+        PairSpec spec;
+        spec.args = {"--scenario", "killed-unread", "--driver", "client"};
+        spec.env = {"SDIRECT_UPGRADE_AFTER_MS=20"};
+        Pair pair = start_pair(scratch, spec, pl, "unread");
+        INFO("placement: " << pl.label());
+        REQUIRE(pair.port != 0);
+        const bool ready = wait_for_text(pair.server.out, "ready", 20);
+        sleep_s(0.1);  // the survivor is in recv by now
+        signal_proc(pair.server, SIGKILL);
+        wait_exit(pair.client, 10);
+        wait_exit(pair.server, 10);
+        INFO(describe(pair.server));
+        INFO(describe(pair.client));
+        REQUIRE(ready);
+        CHECK(killed_by(pair.server, SIGKILL));
+        CHECK(exited_with(pair.client, 0));
+        CHECK(lines_with(pair.client, "survivor recv=-1 errno=ECONNRESET").size() == 1);
+        check_modes(pair.client, pl.expect(false));
+    }
+}
+
 TEST_CASE("SIGTERM ends a process with an open connection as without the library",
           "[peer-death]") {
     kill_responder("client", SIGTERM);

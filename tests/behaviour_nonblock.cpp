@@ -50,6 +50,22 @@ TEST_CASE("a thread blocked in recv gets the answers to what another thread send
     run_pair(scenario("thread-recv"));
 }
 
+TEST_CASE("a thread blocked in recv before the connection earned its upgrade gets every byte, "
+          "and the connection goes direct once it is back",
+          "[threads]") {
+    // The pause before the answer leaves time for both engines' builds and
+    // an upgrade (a few hundred ms each, seconds on a loaded host): asked
+    // while the reader sleeps in the kernel, the answer would go on the
+    // fabric and the reader would never see it.
+    PairSpec spec = scenario("earn-blocked-reader", {"--pause-us", "4000000"});
+    spec.env = {"SDIRECT_UPGRADE_AFTER_MS="};  // empty: the library's default policy
+    run_pair(spec, [](Pair &pair, const Placement &pl) {
+        if (!pl.client_preload || !pl.server_preload) return;
+        // Both the earning (on TCP) and the upgrade happened.
+        check_earned_then_direct(pair);
+    });
+}
+
 TEST_CASE("close from another thread does not wake a blocked epoll_wait; shutdown(SHUT_RDWR) "
           "from another thread wakes a blocked select, poll and epoll_wait with IN|RDHUP|HUP",
           "[threads]") {

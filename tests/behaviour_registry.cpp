@@ -146,14 +146,6 @@ bool is_ours_0700(const std::string &dir) {
            (st.st_mode & 0777) == 0700;
 }
 
-// The statistics lines of connections (the process's own line left out).
-std::vector<StatLine> conn_stats(const Proc &p) {
-    std::vector<StatLine> out;
-    for (const StatLine &s : read_stats(p.stats))
-        if (!s.mode.empty()) out.push_back(s);
-    return out;
-}
-
 }  // namespace
 
 TEST_CASE("an upgrade request whose fabric address is refused leaves no fd behind",

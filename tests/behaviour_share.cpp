@@ -8,6 +8,7 @@
 
 #include "harness.hpp"
 
+#include <csignal>
 #include <sstream>
 
 using namespace sdt;
@@ -30,16 +31,10 @@ void check_left(const Proc &p, const Placement &pl, bool server, const std::stri
         check_modes(p, expect);
         return;
     }
-    const auto stats = read_stats(p.stats);
-    const auto conns = conns_of(p);
-    INFO(describe(p));
-    INFO("statistics file:\n" << read_text(p.stats));
-    REQUIRE(conns.size() == 1);
-    const StatLine *s = find_stat(stats, conns[0].pid, conns[0].local, conns[0].peer);
-    REQUIRE(s != nullptr);
-    CHECK(s->mode == "kernel");
-    CHECK(s->reason == reason);
-    CHECK(s->num("tx_fabric") + s->num("rx_fabric") > 0);
+    const StatLine s = only_conn_stat(p);
+    CHECK(s.mode == "kernel");
+    CHECK(s.reason == reason);
+    CHECK(s.num("tx_fabric") + s.num("rx_fabric") > 0);
 }
 
 // Once the forked sharer is gone, the connection returns to direct mode:
@@ -176,6 +171,28 @@ TEST_CASE("a forked sharer killed while blocked in recv leaves the connection to
     run_pair(spec, [](Pair &pair, const Placement &pl) { check_back_direct(pair, pl); });
 }
 
+// On TCP the child answers an echo byte-exact; on a direct connection the
+// bytes died in the owner's receive ring, and both ends get a reset.
+TEST_CASE("an owner killed right after its fork: the child holding the socket goes on "
+          "(TCP) or both ends see a reset (direct), never EIO",
+          "[fork]") {
+    PairSpec spec = driven_by("client", {"--scenario", "fork-owner-killed"});
+    spec.server_signal = SIGKILL;
+    run_pair(spec, [](Pair &pair, const Placement &pl) {
+        // The owner (the server) died: the client's statistics tell the mode.
+        check_modes(pair.client, pl.expect(false));
+        INFO(describe(pair.server));
+        INFO(describe(pair.client));
+        if (pl.expect(true) == Expect::direct) {
+            CHECK(lines_with(pair.server, "holder: reset").size() == 1);
+            CHECK(lines_with(pair.client, "reset by the peer: ").size() == 1);
+        } else {
+            CHECK(lines_with(pair.server, "holder: goes on").size() == 1);
+            CHECK(lines_with(pair.client, "echo exact").size() == 1);
+        }
+    });
+}
+
 TEST_CASE("a process that answered its peer's leave with bytes unread, then forks and hands "
           "the connection to its child: the child reads them, then the rest, byte-exact",
           "[fork]") {
@@ -289,6 +306,32 @@ TEST_CASE("a connection handed to a forked child before it earned its upgrade is
         CHECK(s->mode == "direct");
         CHECK(s->num("tx_kernel") > 0);
         CHECK(s->num("tx_fabric") > 0);
+    });
+}
+
+TEST_CASE("a socket with a stdio stream, handed to a forked child before it earned its "
+          "upgrade, stays on TCP there: the child's fwrite reaches the peer byte-exact",
+          "[fork]") {
+    PairSpec spec = driven_by("server", {"--scenario", "fork-stdio", "--child-ms", "1500"});
+    spec.env = {"SDIRECT_UPGRADE_AFTER_MS=300", "SDIRECT_UPGRADE_TIMEOUT_MS=200"};
+    spec.check_modes = false;
+    spec.timeout = 60;
+    run_pair(spec, [](Pair &pair, const Placement &pl) {
+        // The bytes are checked by both ends (exit statuses). The peer
+        // never went direct: no connection of its left the kernel.
+        if (!pl.client_preload) return;
+        const std::string text = read_text(pair.client.stats);
+        INFO("client statistics:\n" << text);
+        CHECK(text.find("mode=direct") == std::string::npos);
+        int conns = 0;
+        for (const StatLine &s : read_stats(pair.client.stats)) {
+            if (s.mode.empty()) continue;
+            ++conns;
+            CHECK(s.mode == "kernel");
+            CHECK(s.num("tx_fabric") + s.num("rx_fabric") == 0);
+            CHECK(s.num("upgrades") == 0);
+        }
+        CHECK(conns == 1);  // it earned its upgrade, and found nobody to make it with
     });
 }
 

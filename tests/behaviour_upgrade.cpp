@@ -143,17 +143,6 @@ TEST_CASE("the first connection of a fresh process sends its first bytes without
         CHECK(engine == 0);
         if (!pl.client_preload || !pl.server_preload) return;
         // It started on TCP and went direct afterwards, in both processes.
-        for (const Proc *p : {&pair.client, &pair.server}) {
-            std::vector<StatLine> stats;
-            for (const StatLine &s : read_stats(p->stats))
-                if (!s.mode.empty()) stats.push_back(s);  // not the process line
-            INFO(read_text(p->stats));
-            REQUIRE(stats.size() == 1);
-            CHECK(stats[0].mode == "direct");
-            CHECK(stats[0].num("tx_kernel") > 0);
-            CHECK(stats[0].num("tx_fabric") > 0);
-            CHECK(stats[0].num("rx_kernel") > 0);
-            CHECK(stats[0].num("rx_fabric") > 0);
-        }
+        check_earned_then_direct(pair);
     });
 }

@@ -76,6 +76,34 @@ std::string run_text(const std::string &command) {
     return out;
 }
 
+
+// A rules file for one test, removed with it.
+struct RulesFile {
+    std::string path;
+    explicit RulesFile(const std::string &text) {
+        char name[] = "/tmp/sdirect-rules-XXXXXX";
+        const int fd = mkstemp(name);
+        REQUIRE(fd >= 0);
+        REQUIRE(write(fd, text.data(), text.size()) == ssize_t(text.size()));
+        close(fd);
+        path = name;
+    }
+    ~RulesFile() { unlink(path.c_str()); }
+};
+
+// The client's only connection: on TCP, never upgraded, because its
+// server's end is, for `why`. Its statistics line.
+StatLine check_client_peer_kernel(const Pair &pair, const std::string &why) {
+    const StatLine s = only_conn_stat(pair.client);
+    INFO(s.text);
+    CHECK(s.mode == "kernel");
+    CHECK(s.reason == "peer_kernel");
+    CHECK(s.kv.count("peer_reason") == 1);
+    if (s.kv.count("peer_reason")) CHECK(s.kv.at("peer_reason") == why);
+    CHECK(s.num("upgrades") == 0);
+    return s;
+}
+
 }  // namespace
 
 TEST_CASE("each upgrade and each fallback to TCP is one info line naming both ends and the "
@@ -269,19 +297,9 @@ TEST_CASE("a connection handed unused to an exec'd program without the library i
     spec.env = {"SDIRECT_UPGRADE_TIMEOUT_MS=200"};
     spec.check_modes = false;
     run_pair(spec, [](Pair &pair, const Placement &) {
-        const auto cs = read_stats(pair.client.stats);
-        const auto conns = conns_of(pair.client);
-        INFO(describe(pair.client));
-        INFO("client statistics:\n" << read_text(pair.client.stats));
-        REQUIRE(conns.size() == 1);
-        const StatLine *s = find_stat(cs, conns[0].pid, conns[0].local, conns[0].peer);
-        REQUIRE(s != nullptr);
-        CHECK(s->mode == "kernel");
-        CHECK(s->reason == "peer_kernel");
-        CHECK(s->kv.count("peer_reason") == 1);
-        if (s->kv.count("peer_reason")) CHECK(s->kv.at("peer_reason") == "exec");
-        CHECK(s->num("tx_kernel") == 65536);
-        CHECK(s->num("rx_kernel") == 65536);
+        const StatLine s = check_client_peer_kernel(pair, "exec");
+        CHECK(s.num("tx_kernel") == 65536);
+        CHECK(s.num("rx_kernel") == 65536);
     });
 }
 
@@ -298,18 +316,7 @@ TEST_CASE("a connection whose server drops its privileges before the first I/O i
     spec.env = {"SDIRECT_UPGRADE_TIMEOUT_MS=200"};
     spec.check_modes = false;
     run_pair(spec, [](Pair &pair, const Placement &) {
-        const auto cs = read_stats(pair.client.stats);
-        const auto conns = conns_of(pair.client);
-        INFO(describe(pair.client));
-        INFO("client statistics:\n" << read_text(pair.client.stats));
-        REQUIRE(conns.size() == 1);
-        const StatLine *s = find_stat(cs, conns[0].pid, conns[0].local, conns[0].peer);
-        REQUIRE(s != nullptr);
-        CHECK(s->mode == "kernel");
-        CHECK(s->reason == "peer_kernel");
-        CHECK(s->kv.count("peer_reason") == 1);
-        if (s->kv.count("peer_reason")) CHECK(s->kv.at("peer_reason") == "privilege");
-        CHECK(s->num("upgrades") == 0);
+        check_client_peer_kernel(pair, "privilege");
     });
 }
 
@@ -462,6 +469,110 @@ TEST_CASE("sdirect-stat -a lists the connections of a process that has exited, m
                 CHECK(found);
                 CHECK(plain.find(want) == std::string::npos);
             }
+        }
+    });
+}
+
+TEST_CASE("a rule that says kernel keeps a server's connections on TCP, and its peer is told "
+          "peer_reason=rule",
+          "[visibility]") {
+    if (config() != Config::direct) {
+        note_skip("needs both ends preloaded");
+        return;
+    }
+    // The first rule matches nothing here (another program, another port).
+    RulesFile rules("# test rules\n"
+                    "direct program=no-such-prog\n"
+                    "kernel remote=*:1-2\n"
+                    "kernel role=server local=127.0.0.0/8:*\n");
+    PairSpec spec;
+    spec.args = {"--scenario", "pingpong", "--rounds", "200"};
+    spec.env = {"SDIRECT_RULES=" + rules.path, "SDIRECT_UPGRADE_TIMEOUT_MS=200"};
+    spec.check_modes = false;
+    run_pair(spec, [](Pair &pair, const Placement &) {
+        check_client_peer_kernel(pair, "rule");
+        // The server kept it on TCP before building any engine: it has
+        // no statistics of the connection.
+        for (const StatLine &s : read_stats(pair.server.stats)) CHECK(s.mode.empty());
+    });
+}
+
+TEST_CASE("rules that match no connection leave it direct", "[visibility]") {
+    RulesFile rules("kernel program=no-such-prog\n"
+                    "kernel remote=[::1]:1-2\n"
+                    "kernel role=server local=10.0.0.0/8:*\n"
+                    "direct\n"
+                    "kernel\n");
+    PairSpec spec;
+    spec.args = {"--scenario", "pingpong", "--rounds", "200"};
+    spec.env = {"SDIRECT_RULES=" + rules.path};
+    run_pair(spec);
+}
+
+TEST_CASE("an unusable rules file is named in one error line and keeps every connection on TCP",
+          "[visibility]") {
+    if (config() != Config::direct) {
+        note_skip("needs both ends preloaded");
+        return;
+    }
+    RulesFile rules("direct\nkernel port=80\n");
+    PairSpec spec;
+    spec.args = {"--scenario", "pingpong", "--rounds", "200"};
+    spec.server_args = {};
+    spec.env = {"SDIRECT_RULES=" + rules.path, "SDIRECT_UPGRADE_TIMEOUT_MS=200"};
+    spec.check_modes = false;
+    run_pair(spec, [&](Pair &pair, const Placement &) {
+        // Both ends read the same file: neither goes direct, and each says
+        // why once, with the file, the line and the word.
+        const std::string want = "sdirect: SDIRECT_RULES: " + rules.path +
+                                 " line 2: key is not program, user, role, local or remote: "
+                                 "'port'; every connection stays on TCP\n";
+        for (const Proc *p : {&pair.client, &pair.server}) {
+            const std::string err = read_text(p->err);
+            INFO(describe(*p));
+            CHECK(err == want);
+            for (const StatLine &s : read_stats(p->stats)) CHECK(s.mode.empty());
+        }
+    });
+}
+
+TEST_CASE("sdirect-stat --dir of a directory that does not exist says so on stderr and exits 1",
+          "[visibility]") {
+    const std::string tool = stat_tool();
+    if (tool.empty()) {
+        note_skip("SDIRECT_TEST_STAT is not set");
+        return;
+    }
+    const std::string out =
+        run_text(tool + " --dir /nonexistent-sdirect-registry 2>&1; echo \"status $?\"");
+    CHECK(out == "sdirect-stat: cannot read /nonexistent-sdirect-registry: No such file or "
+                 "directory\nstatus 1\n");
+}
+
+TEST_CASE("an SDIRECT_PROVIDER libfabric does not have is named in the error log, and the "
+          "connection stays on TCP with reason no_fabric",
+          "[visibility]") {
+    if (config() != Config::direct) {
+        note_skip("needs both ends preloaded");
+        return;
+    }
+    PairSpec spec;
+    spec.args = {"--scenario", "pingpong", "--rounds", "100"};
+    spec.env = {"SDIRECT_PROVIDER=bogus", "SDIRECT_LOG=error"};
+    spec.check_modes = false;
+    run_pair(spec, [](Pair &pair, const Placement &) {
+        for (const Proc *p : {&pair.client, &pair.server}) {
+            INFO(describe(*p));
+            const std::string err = read_text(p->err);
+            CHECK(err.find("error: SDIRECT_PROVIDER=bogus: libfabric offers no such endpoint "
+                           "here") != std::string::npos);
+            const std::vector<StatLine> stats = conn_stats(*p);
+            INFO("statistics:\n" << read_text(p->stats));
+            REQUIRE(stats.size() == 1);
+            CHECK(stats[0].mode == "kernel");
+            CHECK(stats[0].reason == "no_fabric");
+            CHECK(stats[0].num("tx_fabric") + stats[0].num("rx_fabric") == 0);
+            CHECK(stats[0].num("tx_kernel") > 0);
         }
     });
 }

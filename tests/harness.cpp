@@ -336,6 +336,24 @@ std::uint64_t StatLine::num(const std::string &key) const {
     return it == kv.end() ? 0 : to_u64(it->second);
 }
 
+std::vector<StatLine> conn_stats(const Proc &p) {
+    std::vector<StatLine> out;
+    for (const StatLine &s : read_stats(p.stats))
+        if (!s.mode.empty()) out.push_back(s);
+    return out;
+}
+
+StatLine only_conn_stat(const Proc &p) {
+    const auto stats = read_stats(p.stats);
+    const auto conns = conns_of(p);
+    INFO(describe(p));
+    INFO("statistics file:\n" << read_text(p.stats));
+    REQUIRE(conns.size() == 1);
+    const StatLine *s = find_stat(stats, conns[0].pid, conns[0].local, conns[0].peer);
+    REQUIRE(s != nullptr);
+    return *s;
+}
+
 std::vector<StatLine> read_stats(const std::string &path) {
     std::vector<StatLine> out;
     std::istringstream in(read_text(path));
@@ -407,6 +425,20 @@ void check_modes(const Proc &p, Expect expect) {
             CHECK(s->mode == "kernel");
             CHECK(s->reason == "no_peer");
         }
+    }
+}
+
+void check_earned_then_direct(const Pair &pair) {
+    for (const Proc *p : {&pair.client, &pair.server}) {
+        const std::vector<StatLine> stats = conn_stats(*p);
+        INFO(describe(*p));
+        INFO("statistics file:\n" << read_text(p->stats));
+        REQUIRE(stats.size() == 1);
+        CHECK(stats[0].mode == "direct");
+        CHECK(stats[0].num("tx_kernel") > 0);
+        CHECK(stats[0].num("tx_fabric") > 0);
+        CHECK(stats[0].num("rx_kernel") > 0);
+        CHECK(stats[0].num("rx_fabric") > 0);
     }
 }
 

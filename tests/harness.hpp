@@ -105,6 +105,10 @@ struct StatLine {
     std::uint64_t num(const std::string &key) const;
 };
 std::vector<StatLine> read_stats(const std::string &path);
+// The connections' lines of p's statistics file (not the process line).
+std::vector<StatLine> conn_stats(const Proc &p);
+// The statistics line of the one connection p reported (required).
+StatLine only_conn_stat(const Proc &p);
 
 struct ConnLine {
     int pid = 0;
@@ -163,6 +167,10 @@ struct Pair {
     std::uint16_t port = 0;
     std::string registry;  // SDIRECT_REGISTRY of the preloaded ends
 };
+
+// Both ends preloaded, one connection each: it started on TCP (bytes
+// both ways on the kernel) and went direct (bytes both ways on the fabric).
+void check_earned_then_direct(const Pair &pair);
 
 // Names of the entries in a directory (none if it does not exist).
 std::vector<std::string> dir_entries(const std::string &dir);

@@ -442,10 +442,12 @@ void stats_for_nobody() {
     int f = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0666);
     if (f < 0 || fchmod(f, 0666) != 0) fail("stats file %s: %s", path, errno_name(errno));
     close(f);
+    // Its folder (the test's scratch folder) must be reachable too; the
+    // folder above it (/tmp) is left as it is: 1777 already lets anyone
+    // through, and a chmod there would take its sticky bit away.
     std::string dir = path;
     dir.resize(dir.rfind('/'));
     chmod(dir.c_str(), 0755);
-    chmod(dir.substr(0, dir.rfind('/')).c_str(), 0755);
 }
 
 // A privilege-separated child (sshd's pattern): it chroots into an empty

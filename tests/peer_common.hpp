@@ -104,6 +104,13 @@ enum class Op : std::uint32_t {
     await_reset,  // block in recv until the connection is reset (ECONNRESET expected),
                   // then close and end the session
     shut_close,   // shutdown(SHUT_RDWR), close, stay alive size2 ms
+    fork_die,     // fork: the parent dies by SIGKILL at once, its copy open; the child
+                  // looks at the socket after size2 us (recv MSG_PEEK): on a reset it
+                  // prints "holder: reset" and exits 0, else "holder: goes on" and
+                  // answers the next commands
+    unread_hang,  // receive size2 of the size bytes of seed sent (the rest stays unread),
+                  // send chunk single bytes 2 ms apart twice, 500 ms between, print
+                  // "ready", block until killed
 };
 inline constexpr char kUrgentByte = 'U';
 

@@ -153,19 +153,25 @@ void drive_close_sigpipe(int *fd, const Options &opt) {
     fail("send to a closed peer never failed");
 }
 
+// One blocking recv of one byte, retried on EINTR (bounded); its errno in *err.
+static ssize_t recv_one(int fd, char *c, int *err) {
+    ssize_t n = -1;
+    for (int i = 0; i < 1000; ++i) {
+        n = recv(fd, c, 1, 0);
+        *err = errno;
+        if (!(n < 0 && *err == EINTR)) break;
+    }
+    return n;
+}
+
 void drive_peer_death(int *fd, const Options &) {
     Cmd cmd;
     cmd.op = Op::hang;
     send_cmd(*fd, cmd);
     char c;
     const std::uint64_t start = now_ns();
-    ssize_t n = -1;
     int err = 0;
-    for (int i = 0; i < 1000; ++i) {
-        n = recv(*fd, &c, 1, 0);
-        err = errno;
-        if (!(n < 0 && err == EINTR)) break;
-    }
+    ssize_t n = recv_one(*fd, &c, &err);
     const double took = double(now_ns() - start) / 1e9;
     note("survivor recv=%zd errno=%s after %.3f s", n, n < 0 ? errno_name(err) : "-", took);
     if (n > 0) fail("recv on a connection whose peer was killed returned data");
@@ -176,6 +182,32 @@ void drive_peer_death(int *fd, const Options &) {
     n = recv(*fd, &c, 1, MSG_DONTWAIT);
     if (n > 0 || (n < 0 && errno != ECONNRESET && errno != EPIPE))
         fail("second recv after peer death returned %zd (%s)", n, n < 0 ? errno_name(errno) : "data");
+}
+
+// The responder leaves part of our stream unread and is killed (by the
+// test): its kernel resets the connection, and so must our end show it,
+// direct or not: ECONNRESET, then EOF.
+void drive_killed_unread(int *fd, const Options &opt) {
+    Cmd cmd;
+    cmd.op = Op::unread_hang;
+    cmd.seed = opt.num("seed", 5);
+    cmd.size = 3000;
+    cmd.size2 = 1000;
+    cmd.chunk = std::uint32_t(opt.num("bytes-back", 60));
+    send_cmd(*fd, cmd);
+    send_pattern(*fd, Tx::send, cmd.seed, cmd.size, 65536, 0);
+    std::vector<char> back(2 * std::size_t(cmd.chunk));
+    read_all(*fd, back.data(), back.size(), "the responder's bytes");
+    char c;
+    int err = 0;
+    ssize_t n = recv_one(*fd, &c, &err);
+    note("survivor recv=%zd errno=%s", n, n < 0 ? errno_name(err) : "-");
+    if (n != -1 || err != ECONNRESET)
+        fail("recv after the peer died with our bytes unread: %zd (%s), expected ECONNRESET", n,
+             n < 0 ? errno_name(err) : "-");
+    n = recv(*fd, &c, 1, MSG_DONTWAIT);
+    if (n != 0) fail("the recv after the reset returned %zd (%s), expected 0", n,
+                     n < 0 ? errno_name(errno) : "data");
 }
 
 void drive_echo_plain(int *fd, const Options &opt) {

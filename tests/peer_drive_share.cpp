@@ -444,6 +444,60 @@ void drive_fork_sharer_killed(int *fd, const Options &opt) {
     finish_alone(s, opt);
 }
 
+// The peer forks and dies by SIGKILL at once, its child holding the
+// socket (Op::fork_die); the command of an echo and its bytes follow at
+// once. On TCP the child answers the echo, byte-exact. On a direct
+// connection the bytes were in the dead owner's memory (its receive
+// ring): the connection is reset for both ends, never EIO, never a wrong
+// byte. Prints "echo exact" or "reset by the peer: ERRNO".
+void drive_fork_owner_killed(int *fd, const Options &opt) {
+    const int s = *fd;
+    rounds_before(s, opt);
+    Cmd die;
+    die.op = Op::fork_die;
+    die.size2 = opt.num("holder-us", 300000);
+    send_cmd(s, die);
+    const std::uint64_t size = 20000, seed = seed_of(opt, 40);
+    Cmd echo;
+    echo.op = Op::echo;
+    echo.size = size;
+    echo.seed = seed;
+    echo.seed2 = seed + 1;
+    echo.chunk = 4096;
+    std::vector<char> out(sizeof echo + size);
+    std::memcpy(out.data(), &echo, sizeof echo);
+    pattern_fill(seed, 0, out.data() + sizeof echo, size);
+    int err = 0;
+    for (std::size_t done = 0; done < out.size() && !err;) {
+        const ssize_t n = send(s, out.data() + done, out.size() - done, MSG_NOSIGNAL);
+        if (n > 0) done += std::size_t(n);
+        else if (n < 0 && errno != EINTR) err = errno;
+        else if (n == 0) fail("send returned 0");
+    }
+    std::vector<char> in(size);
+    std::size_t got = 0;
+    while (!err && got < size) {
+        const ssize_t n = recv(s, in.data() + got, size - got, 0);
+        if (n > 0) {
+            pattern_expect(seed + 1, got, in.data() + got, std::size_t(n), "echo from the holder");
+            got += std::size_t(n);
+        } else if (n == 0) {
+            fail("echo from the holder: EOF after %zu of %llu bytes", got, (unsigned long long)size);
+        } else if (errno != EINTR) {
+            err = errno;
+        }
+    }
+    if (err && err != ECONNRESET && err != EPIPE)
+        fail("echo from the holder: %s after %zu bytes (a reset or the whole echo expected)",
+             errno_name(err), got);
+    if (err) note("reset by the peer: %s", errno_name(err));
+    else note("echo exact");
+    // The holder's own line comes within its pause.
+    sleep_us(die.size2 + 500000);
+    close(s);
+    *fd = -1;
+}
+
 // Both ends hand the connection to a forked child, the peer first (a
 // forking server on each end). This process forked while direct, so the
 // peer's leave (its parent's close, its child holding on) reaches an end
@@ -496,20 +550,43 @@ void drive_fork_handoff_both(int *fd, const Options &opt) {
 void drive_fork_then_earn(int *fd, const Options &opt) {
     const int s = *fd;
     const pid_t child = fork_child([&] {
-        const std::uint64_t end = now_ns() + opt.num("child-ms", 3000) * 1000000ull;
-        for (std::uint64_t k = 0; k < 10000 && now_ns() < end; ++k) {
-            Cmd cmd;
-            cmd.op = Op::pingpong;
-            cmd.size = 20;
-            cmd.seed = seed_of(opt, 70 + k);
-            cmd.chunk = 512;
-            send_cmd(s, cmd);
-            pingpong(s, true, cmd.seed, cmd.size, cmd.chunk);
-            sleep_us(1000);
-        }
+        paced_pingpongs(s, opt, opt.num("child-ms", 3000), 70);
         send_exit(s);
         close(s);
     });
+    close(s);
+    *fd = -1;
+    reap(child, "child");
+}
+
+// A stdio stream is opened on the socket before it earned its upgrade
+// (so it stays on TCP for good), then a forked child gets it and the
+// parent closes its copies. The child, the last holder, exchanges for
+// --child-ms (long enough to earn an upgrade), then writes through the
+// stdio stream it inherited, whose bytes reach the kernel by calls no
+// library sees: they must arrive, so the socket must still be on TCP.
+void drive_fork_stdio(int *fd, const Options &opt) {
+    const int s = *fd;
+    const int d = dup(s);
+    FILE *f = d < 0 ? nullptr : fdopen(d, "r+");
+    if (!f) fail("fdopen: %s", errno_name(errno));
+    const pid_t child = fork_child([&] {
+        paced_pingpongs(s, opt, opt.num("child-ms", 1500), 80);
+        Cmd cmd;
+        cmd.op = Op::recv;
+        cmd.api = std::uint32_t(Rx::recv);
+        cmd.size = 100000;
+        cmd.seed = seed_of(opt, 79);
+        send_cmd(s, cmd);
+        std::vector<char> buf(cmd.size);
+        pattern_fill(cmd.seed, 0, buf.data(), buf.size());
+        if (std::fwrite(buf.data(), 1, buf.size(), f) != buf.size() || std::fflush(f) != 0)
+            fail("fwrite to the inherited connection: %s", errno_name(errno));
+        if (std::fgetc(f) != 'A') fail("fgetc: no ack after fwrite");
+        send_exit(s);
+        close(s);
+    });
+    std::fclose(f);
     close(s);
     *fd = -1;
     reap(child, "child");

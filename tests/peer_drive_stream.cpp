@@ -39,6 +39,20 @@ void echo_round(int tx_fd, int rx_fd, std::uint64_t size, std::uint64_t seed) {
     recv_pattern(rx_fd, Rx::recv, seed + 1, size, 4096, "echo");
 }
 
+void paced_pingpongs(int fd, const Options &opt, std::uint64_t ms, std::uint64_t first) {
+    const std::uint64_t end = now_ns() + ms * 1000000ull;
+    for (std::uint64_t k = 0; k < 10000 && now_ns() < end; ++k) {
+        Cmd cmd;
+        cmd.op = Op::pingpong;
+        cmd.size = 20;
+        cmd.seed = seed_of(opt, first + k);
+        cmd.chunk = 512;
+        send_cmd(fd, cmd);
+        pingpong(fd, true, cmd.seed, cmd.size, cmd.chunk);
+        sleep_us(1000);
+    }
+}
+
 namespace {
 
 double elapsed_s(std::uint64_t since_ns) { return double(now_ns() - since_ns) / 1e9; }

@@ -41,6 +41,7 @@ void drive_peer_shutdown_wr(int *fd, const Options &opt);
 void drive_close_epipe(int *fd, const Options &opt);
 void drive_close_sigpipe(int *fd, const Options &opt);
 void drive_peer_death(int *fd, const Options &opt);
+void drive_killed_unread(int *fd, const Options &opt);
 // Sends --size bytes to a peer that echoes them (cat), reads them back,
 // then EOF after its own shutdown(SHUT_WR).
 void drive_echo_plain(int *fd, const Options &opt);
@@ -57,8 +58,10 @@ void drive_fork_share_read(int *fd, const Options &opt);
 void drive_fork_peer_busy(int *fd, const Options &opt);
 void drive_fork_inflight(int *fd, const Options &opt);
 void drive_fork_sharer_killed(int *fd, const Options &opt);
+void drive_fork_owner_killed(int *fd, const Options &opt);
 void drive_fork_handoff_both(int *fd, const Options &opt);
 void drive_fork_then_earn(int *fd, const Options &opt);
+void drive_fork_stdio(int *fd, const Options &opt);
 void drive_fork_after_answer(int *fd, const Options &opt);
 void drive_spawn_cat(int *fd, const Options &opt);
 
@@ -83,6 +86,7 @@ void drive_epoll_close(int *fd, const Options &opt);
 // (peer_ready_threads.cpp), sendfile and splice (peer_sendfile.cpp).
 void drive_nonblock_io(int *fd, const Options &opt);
 void drive_thread_recv(int *fd, const Options &opt);
+void drive_earn_blocked_reader(int *fd, const Options &opt);
 void drive_thread_wake(int *fd, const Options &opt);
 void drive_wakeup_loop(int *fd, const Options &opt);
 void drive_thread_wake_loop(int *fd, const Options &opt);
@@ -119,5 +123,9 @@ void drive_sem_urgent(int *fd, const Options &opt);
 std::uint64_t seed_of(const Options &opt, std::uint64_t n);
 void send_exit(int fd);
 void echo_round(int tx_fd, int rx_fd, std::uint64_t size, std::uint64_t seed);
+// Paced ping-pongs (20 rounds of up to 512 bytes, 1 ms apart) for `ms`:
+// an exchange that goes on long enough to earn an upgrade. Stream seeds
+// from seed_of(opt, first).
+void paced_pingpongs(int fd, const Options &opt, std::uint64_t ms, std::uint64_t first);
 
 }  // namespace peer

@@ -6,6 +6,7 @@
 //   peer idle --ready FILE [--expect-ignored 1]      no TCP at all
 //   peer upgrade --scenario stopped|signals|fdlimit  the upgrade disturbed
 //   peer fd-helper --unix FD --seed N                takes a connection passed on FD
+//   peer exec-handler --fd FD                        answers commands on FD (--exec-self)
 // Common options: --family 4|6, --settle-ms N, --seed N, --watchdog S, and
 // the scenario's own (--size, --tx, --rx, --chunk, --rounds, --max-msg,
 // --apis, --part ...). Connection i of a run sees --conn-index i.
@@ -26,6 +27,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <string>
 #include <spawn.h>
@@ -35,6 +37,8 @@
 #include <thread>
 #include <unistd.h>
 #include <vector>
+
+extern char **environ;
 
 namespace peer {
 
@@ -68,6 +72,7 @@ constexpr Entry drivers[] = {
     {"close-epipe", drive_close_epipe},
     {"close-sigpipe", drive_close_sigpipe},
     {"peer-death", drive_peer_death},
+    {"killed-unread", drive_killed_unread},
     {"echo-plain", drive_echo_plain},
     {"exit-while-sending", drive_exit_while_sending},
     {"dup", drive_dup},
@@ -79,8 +84,10 @@ constexpr Entry drivers[] = {
     {"fork-peer-busy", drive_fork_peer_busy},
     {"fork-inflight", drive_fork_inflight},
     {"fork-sharer-killed", drive_fork_sharer_killed},
+    {"fork-owner-killed", drive_fork_owner_killed},
     {"fork-handoff-both", drive_fork_handoff_both},
     {"fork-then-earn", drive_fork_then_earn},
+    {"fork-stdio", drive_fork_stdio},
     {"fork-after-answer", drive_fork_after_answer},
     {"spawn-cat", drive_spawn_cat},
     {"bad-input", drive_bad_input},
@@ -99,6 +106,7 @@ constexpr Entry drivers[] = {
     {"epoll-close", drive_epoll_close},
     {"nonblock-io", drive_nonblock_io},
     {"thread-recv", drive_thread_recv},
+    {"earn-blocked-reader", drive_earn_blocked_reader},
     {"thread-wake", drive_thread_wake},
     {"wakeup-loop", drive_wakeup_loop},
     {"thread-wake-loop", drive_thread_wake_loop},
@@ -133,6 +141,33 @@ Options parse(int argc, char **argv, int first) {
 }
 
 // The end that drives runs the scenario, the other one responds.
+// --exec-self library|plain (server): after the settle, the socket goes
+// to a new image of this program started by execve in this process (as
+// sshd's re-exec or an inetd-style handler), with this environment
+// (`library`) or without LD_PRELOAD (`plain`); that image (mode
+// exec-handler) answers the client's commands.
+[[noreturn]] void exec_self(int fd, const std::string &how) {
+    const int fl = fcntl(fd, F_GETFD);
+    if (fl < 0 || fcntl(fd, F_SETFD, fl & ~FD_CLOEXEC) != 0) fail("fcntl: %s", errno_name(errno));
+    std::vector<char *> env;
+    for (char **e = environ; *e; ++e)
+        if (how != "plain" || std::strncmp(*e, "LD_PRELOAD=", 11) != 0) env.push_back(*e);
+    env.push_back(nullptr);
+    std::string fd_text = std::to_string(fd);
+    char name[] = "behaviour-peer", mode[] = "exec-handler", opt_fd[] = "--fd";
+    char *argv[] = {name, mode, opt_fd, fd_text.data(), nullptr};
+    std::fflush(stdout);
+    execve("/proc/self/exe", argv, env.data());
+    fail("execve: %s", errno_name(errno));
+}
+
+int run_exec_handler(const Options &opt) {
+    int fd = int(opt.num("fd", 1000000));
+    respond(&fd);
+    close(fd);
+    return 0;
+}
+
 void serve_connection(int *fd, bool is_client, const Options &opt) {
     const std::string scenario = opt.get("scenario", "bulk");
     const bool client_drives = opt.get("driver", "client") == "client";
@@ -149,6 +184,7 @@ void serve_connection(int *fd, bool is_client, const Options &opt) {
                 settle_client(*fd, std::max(earn_ms, std::uint32_t(opt.num("settle-ms", 0))), earn_ms > 0);
         } else {
             settle_server(*fd);
+            if (const std::string how = opt.get("exec-self"); !how.empty()) exec_self(*fd, how);
         }
         if (is_sendpath_scenario(scenario)) serve_sendpath(fd, is_client, opt);
         else if (is_storm_scenario(scenario)) serve_storm(*fd, is_client, opt);
@@ -474,6 +510,7 @@ int main(int argc, char **argv) {
     else if (mode == "idle") rc = run_idle(opt);
     else if (mode == "upgrade") rc = run_upgrade(opt);
     else if (mode == "fd-helper") rc = run_fd_helper(opt);
+    else if (mode == "exec-handler") rc = run_exec_handler(opt);
     else fail("unknown mode '%s'", mode.c_str());
     std::fflush(stdout);
     return rc;

@@ -98,7 +98,11 @@ Waited expect_ready_within(Waiter &w, double seconds, const std::vector<short> &
                            const char *what);
 
 // Fails the process when not cancelled (destroyed) within `seconds`: the
-// bound on a call that has no timeout of its own.
+// bound on a call that has no timeout of its own. Armed on one watchdog
+// thread per process, made at the first watch: a thread made per watch
+// came between an event's scheduling and the wait's clock (under TSan,
+// pthread_create waits for the new thread to start), and a wait measured
+// as shorter than the delay of its event.
 class Watch {
 public:
     Watch(double seconds, std::string what);
@@ -107,13 +111,18 @@ public:
     Watch &operator=(const Watch &) = delete;
 
 private:
-    std::mutex m_;
-    std::condition_variable cv_;
-    bool done_ = false;
-    std::thread t_;
+    std::uint64_t id_ = 0;
 };
 
 double seconds_since(std::uint64_t start_ns);
+
+// `w` with its duration counted from `since_ns`, taken before the event it
+// waited for was set going (data ordered from the peer, a timer, a
+// signal), to now. A lower bound then holds whatever ran between the two
+// (a thread's start-up, a loaded host: under TSan the wait's own clock
+// started up to 30 ms after a helper thread's), and a wait that returned
+// long before its event still fails it.
+Waited since(Waited w, std::uint64_t since_ns);
 
 // ---- signals -----------------------------------------------------------------
 

@@ -50,8 +50,9 @@ void data_once(int fd, Api api, std::uint64_t seed) {
              long(in.ts_after.tv_nsec));
 
     // No timeout: the wait lasts until the data comes.
+    std::uint64_t t0 = now_ns();
     order_send(fd, 100, seed, 100000, true);
-    w = expect_ready(in, -1, {POLLIN}, "no timeout, data sent 100 ms later");
+    w = since(expect_ready(in, -1, {POLLIN}, "no timeout, data sent 100 ms later"), t0);
     expect_took(w, api, 0.07, 5, "no timeout, data sent 100 ms later");
     await_queued(fd, 100, "100 bytes");
     expect_ready(all, 0, {POLLIN | POLLOUT}, "data queued");
@@ -66,8 +67,9 @@ void data_once(int fd, Api api, std::uint64_t seed) {
     expect_ready(in, 0, {0}, "everything read");
 
     // A finite timeout cut short by data.
+    t0 = now_ns();
     order_send(fd, 100, seed + 1, 50000, true);
-    w = expect_ready(in, 5000, {POLLIN}, "timeout 5 s, data sent 50 ms later");
+    w = since(expect_ready(in, 5000, {POLLIN}, "timeout 5 s, data sent 50 ms later"), t0);
     expect_took(w, api, 0.03, 3, "timeout 5 s, data sent 50 ms later");
     if (api == Api::select) {
         const double left = double(in.tv_after.tv_sec) + double(in.tv_after.tv_usec) / 1e6;
@@ -160,6 +162,7 @@ void drive_ready_reset(int *fd, const Options &opt) {
     cmd.size = 0;
     cmd.pre_delay_us = 50000;
     cmd.size2 = 50;  // the responder lives on this long (ms) after its close
+    const std::uint64_t t0 = now_ns();
     send_cmd(*fd, cmd);
     std::vector<char> junk(1000);
     pattern_fill(seed_of(opt, 1), 0, junk.data(), junk.size());
@@ -167,7 +170,7 @@ void drive_ready_reset(int *fd, const Options &opt) {
     Waiter in(api, {{*fd, POLLIN | POLLRDHUP}});
     Waiter all(api, {{*fd, kAll}});
     const short reset = kAll | POLLHUP | POLLERR;
-    Waited w = expect_ready(in, -1, {reset}, "peer closed with unread data");
+    Waited w = since(expect_ready(in, -1, {reset}, "peer closed with unread data"), t0);
     expect_took(w, api, 0.02, 3, "peer closed with unread data");
     expect_ready(all, 0, {reset}, "after the reset");
     char c;
@@ -226,11 +229,12 @@ void drive_ready_eintr(int *fd, const Options &opt) {
             for (int timeout : {-1, 5000}) {
                 install_usr1(flags);
                 const int before = usr1_hits();
+                const std::uint64_t t0 = now_ns();
                 std::thread t = usr1_later(pthread_self(), 50000);
                 Waited w;
                 {
                     Watch watch(5, "wait interrupted by a signal");
-                    w = in.wait(timeout);
+                    w = since(in.wait(timeout), t0);
                 }
                 t.join();
                 const char *how = flags ? "SA_RESTART" : "no SA_RESTART";
@@ -291,10 +295,11 @@ void drive_ready_sigmask(int *fd, const Options &opt) {
                                  api_name(api));
 
         // A signal that comes during a wait whose mask unblocks it.
+        const std::uint64_t t0 = now_ns();
         t = usr1_later(pthread_self(), 50000);
         {
             Watch watch(5, "wait with an unblocking mask");
-            w = in.wait(-1, &open);
+            w = since(in.wait(-1, &open), t0);
         }
         t.join();
         if (w.rc != -1 || w.err != EINTR || usr1_hits() != hits + 2)
@@ -380,9 +385,10 @@ void mixed_once(int sock, Api api, std::uint64_t seed) {
     expect_ready(w, 0, full, "mixed set, nothing ready");
 
     // The connection alone wakes a wait over idle kernel fds...
+    std::uint64_t t0 = now_ns();
     order_send(sock, 10, seed, 50000, true);
     full[kSock] = POLLIN;
-    Waited r = expect_ready(w, -1, full, "mixed set: data on the connection only");
+    Waited r = since(expect_ready(w, -1, full, "mixed set: data on the connection only"), t0);
     expect_took(r, api, 0.03, 5, "mixed set: data on the connection only");
     take(sock, 10, seed, "mixed set: data on the connection");
     full[kSock] = 0;
@@ -391,10 +397,11 @@ void mixed_once(int sock, Api api, std::uint64_t seed) {
     // ...and a kernel fd alone wakes it while the connection is idle.
     itimerspec its{};
     its.it_value.tv_nsec = 50000000;
+    t0 = now_ns();
     if (timerfd_settime(m.fd[kTimer], 0, &its, nullptr) != 0)
         fail("timerfd_settime: %s", errno_name(errno));
     full[kTimer] = POLLIN;
-    r = expect_ready(w, -1, full, "mixed set: the timer only");
+    r = since(expect_ready(w, -1, full, "mixed set: the timer only"), t0);
     expect_took(r, api, 0.03, 5, "mixed set: the timer only");
 
     // Every other kind becomes readable; the connection stays idle.

@@ -68,6 +68,47 @@ void drive_thread_recv(int *fd, const Options &opt) {
     send_exit(s);
 }
 
+// Under the library's default policy (connections earn their upgrade):
+// a thread blocks in recv from the start, while the main thread's paced
+// sends earn the upgrade. The answer comes only after a pause long enough
+// for an upgrade and both engines' builds; the reader must get it and
+// every byte after it, and the connection still goes direct once the
+// reader is back (a paced ping-pong after it).
+void drive_earn_blocked_reader(int *fd, const Options &opt) {
+    const int s = *fd;
+    const std::uint64_t answer = opt.num("size", 1u << 20);
+    const std::uint64_t answer_seed = seed_of(opt, 91);
+    std::atomic<std::uint64_t> done{0};
+    std::thread reader([&] {
+        recv_pattern(s, Rx::recv, answer_seed, answer, 65536,
+                     "answer read by the thread blocked since before the upgrade was earned");
+        done = 1;
+    });
+    sleep_us(20000);  // the reader blocks first
+    Cmd in;
+    in.op = Op::recv;
+    in.api = std::uint32_t(Rx::recv);
+    in.flags = kNoAck;  // an ack would go to the reader
+    in.size = opt.num("earn-bytes", 100000);
+    in.seed = seed_of(opt, 90);
+    in.chunk = 1024;
+    send_cmd(s, in);
+    send_pattern(s, Tx::send, in.seed, in.size, in.chunk, 500);
+    sleep_us(opt.num("pause-us", 4000000));
+    if (done.load()) fail("the reader returned before any answer was sent");
+    Cmd out;
+    out.op = Op::send;
+    out.api = std::uint32_t(Tx::send);
+    out.size = answer;
+    out.seed = answer_seed;
+    out.chunk = 16384;
+    send_cmd(s, out);
+    await_count(done, 1, "reading thread");
+    reader.join();
+    paced_pingpongs(s, opt, opt.num("after-ms", 1500), 100);
+    send_exit(s);
+}
+
 // Part shutdown: another thread's shutdown(SHUT_RDWR) wakes the wait of
 // --apis; part close: another thread's close does not wake epoll_wait.
 void drive_thread_wake(int *fd, const Options &opt) {

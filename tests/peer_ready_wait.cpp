@@ -2,6 +2,11 @@
 #include "peer_ready.hpp"
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
 #include <cerrno>
 #include <cstring>
 #include <fcntl.h>
@@ -357,24 +362,91 @@ Waited expect_ready_within(Waiter &w, double seconds, const std::vector<short> &
 
 // ---- Watch -----------------------------------------------------------------------
 
-Watch::Watch(double seconds, std::string what) {
-    t_ = std::thread([this, seconds, what = std::move(what)] {
-        std::unique_lock<std::mutex> lock(m_);
-        if (!cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return done_; }))
-            fail("%s: still blocked after %.1f s", what.c_str(), seconds);
+namespace {
+
+struct Watchdog {
+    struct Armed {
+        std::chrono::steady_clock::time_point due;
+        double seconds;
+        std::string what;
+    };
+    std::mutex m;
+    std::condition_variable cv;
+    std::map<std::uint64_t, Armed> armed;
+    std::uint64_t next = 0;
+
+    void run() {
+        std::unique_lock<std::mutex> lock(m);
+        for (int i = 0; i < 100000000; ++i) {
+            if (armed.empty()) {
+                cv.wait(lock);
+                continue;
+            }
+            auto first = armed.begin();
+            for (auto it = armed.begin(); it != armed.end(); ++it)
+                if (it->second.due < first->second.due) first = it;
+            if (std::chrono::steady_clock::now() >= first->second.due)
+                fail("%s: still blocked after %.1f s", first->second.what.c_str(),
+                     first->second.seconds);
+            // A copy: the entry goes while we wait (its Watch ended).
+            const auto due = first->second.due;
+            cv.wait_until(lock, due);
+        }
+    }
+};
+
+std::mutex made_lock;
+
+// One per process: a forked child has none of its parent's threads (and
+// its copy of the lock may have been held by one). Never freed: its
+// detached thread lives as long as the process.
+Watchdog &watchdog() {
+    static Watchdog *dog = nullptr;
+    static pid_t owner = 0;
+    static std::once_flag once;
+    std::call_once(once, [] {
+        pthread_atfork(nullptr, nullptr, [] { new (&made_lock) std::mutex(); });
     });
+    std::lock_guard<std::mutex> lock(made_lock);
+    if (!dog || owner != getpid()) {
+        dog = new Watchdog;
+        owner = getpid();
+        // The scenarios' signals are for the threads they target.
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        std::thread([d = dog] { d->run(); }).detach();
+        pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    }
+    return *dog;
+}
+
+}  // namespace
+
+Watch::Watch(double seconds, std::string what) {
+    Watchdog &dog = watchdog();
+    std::lock_guard<std::mutex> lock(dog.m);
+    id_ = ++dog.next;
+    const auto due = std::chrono::steady_clock::now() +
+                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                         std::chrono::duration<double>(seconds));
+    dog.armed.emplace(id_, Watchdog::Armed{due, seconds, std::move(what)});
+    dog.cv.notify_all();
 }
 
 Watch::~Watch() {
-    {
-        std::lock_guard<std::mutex> lock(m_);
-        done_ = true;
-    }
-    cv_.notify_all();
-    t_.join();
+    Watchdog &dog = watchdog();
+    std::lock_guard<std::mutex> lock(dog.m);
+    dog.armed.erase(id_);
+    dog.cv.notify_all();
 }
 
 double seconds_since(std::uint64_t start_ns) { return double(now_ns() - start_ns) / 1e9; }
+
+Waited since(Waited w, std::uint64_t since_ns) {
+    w.took = seconds_since(since_ns);
+    return w;
+}
 
 // ---- signals ---------------------------------------------------------------------
 

@@ -103,6 +103,29 @@ void hand_off(int fd, const Cmd &cmd) {
     std::exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
 }
 
+// The owner of the connection dies while a child it forked holds the
+// socket: under TCP the child simply goes on with it.
+void fork_die(int fd, const Cmd &cmd) {
+    std::fflush(stdout);
+    std::fflush(stderr);
+    const pid_t pid = fork();
+    if (pid < 0) fail("fork: %s", errno_name(errno));
+    if (pid > 0) raise(SIGKILL);
+    arm_watchdog(20);
+    sleep_us(cmd.size2);
+    char c;
+    ssize_t n;
+    do n = recv(fd, &c, 1, MSG_PEEK);
+    while (n < 0 && errno == EINTR);
+    if (n < 0 && errno == ECONNRESET) {
+        note("holder: reset");
+        std::fflush(stdout);
+        _exit(0);
+    }
+    if (n != 1) fail("holder: recv(MSG_PEEK) returned %zd (%s)", n, n < 0 ? errno_name(errno) : "EOF");
+    note("holder: goes on");
+}
+
 }  // namespace
 
 void respond(int *fd) {
@@ -230,6 +253,26 @@ void respond(int *fd) {
         case Op::handoff:
             hand_off(*fd, cmd);
             break;
+        case Op::fork_die:
+            fork_die(*fd, cmd);
+            break;
+        case Op::unread_hang:
+            // The rest of the stream stays unread in this end's receive
+            // queue; the bytes sent meanwhile let a connection that started
+            // on TCP earn its upgrade.
+            recv_pattern(*fd, Rx::recv, cmd.seed, cmd.size2, 65536, "before leaving the rest");
+            // Twice, 500 ms apart: the first round earns the upgrade (the
+            // engine is built meanwhile), a call of the second makes it.
+            for (int round = 0; round < 2; ++round) {
+                if (round) sleep_us(500000);
+                for (std::uint32_t i = 0; i < cmd.chunk; ++i) {
+                    write_all(*fd, "x", 1);
+                    sleep_us(2000);
+                }
+            }
+            note("ready");
+            std::fflush(stdout);
+            for (;;) pause();
         case Op::await_reset: {
             char b;
             const ssize_t n = recv(*fd, &b, 1, 0);

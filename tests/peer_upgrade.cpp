@@ -19,6 +19,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <vector>
@@ -106,9 +107,14 @@ int run_stopped(const Options &opt) {
     int l = listen_loopback(family, 4, &port);
     int ready[2];
     if (pipe(ready) != 0) fail("pipe: %s", errno_name(errno));
+    const pid_t parent = getpid();
     pid_t child = fork();
     if (child < 0) fail("fork: %s", errno_name(errno));
     if (child == 0) {
+        // The parent stops us: should it die before it continues us (a
+        // failed check, its watchdog), we must not stay stopped for ever.
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(1);
         close(ready[0]);
         int fd = connect_loopback(family, port);
         report_conn(fd, "client");

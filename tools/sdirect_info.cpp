@@ -2,6 +2,7 @@
 //
 // libfabric is opened with dlopen, as the library does, so the tool runs
 // (and still prints the settings) on a host without it.
+#include "transport/rules.hpp"
 #include "transport/settings.hpp"
 
 #include <dlfcn.h>
@@ -186,6 +187,26 @@ void print_settings() {
     std::printf("\nregistry in effect: %s\n", tp::settings().registry);
 }
 
+void print_rules() {
+    if (!tp::rules_active()) {
+        std::printf("\nrules: none (SDIRECT_RULES unset): every connection may go direct\n");
+        return;
+    }
+    const tp::RuleSet &set = tp::rules();
+    std::printf("\nrules from %s, the first match decides (no match: direct):\n",
+                tp::settings().rules);
+    if (set.error[0]) {
+        std::printf("  unusable: %s\n  every connection stays on TCP (reason rule)\n", set.error);
+        return;
+    }
+    if (!set.count) std::printf("  (none)\n");
+    for (std::size_t i = 0; i < set.count; ++i) {
+        char line[256];
+        tp::format_rule(set.rules[i], line, sizeof line);
+        std::printf("  %s\n", line);
+    }
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -203,6 +224,8 @@ int main(int argc, char **argv) {
     // Unparsable values are reported on stderr here, as the library would.
     tp::load_settings();
     print_fabric(tp::settings().provider);
+    tp::load_rules();
     print_settings();
+    print_rules();
     return 0;
 }

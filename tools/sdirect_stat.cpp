@@ -168,7 +168,9 @@ int main(int argc, char **argv) {
     std::vector<Row> rows;
     int pages = tp::scan_pages(dir, opt.all, collect, &rows);
     if (opt.all && pages >= 0) (void)tp::scan_exited(dir, collect, &rows);
-    if (pages == -ENOENT) {
+    // No registry yet is no connection yet; a directory named on the
+    // command line must exist.
+    if (pages == -ENOENT && !opt.dir) {
         std::puts("no connections");
         return 0;
     }

@@ -129,13 +129,15 @@ void Engine::detach(Conn *c) noexcept {
     if (c->flush_due.exchange(false)) flush_due_count_.fetch_sub(1, std::memory_order_relaxed);
     if (c->ring_mr) {
         Guard guard;
-        fi_close(&c->ring_mr->fid);
+        InProvider in;  // refused: the process is exiting
+        if (in.ok()) fi_close(&c->ring_mr->fid);
     }
     // A sink's recv holds the socket until its sink is over: none is left
     // registered here, but a registration must not outlive the connection.
     if (c->sink_mr) {
         Guard guard;
-        fi_close(&c->sink_mr->fid);
+        InProvider in;
+        if (in.ok()) fi_close(&c->sink_mr->fid);
         sink_bytes_.fetch_sub(c->sink_held, std::memory_order_relaxed);
     }
     end_ring(c, keep_ring);

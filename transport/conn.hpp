@@ -124,8 +124,11 @@ struct Conn {
     std::atomic<ConnState> state{ConnState::kernel};
     // Our registry entry while it is published: its file's identity
     // (registry.hpp), so that unpublishing needs no read of it. 0: none.
+    // Both atomic: a publish of the next entry (rearmed) may run while an
+    // unpublish of the previous one reads them. The device is stored
+    // before the inode's release and loaded after the inode's exchange.
     std::atomic<std::uint64_t> entry_ino{0};
-    std::uint64_t entry_dev = 0;
+    std::atomic<std::uint64_t> entry_dev{0};
     // CLOCK_MONOTONIC once our entry was whole (0: not published).
     std::atomic<std::uint64_t> published_ns{0};
     // Not direct yet at a fork: no upgrade either way from now on (a

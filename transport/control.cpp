@@ -3,6 +3,7 @@
 // finds it asks the owner's control thread to upgrade, proving ownership
 // of the connection by passing its own socket with SCM_RIGHTS. Nothing is
 // ever written into the TCP stream.
+#include "crossuser.hpp"
 #include "engine.hpp"
 #include "log.hpp"
 #include "registry.hpp"
@@ -10,6 +11,7 @@
 #include "sys.hpp"
 #include "wait.hpp"
 
+#include <algorithm>
 #include <arpa/inet.h>
 #include <cerrno>
 #include <cstdio>
@@ -76,6 +78,26 @@ unsigned long netns_id() noexcept {
     return id;
 }
 
+// The peer, as the other end of an upgrade told us, under conn_lock.
+// `cross`: a peer of another uid, to which neither side's ring is offered
+// (every byte goes inline: crossuser.hpp).
+void set_peer_locked(Conn *c, Peer *peer, const CtlMsg &m, bool cross) noexcept {
+    // Under rx_lock, which every delivery takes: the peer's first fabric
+    // message (a close, whose delivery reads the peer's page through
+    // c->peer) may come right after our answer or commit, and only the
+    // other process's reply orders these writes before it, which the
+    // memory model does not see (TSan: peer_read() in a delivery against
+    // this write on the control thread).
+    std::lock_guard rx(c->rx_lock);
+    c->peer = peer;
+    c->peer_id = m.conn_id;
+    c->peer_gen = m.gen;
+    c->credits.store(m.window, std::memory_order_relaxed);
+    c->peer_ring_addr = cross ? 0 : m.ring_addr;
+    c->peer_ring_key = cross ? 0 : m.ring_key;
+    c->peer_ring_cap = m.window;
+}
+
 }  // namespace
 
 // Built three or four times per connection: the addresses are spelt by
@@ -96,8 +118,9 @@ void entry_path(char *out, std::size_t n, const Tuple &t) noexcept {
 
 namespace {
 
-void ctl_path(char *out, std::size_t n, pid_t pid) noexcept {
-    std::snprintf(out, n, "%s/ctl-%d", settings().registry, int(pid));
+// `dir`: the peer's registry if it is of another uid.
+void ctl_path(char *out, std::size_t n, pid_t pid, const char *dir = nullptr) noexcept {
+    std::snprintf(out, n, "%s/ctl-%d", dir ? dir : settings().registry, int(pid));
 }
 
 int dumpable() noexcept { return prctl(PR_GET_DUMPABLE) == 1; }
@@ -159,11 +182,16 @@ int recv_ctl(int fd, CtlMsg &m, int *fds, int want, int flags = 0) noexcept {
     return 0;
 }
 
-bool peer_cred_ok(int fd, pid_t expect_pid) noexcept {
+// The process at the other end of a control socket is `expect_pid` (0:
+// any) and of our uid; with `uid`, of any uid when SDIRECT_CROSS_USER is
+// on, which `*uid` then says.
+bool peer_cred_ok(int fd, pid_t expect_pid, unsigned *uid = nullptr) noexcept {
     ucred cred{};
     socklen_t len = sizeof cred;
     if (sys.getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return false;
-    return cred.uid == getuid() && (expect_pid == 0 || cred.pid == expect_pid);
+    if (expect_pid != 0 && cred.pid != expect_pid) return false;
+    if (uid) *uid = unsigned(cred.uid);
+    return cred.uid == getuid() || (uid && cross_user_on());
 }
 
 void *control_thread(void *arg) noexcept {
@@ -239,6 +267,7 @@ int Engine::start_control() noexcept {
         return -err;
     }
     ctl_fd_ = fd;
+    open_registry(settings().registry, path);  // SDIRECT_CROSS_USER only
     // Without it, a peer attached while the control thread waits is
     // watched from its next wake-up on.
     watch_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -319,7 +348,7 @@ void Engine::publish(Conn *c, Reason kernel_why) noexcept {
     std::snprintf(e.addr, sizeof e.addr, "%s", ep_.name);
     std::uint64_t dev = 0, ino = 0;
     if (!write_entry(c->tuple, e, &dev, &ino)) return;
-    c->entry_dev = dev;
+    c->entry_dev.store(dev, std::memory_order_relaxed);
     c->entry_ino.store(ino, std::memory_order_release);
     c->published_ns.store(monotonic_ns(), std::memory_order_release);
     // An answer to it may have ended the upgrade already (a request that
@@ -338,17 +367,18 @@ bool write_entry(const Tuple &t, Entry &e, std::uint64_t *dev, std::uint64_t *in
     entry_path(path, sizeof path, t);
     // The name is new for nearly every connection: create it and write it
     // in one go. O_EXCL follows no symlink and takes no one's file.
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, entry_mode());
     const char *name = path;
     if (fd < 0 && errno == EEXIST) {
         // Left by an earlier connection of the same 4-tuple, or our own
         // entry marked anew: replaced atomically, so that a reader sees
         // the old entry or the new one.
         std::snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, int(e.pid));
-        fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, entry_mode());
         name = tmp;
     }
     if (fd < 0) return false;
+    if (cross_user_on()) (void)fchmod(fd, entry_mode());  // whatever the umask
     struct stat st;
     bool ok = sys.write(fd, &e, sizeof e) == sizeof e && fstat(fd, &st) == 0;
     sys.close(fd);
@@ -368,11 +398,14 @@ void Engine::unpublish(Conn *c) noexcept {
     // says so without opening it; once only.
     const std::uint64_t ino = c->entry_ino.exchange(0, std::memory_order_acq_rel);
     if (!ino) return;
+    // Every entry is in the registry directory: a newer publish's device,
+    // should one be read here, is the same.
+    const std::uint64_t dev = c->entry_dev.load(std::memory_order_relaxed);
     char path[400];
     entry_path(path, sizeof path, c->tuple);
     struct stat st;
     if (stat(path, &st) == 0 && std::uint64_t(st.st_ino) == ino &&
-        std::uint64_t(st.st_dev) == c->entry_dev)
+        std::uint64_t(st.st_dev) == dev)
         unlink(path);
 }
 
@@ -397,8 +430,10 @@ int Engine::make_ring(Conn *c) noexcept {
     if (!c->ring || !c->stage) return -ENOMEM;
     c->ring_cap = c->window;
     Guard guard;
-    int rc = fi_mr_reg(ep_.domain, c->ring, c->window, FI_REMOTE_WRITE, 0, next_key_++, 0,
-                       &c->ring_mr, nullptr);
+    InProvider in;
+    int rc = !in.ok() ? -FI_ECANCELED
+                      : fi_mr_reg(ep_.domain, c->ring, c->window, FI_REMOTE_WRITE, 0, next_key_++,
+                                  0, &c->ring_mr, nullptr);
     if (rc) {
         SD_LOG(info, "ring registration failed: %s", fabric_strerror(rc));
         c->ring_mr = nullptr;  // the peer then sends everything inline
@@ -414,11 +449,31 @@ void Engine::hold(Conn *c, Reason why) noexcept {
     }
     std::lock_guard lock(conn_lock_);
     ConnState st = c->state.load();
-    if (st == ConnState::direct || st == ConnState::initiating || st == ConnState::committing)
-        return;
+    if (st == ConnState::direct || st == ConnState::leaving) return;
     c->held_why.store(std::uint32_t(why), std::memory_order_relaxed);
     c->held.store(true, std::memory_order_release);
+    // An upgrade still under way sees the mark where it ends (both under
+    // conn_lock_): an initiator sends no commit, a responder whose commit
+    // came leaves at once. Before, it went direct after the hold, and an
+    // exec or a fork child then used the kernel socket while the peer
+    // wrote into this process's ring (EFAULT after the exec: EIO).
+    if (st == ConnState::initiating || st == ConnState::committing) return;
     if (st != ConnState::final) mark_kernel(c, why);
+}
+
+bool Engine::settle_upgrade(Conn *c) noexcept {
+    // The initiator's wait for an answer and the responder's for the
+    // commit end within the upgrade timeout.
+    const std::uint64_t deadline =
+        monotonic_ns() + (std::uint64_t(settings().upgrade_timeout_ms) + 500) * 1000000ull;
+    for (;;) {
+        const ConnState st = c->state.load(std::memory_order_acquire);
+        if (st != ConnState::initiating && st != ConnState::committing)
+            return st == ConnState::direct || st == ConnState::leaving;
+        if (monotonic_ns() >= deadline) return false;
+        timespec nap{0, 1000000};
+        nanosleep(&nap, nullptr);
+    }
 }
 
 namespace {
@@ -511,6 +566,16 @@ void Engine::try_initiate(Conn *c) noexcept {
     char path[400];
     entry_path(path, sizeof path, reversed(c->tuple));
     int fd = open(path, O_RDONLY | O_CLOEXEC);
+    // A peer of another uid publishes in its own registry (the connection
+    // is then between users: far_dir says where its process lives).
+    unsigned far_uid = unsigned(getuid());
+    char far_dir[64] = {};
+    if (fd < 0 && errno == ENOENT && cross_user_on()) {
+        fd = open_foreign_entry(std::strrchr(path, '/') + 1, reversed(c->tuple), &far_uid, far_dir,
+                                sizeof far_dir);
+        if (fd < 0) errno = -fd;
+    }
+    const bool cross = far_dir[0] != '\0';
     if (fd < 0) {
         // No fd to look with (RLIMIT_NOFILE): whether the peer published
         // cannot be known now, and an upgrade would need more fds. Said
@@ -530,7 +595,7 @@ void Engine::try_initiate(Conn *c) noexcept {
     e.addr[sizeof e.addr - 1] = '\0';
     if (!c->acceptor && e.acceptor && acceptor_will_ask(c, e)) return;
     if (e.pid != pid_ && kill(e.pid, 0) != 0 && errno == ESRCH) {
-        unlink(path);  // stale: its process is gone
+        if (!cross) unlink(path);  // stale: its process is gone
         return;
     }
     if (e.pid == pid_ && !settings().same_process) {
@@ -552,16 +617,25 @@ void Engine::try_initiate(Conn *c) noexcept {
     {
         std::lock_guard lock(conn_lock_);
         if (make_ring(c) != 0) why = Reason::fabric_error;
-        else peer = attach_peer(e.pid, e.addr, -1, &why);
+        else if (!cross) peer = attach_peer(e.pid, e.addr, -1, &why);
+        // Across users the peer opens its region to us only once we
+        // proved we hold the connection (the request): we attach after
+        // its answer, and open ours to its uid now, for its attach. That
+        // uid is the one the kernel says holds the other end (the entry
+        // was looked for in its registry alone): an entry a third user
+        // planted for someone else's connection is never even read.
+        else if (open_to_uid(far_uid) != 0)
+            why = Reason::other_user;
     }
     CtlMsg reply{};
     int their_doorbell = -1;
     int s = -1;
     // Set once under conn_lock_ and kept while we hold the peer.
     const bool have_bell = peer && peer->doorbell >= 0;
-    if (peer) {
+    int their_proof = -1;
+    if (peer || (cross && why == Reason::none)) {
         char cpath[108];
-        ctl_path(cpath, sizeof cpath, e.pid);
+        ctl_path(cpath, sizeof cpath, e.pid, cross ? far_dir : nullptr);
         s = sys.socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
         const bool no_fd = s < 0 && (errno == EMFILE || errno == ENFILE);
         sockaddr_un sa{};
@@ -576,8 +650,9 @@ void Engine::try_initiate(Conn *c) noexcept {
         if (s >= 0)
             do rc = sys.connect(s, reinterpret_cast<sockaddr *>(&sa), sizeof sa);
             while (rc != 0 && errno == EINTR && monotonic_ns() < deadline);
+        unsigned cred_uid = 0;
         if (rc == 0) {
-            if (!peer_cred_ok(s, e.pid)) {
+            if (!peer_cred_ok(s, e.pid, &cred_uid) || cred_uid != far_uid) {
                 why = Reason::other_user;
             } else {
                 CtlMsg req{};
@@ -592,16 +667,27 @@ void Engine::try_initiate(Conn *c) noexcept {
                 req.status = have_bell ? kHaveBell : 0;
                 req.tuple = c->tuple;
                 std::snprintf(req.addr, sizeof req.addr, "%s", ep_.name);
-                req.ring_addr = c->ring_mr ? std::uint64_t(std::uintptr_t(c->ring)) : 0;
-                req.ring_key = c->ring_mr ? fi_mr_key(c->ring_mr) : 0;
-                int app_fd = c->stat->fd;
+                // Across users no ring is offered, nor used: crossuser.hpp.
+                const bool ring = c->ring_mr && !cross;
+                req.ring_addr = ring ? std::uint64_t(std::uintptr_t(c->ring)) : 0;
+                req.ring_key = ring ? fi_mr_key(c->ring_mr) : 0;
+                int app_fd = cross ? proof_dup(c->stat->fd, c->tuple) : c->stat->fd;
                 int fds[2] = {app_fd, doorbell_};
-                ssize_t sent;
-                do sent = send_ctl(s, req, fds, 2);
-                while (sent < 0 && errno == EINTR && monotonic_ns() < deadline);
+                ssize_t sent = -1;
+                if (app_fd >= 0) do sent = send_ctl(s, req, fds, 2);
+                    while (sent < 0 && errno == EINTR && monotonic_ns() < deadline);
+                if (cross && app_fd >= 0) sys.close(app_fd);
                 if (sent == sizeof req) {
-                    int got = recv_ctl_until(s, reply, &their_doorbell, 1, deadline);
-                    if (got == 0 && reply.type == std::uint16_t(CtlType::reply))
+                    // Across users the answer also carries the peer's own
+                    // socket: its proof that it holds the other end.
+                    int got_fds[2] = {-1, -1};
+                    int got = recv_ctl_until(s, reply, got_fds, cross ? 2 : 1, deadline);
+                    their_doorbell = got_fds[0];
+                    their_proof = got_fds[1];
+                    if (got == 0 && reply.type == std::uint16_t(CtlType::reply) &&
+                        reply.conn_id >= kSlots)
+                        why = Reason::peer_refused;  // its slot indexes its page: out of it
+                    else if (got == 0 && reply.type == std::uint16_t(CtlType::reply))
                         why = reply.status == kConflict ? Reason::count_ : Reason(reply.status);
                     else if (got == -EMFILE || got == -ENFILE || got == -EPROTO)
                         why = Reason::fd_limit;  // the answer's doorbell found no fd here
@@ -609,8 +695,22 @@ void Engine::try_initiate(Conn *c) noexcept {
             }
         }
     }
-    const bool accepted =
-        why == Reason::none && reply.pid == e.pid && (their_doorbell >= 0 || have_bell);
+    if (cross && why == Reason::none && reply.pid == e.pid) {
+        Tuple proven;
+        if (their_proof < 0 || tuple_of(their_proof, proven) != 0 ||
+            !(proven == reversed(c->tuple)) || their_doorbell < 0 || !is_eventfd(their_doorbell)) {
+            SD_LOG(info, "upgrade answer from pid %d (uid %u) without valid proof", int(e.pid),
+                   far_uid);
+            why = Reason::proof_failed;
+        } else {
+            std::lock_guard lock(conn_lock_);
+            peer = attach_peer(e.pid, e.addr, their_doorbell, &why, far_dir);
+            their_doorbell = -1;  // kept by attach_peer, or closed
+        }
+    }
+    if (their_proof >= 0) sys.close(their_proof);
+    const bool accepted = why == Reason::none && reply.pid == e.pid &&
+                          (their_doorbell >= 0 || have_bell || (cross && peer));
 
     std::lock_guard lock(conn_lock_);
     // The answer's doorbell is kept even when we yield (conflict): the
@@ -624,25 +724,27 @@ void Engine::try_initiate(Conn *c) noexcept {
         // Everything the fabric needs is in place before the commit: the
         // responder may send the moment it reads it.
         release_peer(c->peer);  // the one before a leave (rearmed), if any
-        c->peer = peer;
-        c->peer_id = reply.conn_id;
-        c->peer_gen = reply.gen;
-        c->credits.store(reply.window, std::memory_order_relaxed);
-        c->peer_ring_addr = reply.ring_addr;
-        c->peer_ring_key = reply.ring_key;
-        c->peer_ring_cap = reply.window;
+        set_peer_locked(c, peer, reply, cross);
         c->stat->peer_pid = e.pid;
         // Sent before anything here says direct: should it fail, the
-        // responder has given up too, and nothing went on the fabric.
-        if (send_commit(s, pid_)) {
+        // responder has given up too, and nothing went on the fabric. A
+        // process that changed its privileges meanwhile commits nothing:
+        // its connections stay on the kernel (the responder, without our
+        // commit, gives up).
+        if (!retired() && !c->held.load(std::memory_order_acquire) && send_commit(s, pid_)) {
             sys.close(s);
             go_direct(c);
             SD_LOG_CONN(info, *c->stat, "upgraded to direct (initiator, peer pid %d)", e.pid);
             announce_switch(c);
             return;
         }
-        c->peer = nullptr;
-        why = Reason::timeout;
+        {
+            std::lock_guard rx(c->rx_lock);
+            c->peer = nullptr;
+        }
+        why = retired()                                   ? Reason::privilege
+              : c->held.load(std::memory_order_acquire) ? Reason(c->held_why.load())
+                                                        : Reason::timeout;
     }
     if (s >= 0) sys.close(s);
     release_peer(peer);
@@ -689,14 +791,32 @@ int ask_owner_to_leave(pid_t owner, int fd, Reason why) noexcept {
     CtlMsg req = reply_to(getpid(), CtlType::leave);
     req.status = std::uint32_t(why);
     if (tuple_of(fd, req.tuple) != 0) return -ENOTCONN;
+    // The owner's death ends the wait: a child of it holds its listening
+    // control socket too (inherited), so a connect to a dead owner still
+    // succeeds and nobody would ever answer. Its pidfd is readable once it
+    // has exited, reaped or not.
+    const int pfd = int(syscall(SYS_pidfd_open, owner, 0));
+    if (pfd < 0 && errno == ESRCH) return -ESRCH;
+    auto owner_dead = [pfd] {
+        pollfd p{pfd, POLLIN, 0};
+        return pfd >= 0 && sys.poll(&p, 1, 0) == 1;
+    };
+    if (owner_dead()) {
+        sys.close(pfd);
+        return -ESRCH;
+    }
     char path[108];
     ctl_path(path, sizeof path, owner);
     int s = sys.socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    if (s < 0) return -errno;
+    if (s < 0) {
+        const int err = errno;
+        if (pfd >= 0) sys.close(pfd);
+        return -err;
+    }
     // The owner waits up to the leave timeout for its peer.
-    std::uint32_t ms = settings().leave_timeout_ms + 2000;
+    const std::uint32_t ms = settings().leave_timeout_ms + 2000;
+    const std::uint64_t deadline = monotonic_ns() + std::uint64_t(ms) * 1000000ull;
     timeval tv{time_t(ms / 1000), suseconds_t((ms % 1000) * 1000)};
-    sys.setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     sys.setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     sockaddr_un sa{};
     sa.sun_family = AF_UNIX;
@@ -708,12 +828,31 @@ int ask_owner_to_leave(pid_t owner, int fd, Reason why) noexcept {
         rc = -EPERM;
         if (peer_cred_ok(s, owner)) {
             rc = -ETIMEDOUT;
-            if (send_ctl(s, req, &fd, 1) == sizeof req && recv_ctl(s, rep, &none, 0) == 0 &&
-                rep.type == std::uint16_t(CtlType::reply) && rep.pid == owner)
-                rc = rep.status == std::uint32_t(Reason::none) ? 0 : -EIO;
+            if (send_ctl(s, req, &fd, 1) == sizeof req) {
+                // In slices: the owner may die while we wait.
+                for (;;) {
+                    const std::uint64_t slice = std::min<std::uint64_t>(deadline, monotonic_ns() + 50000000ull);
+                    const int got = recv_ctl_until(s, rep, &none, 0, slice);
+                    if (got == 0) {
+                        if (rep.type == std::uint16_t(CtlType::reply) && rep.pid == owner)
+                            rc = rep.status == std::uint32_t(Reason::none)         ? 0
+                                 : rep.status == std::uint32_t(Reason::disconnect) ? -ECONNRESET
+                                                                                  : -EIO;
+                        break;
+                    }
+                    if (owner_dead()) {
+                        rc = -ESRCH;
+                        break;
+                    }
+                    if (got != -ETIMEDOUT || monotonic_ns() >= deadline) break;
+                }
+            }
         }
+    } else if (!owner_dead()) {
+        rc = errno == ENOENT || errno == ECONNREFUSED ? -ESRCH : -errno;
     }
     sys.close(s);
+    if (pfd >= 0) sys.close(pfd);
     return rc;
 }
 
@@ -724,7 +863,7 @@ void Engine::kick(const Peer *p) noexcept {
     }
     CtlMsg req = reply_to(pid_, CtlType::kick);
     char path[108];
-    ctl_path(path, sizeof path, p->pid);
+    ctl_path(path, sizeof path, p->pid, p->cross ? p->dir : nullptr);
     // Non-blocking: a full backlog means its control thread is busy, and
     // the next kick tries again.
     int s = sys.socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -760,7 +899,15 @@ void Engine::handle_leave(int fd, pid_t pid, const Tuple &tuple, int proof, Reas
         std::lock_guard lock(conn_lock_);
         Conn *c = find_tuple(tuple);
         // Not ours (any more): the kernel carries it all already.
-        if (c && leave_locked(c, why) < 0) rep.status = std::uint32_t(Reason::timeout);
+        if (c) {
+            if (const int rc = leave_locked(c, why); rc < 0) {
+                SD_LOG(error, "fd %d: pid %d asked us to leave the fabric (%s) and we could not: "
+                              "%s", c->stat->fd, int(pid), reason_name(why), std::strerror(-rc));
+                // Bytes of the connection were lost here (its peer died
+                // before they were read): a reset for the asking holder.
+                rep.status = std::uint32_t(rc == -ECONNRESET ? Reason::disconnect : Reason::timeout);
+            }
+        }
     }
     if (proof >= 0) sys.close(proof);
     send_ctl(fd, rep, nullptr, 0, MSG_DONTWAIT);
@@ -780,7 +927,8 @@ void Engine::handle_request(int fd) noexcept {
             if (f >= 0) sys.close(f);
         // Until the queue is empty (a sender may be waiting for room in
         // it), within a bound: new messages may keep coming.
-        if (peer_cred_ok(fd, req.pid))
+        unsigned uid = 0;
+        if (peer_cred_ok(fd, req.pid, &uid) && (uid == getuid() || is_peer(req.pid)))
             for (int pass = 0; pass < kKickPasses && progress(); ++pass) {
             }
         return;
@@ -803,17 +951,26 @@ void Engine::handle_request(int fd) noexcept {
     rep.pid = pid_;
     const bool we_dump = dumpable();
     rep.dumpable = std::uint32_t(we_dump);
+    int my_proof = -1;  // across users: our own socket, proof for the initiator
     auto refuse = [&](std::uint32_t status) {
         rep.status = status;
         if (proof >= 0) sys.close(proof);
         if (bell >= 0) sys.close(bell);
+        if (my_proof >= 0) sys.close(my_proof);
         send_ctl(fd, rep, nullptr, 0, MSG_DONTWAIT);
     };
     if (req.type != std::uint16_t(CtlType::request) || proof < 0 || bell < 0 || !fabric_usable() ||
-        retired())
+        retired() || req.conn_id >= kSlots)
         return refuse(std::uint32_t(Reason::peer_refused));
-    if (!peer_cred_ok(fd, req.pid)) return refuse(std::uint32_t(Reason::other_user));
+    unsigned uid = 0;
+    if (!peer_cred_ok(fd, req.pid, &uid)) return refuse(std::uint32_t(Reason::other_user));
     req.addr[sizeof req.addr - 1] = '\0';
+    // Another uid (SDIRECT_CROSS_USER): its page and control socket are in
+    // its own registry, and its doorbell must be what it claims.
+    const bool cross = uid != unsigned(getuid());
+    char far_dir[64] = {};
+    if (cross && (registry_of_uid(uid, far_dir, sizeof far_dir) != 0 || !is_eventfd(bell)))
+        return refuse(std::uint32_t(Reason::other_user));
 
     Conn *c = nullptr;
     std::uint32_t id = 0, gen = 0;
@@ -834,13 +991,18 @@ void Engine::handle_request(int fd) noexcept {
             set_final(c, Reason::same_process);
             return refuse(std::uint32_t(Reason::same_process));
         }
+        // Proven to hold the other end: only now is anything of ours opened
+        // to its uid, and our answer proves the same to it.
+        if (cross && (open_to_uid(uid) != 0 || (my_proof = proof_dup(c->stat->fd, c->tuple)) < 0))
+            return refuse(std::uint32_t(Reason::other_user));
         ConnState st = c->state.load();
         if (c->held.load(std::memory_order_acquire) ||
             !(st == ConnState::kernel || (st == ConnState::initiating && !c->acceptor)))
             return refuse(kConflict);
         Reason why = Reason::none;
         Peer *peer = nullptr;
-        if (make_ring(c) == 0) peer = attach_peer(req.pid, req.addr, bell, &why);
+        if (make_ring(c) == 0)
+            peer = attach_peer(req.pid, req.addr, bell, &why, cross ? far_dir : nullptr);
         else sys.close(bell);
         bell = -1;  // kept by attach_peer, or closed
         if (!peer) {
@@ -855,18 +1017,13 @@ void Engine::handle_request(int fd) noexcept {
         // initiator may send the moment it has committed, before we read
         // its commit, and our receives take what arrives.
         release_peer(c->peer);  // the one before a leave (rearmed), if any
-        c->peer = peer;
-        c->peer_id = req.conn_id;
-        c->peer_gen = req.gen;
-        c->credits.store(req.window, std::memory_order_relaxed);
-        c->peer_ring_addr = req.ring_addr;
-        c->peer_ring_key = req.ring_key;
-        c->peer_ring_cap = req.window;
+        set_peer_locked(c, peer, req, cross);
         c->stat->peer_pid = req.pid;
         id = c->id;
         gen = c->gen;
-        rep.ring_addr = c->ring_mr ? std::uint64_t(std::uintptr_t(c->ring)) : 0;
-        rep.ring_key = c->ring_mr ? fi_mr_key(c->ring_mr) : 0;
+        const bool ring = c->ring_mr && !cross;
+        rep.ring_addr = ring ? std::uint64_t(std::uintptr_t(c->ring)) : 0;
+        rep.ring_key = ring ? fi_mr_key(c->ring_mr) : 0;
         rep.conn_id = c->id;
         rep.gen = c->gen;
         rep.window = c->window;
@@ -874,8 +1031,11 @@ void Engine::handle_request(int fd) noexcept {
     rep.status = std::uint32_t(Reason::none);
     if (proof >= 0) sys.close(proof);
     bool committed = false;
-    if (send_ctl(fd, rep, &doorbell_, (req.status & kHaveBell) ? 0 : 1, MSG_DONTWAIT) ==
-        sizeof rep) {
+    const int answer_fds[2] = {doorbell_, my_proof};
+    const int nanswer = cross ? 2 : (req.status & kHaveBell) ? 0 : 1;
+    const ssize_t answered = send_ctl(fd, rep, answer_fds, nanswer, MSG_DONTWAIT);
+    if (my_proof >= 0) sys.close(my_proof);
+    if (answered == sizeof rep) {
         const std::uint64_t deadline =
             monotonic_ns() + std::uint64_t(settings().upgrade_timeout_ms) * 1000000;
         CtlMsg word{};
@@ -898,7 +1058,10 @@ void Engine::handle_request(int fd) noexcept {
     if (now != c || c->gen != gen || c->state.load() != ConnState::committing) return;
     if (!committed) {
         release_peer(c->peer);
-        c->peer = nullptr;
+        {
+            std::lock_guard rx(c->rx_lock);
+            c->peer = nullptr;
+        }
         SD_LOG(debug, "fd %d: peer pid %d did not commit its upgrade", c->stat->fd,
                int(req.pid));
         set_final(c, Reason::timeout);  // logs it
@@ -906,6 +1069,17 @@ void Engine::handle_request(int fd) noexcept {
     }
     go_direct(c);
     SD_LOG_CONN(info, *c->stat, "upgraded to direct (responder, peer pid %d)", int(req.pid));
+    if (retired() || c->held.load(std::memory_order_acquire)) {
+        // This process changed its privileges, or execs, or forked, while
+        // the commit was on its way (hold's wait for an upgrade under way
+        // is bounded): the initiator is direct already, so the connection
+        // leaves at once, for good, as it would have had it been direct.
+        const Reason why = retired() ? Reason::privilege : Reason(c->held_why.load());
+        if (const int rc = leave_locked(c, why); rc < 0)
+            SD_LOG(error, "fd %d: upgraded after a change of privileges, and it could not leave "
+                          "the fabric: %s", c->stat->fd, std::strerror(-rc));
+        return;
+    }
     announce_switch(c);
 }
 

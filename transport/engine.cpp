@@ -104,8 +104,11 @@ void wait_for_build() noexcept {
     }
     // No other thread may be inside the provider when the process ends:
     // one killed there while holding a region's lock (a peer's, or ours
-    // that peers take) would leave it held for ever.
-    if (the_engine.load(std::memory_order_acquire)) provider_gate().close(200);
+    // that peers take) would leave it held for ever, and libfabric's
+    // destructor (run after this hook) frees what the provider's calls
+    // use. Closed even with no engine yet: a build that outlived the wait
+    // above makes its endpoint inside the gate.
+    provider_gate().close(200);
     Engine::shutdown_at_exit();
 }
 bool exit_hook = false;
@@ -289,6 +292,8 @@ int Engine::open_fabric() noexcept {
     std::size_t min_free = std::size_t(chunk_) + sizeof(MsgHeader);
     {
         Guard guard;
+        InProvider in;
+        if (!in.ok()) return -ECANCELED;  // exiting
         fi_setopt(&ep_.ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &min_free,
                   sizeof min_free);
     }
@@ -315,6 +320,8 @@ void Engine::post_rx(RxBuffer *b) noexcept {
     msg.addr = FI_ADDR_UNSPEC;
     msg.context = &b->ctx;
     Guard guard;
+    InProvider in;  // inside progress() already, but for the first posts
+    if (!in.ok()) return;
     ssize_t rc;
     while ((rc = fi_recvmsg(ep_.ep, &msg, FI_MULTI_RECV | FI_COMPLETION)) == -FI_EAGAIN) sched_yield();
     if (rc) SD_LOG(error, "posting a receive buffer failed: %s", fabric_strerror(int(rc)));
@@ -630,6 +637,8 @@ int register_buffer(void *ctx, const void *buf, std::size_t len, void **handle,
                     std::uint64_t *key) {
     auto *r = static_cast<RegCtx *>(ctx);
     Guard guard;
+    InProvider in;
+    if (!in.ok()) return -FI_ECANCELED;
     fid_mr *mr = nullptr;
     int rc = fi_mr_reg(r->domain, buf, len, FI_REMOTE_READ, 0,
                        r->keys->fetch_add(1, std::memory_order_relaxed), 0, &mr, nullptr);
@@ -641,7 +650,8 @@ int register_buffer(void *ctx, const void *buf, std::size_t len, void **handle,
 
 void release_buffer(void *, void *handle) {
     Guard guard;
-    fi_close(&static_cast<fid_mr *>(handle)->fid);
+    InProvider in;
+    if (in.ok()) fi_close(&static_cast<fid_mr *>(handle)->fid);
 }
 }  // namespace
 
@@ -674,7 +684,7 @@ int Engine::advertise(Conn *c, const char *buf, std::uint32_t len, RegCache::Ref
     // (unless it told us the kernel refuses it there).
     *ref = RegCache::Ref{};
     std::uint64_t key = kSrcNoKey;
-    if (!cma_ok_.load(std::memory_order_relaxed) || c->zc_need_key.load(std::memory_order_relaxed)) {
+    if (!cma_with(c) || c->zc_need_key.load(std::memory_order_relaxed)) {
         int rc = regcache().acquire(buf, len, ref);
         if (rc) {
             SD_LOG(debug, "conn %u: registering a send buffer failed: %s", c->id,
@@ -728,6 +738,12 @@ void advance(iovec *v, int *n, std::size_t done) noexcept {
 }
 }  // namespace
 
+bool Engine::cma_with(const Conn *c) const noexcept {
+    // Across users the kernel refuses it one way (ptrace rules); both ends
+    // of such a pair copy through the provider instead, whatever their uids.
+    return cma_ok_.load(std::memory_order_relaxed) && !(c->peer && c->peer->cross);
+}
+
 int Engine::cma_copy(pid_t pid, const iovec *local, int nlocal, const iovec *remote, int nremote,
                      bool write) noexcept {
     iovec l[kMaxRmaIov], r[4];
@@ -754,7 +770,11 @@ int Engine::cma_copy(pid_t pid, const iovec *local, int nlocal, const iovec *rem
             cma_ok_.store(false, std::memory_order_relaxed);
             return -ENOSYS;
         }
-        return n < 0 && errno == ESRCH ? -EPIPE : -EIO;
+        const int err = n < 0 ? errno : EIO;
+        if (err != ESRCH)
+            SD_LOG(error, "process_vm_%sv with pid %d failed: %s", write ? "write" : "read", int(pid),
+                   std::strerror(err));
+        return err == ESRCH ? -EPIPE : -EIO;
     }
     return 0;
 }
@@ -763,8 +783,9 @@ int Engine::read_remote(Conn *c, const iovec *iov, int iovcnt, std::uint64_t add
                         std::uint64_t key, std::size_t len) noexcept {
     // On one host the read is one process_vm_readv (what shm's own RMA read
     // does, without its queues and completions). Only where the kernel
-    // refuses it (ptrace rules) does the provider's read take over.
-    if (cma_ok_.load(std::memory_order_relaxed)) {
+    // refuses it (ptrace rules), or across users, does the provider's read
+    // take over.
+    if (cma_with(c)) {
         iovec remote{reinterpret_cast<void *>(addr), len};
         int rc = cma_copy(c->peer->pid, iov, iovcnt, &remote, 1, false);
         if (rc != -ENOSYS) return rc;
@@ -961,7 +982,7 @@ int Engine::post_ring(Conn *c, const iovec *iov, int iovcnt, std::uint32_t len,
                          {c->peer_ring_addr, len - first, c->peer_ring_key}};
     // On one host: one process_vm_writev, done when it returns, needing
     // nothing of the peer (the provider's write may wait for its progress).
-    if (cma_ok_.load(std::memory_order_relaxed)) {
+    if (cma_with(c)) {
         iovec remote[2] = {{reinterpret_cast<void *>(dst[0].addr), dst[0].len},
                            {reinterpret_cast<void *>(dst[1].addr), dst[1].len}};
         int rc = cma_copy(c->peer->pid, iov, iovcnt, remote, first == len ? 1 : 2, true);
@@ -1010,6 +1031,16 @@ std::uint64_t Engine::peer_read(const Conn *c) const noexcept {
 
 void Engine::peer_died(Conn *c) noexcept {
     if (c->peer_closed.exchange(true)) return;
+    // Bytes we sent through the kernel (before the upgrade) that it never
+    // read: its exit closed its socket with them in the receive queue, and
+    // the kernel reset the connection (our socket has the error pending;
+    // the exit closed the files before its pidfd said so). TCP's answer is
+    // the reset, whatever the fabric part says.
+    pollfd k{c->app_fd(), 0, 0};
+    if (sys.poll(&k, 1, 0) == 1 && (k.revents & POLLERR)) {
+        c->note_reset();
+        return;
+    }
     // Its counters outlive it in its process page: bytes we sent that it
     // never read make the kernel's close a reset.
     const std::uint64_t read = peer_read(c);

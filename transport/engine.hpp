@@ -36,6 +36,10 @@ struct Peer {
     char name[96] = {};
     std::uint64_t idle_since = 0;      // the cache's clock when it went idle
     bool ended = false;                // its process ended while in use: drop when idle
+    // Of another uid (SDIRECT_CROSS_USER): no process_vm_* with it, and
+    // its control socket and page are in `dir`, its uid's registry.
+    bool cross = false;
+    char dir[64] = {};
 };
 
 // An RMA operation in flight; completed by progress(). `ctx` must come
@@ -131,9 +135,13 @@ class Engine {
     void detach(Conn *c) noexcept;
     // fork is about to share the connection (not direct yet): no upgrade,
     // ours or the peer's, from now on. Waits (bounded) for an upgrade
-    // request of ours in flight; one that went direct meanwhile stays so.
+    // request of ours in flight; one still under way after that is marked
+    // held too: it commits nothing, or leaves as soon as it is direct.
     // `why`: what the peer is told (mark_kernel): shared, or exec.
     void hold(Conn *c, Reason why = Reason::shared) noexcept;
+    // After hold(): waits (within the upgrade timeout) for an upgrade under
+    // way to end. True if it ended direct (then the caller makes it leave).
+    bool settle_upgrade(Conn *c) noexcept;
 
     // Leaving the fabric (leave.cpp): the connection goes back
     // to its kernel socket at stream offsets, for every process that holds
@@ -150,6 +158,14 @@ class Engine {
     // `why` (retire.cpp): unpublished, no upgrade either way. One that left
     // for sharing no longer comes back.
     void stay_on_kernel(Conn *c, Reason why) noexcept;
+    // An exec in place of a program that runs the library (leave.cpp): the
+    // connection goes back to its kernel socket for this image (a direct
+    // one leaves for the reason `inherited`, which rearms the peer; one in
+    // kernel mode is unpublished without a mark), and `tx`/`rx` are the
+    // stream offsets where the new image goes on. -EBUSY when it cannot be
+    // handed over (an upgrade under way, bytes still owed, half-closed),
+    // or the leave's error.
+    int hand_over_for_exec(Conn *c, std::uint64_t &tx, std::uint64_t &rx) noexcept;
     // Waits (bounded by the upgrade timeout) while an upgrade of `c` is
     // under way, ours or the peer's, so that it ends direct or on TCP.
     void await_upgrade(const Conn *c) noexcept;
@@ -243,6 +259,9 @@ class Engine {
     // kernel refuses (the caller then uses the provider's RMA).
     int cma_copy(pid_t pid, const iovec *local, int nlocal, const iovec *remote, int nremote,
                  bool write) noexcept;
+    // Copies with this connection's peer may use process_vm_*: one host,
+    // and never across users.
+    bool cma_with(const Conn *c) const noexcept;
     // The provider can read remote memory (read zero-copy is possible).
     bool can_read() const noexcept { return can_read_; }
     // Largest local iovec count of one RMA operation.
@@ -404,7 +423,17 @@ class Engine {
     // peer with one more reference, or nullptr with `*why`; release_peer
     // drops a reference (an idle peer stays cached, up to
     // SDIRECT_PEER_CACHE, the least recently used going first).
-    Peer *attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why) noexcept;
+    // Opens our shm region and process page to `uid` (SDIRECT_CROSS_USER):
+    // called once its process proved to be our connection's peer, or is
+    // the owner of the registry where we found the peer's entry (which
+    // then must prove it too before we commit). 0 or -errno.
+    int open_to_uid(unsigned uid) noexcept;
+    // `pid` is an attached peer (a kick from another uid is taken from
+    // those alone).
+    bool is_peer(pid_t pid) noexcept;
+    // `dir`: the peer's registry when it is of another uid, else nullptr.
+    Peer *attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why,
+                      const char *dir = nullptr) noexcept;
     void release_peer(Peer *p) noexcept;
     // Unmaps and forgets a peer nobody uses.
     void drop_peer(Peer *p) noexcept;

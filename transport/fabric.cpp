@@ -1,6 +1,8 @@
 #include "fabric.hpp"
 
 #include "log.hpp"
+#include "regionlock.hpp"
+#include "settings.hpp"
 #include "sys.hpp"
 
 #include <atomic>
@@ -60,7 +62,6 @@ constexpr EnvPin pins[] = {{"IPATH_NO_BACKTRACE", "1"},
                            {"FI_MR_CACHE_MONITOR", "disabled"}};
 
 void load() noexcept {
-    for (const EnvPin &p : pins) setenv(p.name, p.value, 0);
     Guard guard;
     void *h = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!h) {
@@ -81,6 +82,17 @@ void load() noexcept {
 constexpr int kTouchedSignals[] = {SIGBUS, SIGSEGV, SIGTERM, SIGINT, SIGILL, SIGABRT};
 
 }  // namespace
+
+void fabric_pin_environment() noexcept {
+    for (const EnvPin &p : pins) setenv(p.name, p.value, 0);
+    // Between users no RMA is made (every byte goes inline), but should
+    // one be, the provider's process_vm_* into a root peer is refused and
+    // the transfer never completes (seen, when ring writes went by RMA: a
+    // stream from a nobody process into a root one stopped at its first
+    // 64 KiB piece); without CMA shm copies through its SAR buffers. Set
+    // whatever the application said.
+    if (settings().cross_user) setenv("FI_SHM_DISABLE_CMA", "1", 1);
+}
 
 bool fabric_available() noexcept {
     std::call_once(loaded, load);
@@ -135,6 +147,12 @@ int endpoint_open(Endpoint &e, const char *provider, const char *unique) noexcep
     }
     api.freeinfo(hints);
     park_if_exiting();  // before the provider creates its region and handlers
+    // The steps that make the endpoint run inside the provider gate, as
+    // every later provider call does: an exit that began after the look
+    // above waits for them, or refuses them (and then the process ends
+    // with what was made so far).
+    InProvider in;
+    if (!in.ok()) return -ECANCELED;
     auto fail = [&](const char *what, int err) {
         SD_LOG(error, "fabric %s failed: %s", what, fabric_strerror(err));
         endpoint_close(e);
@@ -142,7 +160,13 @@ int endpoint_open(Endpoint &e, const char *provider, const char *unique) noexcep
             sigaction(kTouchedSignals[i], &saved[i], nullptr);
         return err < 0 ? err : -EIO;
     };
-    if (rc) return fail("getinfo", rc);
+    if (rc) {
+        // The usual cause is a provider name this libfabric does not have.
+        SD_LOG(error, "SDIRECT_PROVIDER=%s: libfabric offers no such endpoint here (%s); "
+                      "sdirect-info lists the providers it has",
+               provider, fabric_strerror(rc));
+        return fail("getinfo", rc);
+    }
     if ((rc = api.fabric(e.info->fabric_attr, &e.fabric, nullptr))) return fail("fabric", rc);
     if ((rc = fi_domain(e.fabric, e.info, &e.domain, nullptr))) return fail("domain", rc);
     fi_av_attr av_attr{};

@@ -30,6 +30,13 @@ struct Endpoint {
     int rma_iov_limit = 1;   // local iovecs per RMA operation
 };
 
+// Sets the variables the provider libraries read as they load (where the
+// application left them unset). Called from the library's constructor,
+// before any thread exists: setenv() rewrites `environ`, which the
+// application's own threads read without the libc's lock (getenv, a
+// spawn's environment), so it must not run on the builder thread.
+void fabric_pin_environment() noexcept;
+
 // dlopen + dlsym once; false if libfabric is not installed.
 bool fabric_available() noexcept;
 

@@ -141,7 +141,10 @@ void Engine::on_leave(Conn *c, const MsgHeader &h) noexcept {
     // Left for sharing (not exec), with both directions open and not
     // crossing a leave of ours: its last holder may come back, so we wait
     // for it in kernel mode.
-    c->rearm = why == std::uint32_t(Reason::shared) && c->fin_off == kNoOffset &&
+    // Left for an exec whose new image runs the library (inherited): that
+    // image may upgrade it again, as the last holder would.
+    c->rearm = (why == std::uint32_t(Reason::shared) || why == std::uint32_t(Reason::inherited)) &&
+               c->fin_off == kNoOffset &&
                !c->tx_fin.load(std::memory_order_relaxed) && !c->broken &&
                c->tx_end.load(std::memory_order_acquire) == kNoOffset;
     // Our own leave is owed (a no-op if we sent ours already): the next
@@ -351,15 +354,18 @@ void Engine::rearm_locked(Conn *c) noexcept {
     // The next peer's counters start from zero.
     c->tx_fabric_base = c->stat->tx_fabric.load(std::memory_order_relaxed);
     c->stat->mode.store(std::uint32_t(Mode::kernel), std::memory_order_relaxed);
-    c->stat->reason.store(std::uint32_t(Reason::shared), std::memory_order_relaxed);  // until upgraded
+    // Until upgraded: why it came back (the peer's exec, or sharing).
+    if (c->stat->reason.load(std::memory_order_relaxed) != std::uint32_t(Reason::inherited))
+        c->stat->reason.store(std::uint32_t(Reason::shared), std::memory_order_relaxed);
     c->stat->peer_pid = 0;
     c->state.store(ConnState::kernel, std::memory_order_release);
     publish(c);
     c->initiate_due.store(true, std::memory_order_release);
     want_flush(c);
     c->wake_locked();
-    SD_LOG_CONN(info, *c->stat, "back in kernel mode: shared, at offsets %llu sent, %llu "
+    SD_LOG_CONN(info, *c->stat, "back in kernel mode: %s, at offsets %llu sent, %llu "
                                 "received; it may be upgraded again",
+                reason_name(Reason(c->stat->reason.load(std::memory_order_relaxed))),
                 (unsigned long long)c->tx_off, (unsigned long long)c->rx_off);
 }
 
@@ -489,10 +495,12 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
     char *give = nullptr;
     std::uint32_t n = 0;
     std::uint64_t from = 0, received = 0;
-    bool gone;
+    bool gone, zc_unread;
+    if (!answered(c)) progress_blocking();  // what a dead peer posted before it died
     {
         std::lock_guard rx(c->rx_lock);
         received = c->rx_off;
+        zc_unread = c->zc.active;
         gone = c->gone() || c->peer_end == kNoOffset;
         n = std::uint32_t(c->ring_bytes());
         from = c->peer_end == kNoOffset ? 0 : c->peer_end - n;
@@ -514,7 +522,24 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
         c->show_flow(true);
         c->wake_locked();
     }
-    if (gone) return c->gone() ? 0 : -EPIPE;
+    if (gone) {
+        if (!c->gone()) {
+            // It died without answering: nothing more comes from it, on the
+            // fabric or the kernel. Bytes of it still in our ring (or its
+            // advertised buffer) can be read by this process only: for
+            // the other holders of the socket they are lost, so the
+            // connection is reset for them; with none, the kernel socket
+            // carries everything that is left (its EOF or reset).
+            const bool lost = n != 0 || zc_unread;
+            SD_LOG(error, "fd %d: peer pid %d died without answering our leave (%s)%s", fd,
+                   c->peer ? int(c->peer->pid) : 0, reason_name(why),
+                   lost ? ", with bytes of it unread here: lost for the other holders" : "");
+            return lost ? -ECONNRESET : 0;
+        }
+        SD_LOG(debug, "fd %d: leave (%s) after the peer's close or a broken stream", fd,
+               reason_name(why));
+        return 0;
+    }
     if (n && !give) {
         SD_LOG(error, "fd %d: no memory to return %u unread bytes", fd, n);
         c->broken = true;
@@ -542,7 +567,16 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
            (unsigned long long)c->tx_end.load(std::memory_order_relaxed), (unsigned long long)from, n, int(c->peer->pid));
     // Our staged bytes go into the kernel now, before another holder's.
     tx.lock();
-    if (leave_flush_locked(c, true, deadline) != 0) return 0;
+    // A signal does not end it: the holders need these bytes on the kernel
+    // before anything of theirs, and their counts after them.
+    int frc;
+    do frc = leave_flush_locked(c, true, deadline);
+    while (frc == -EINTR && monotonic_ns() < deadline);
+    if (frc != 0) {
+        SD_LOG(error, "fd %d: writing what we owe the kernel after our leave failed: %s; the "
+                      "holders' counts are not given", fd, std::strerror(frc < 0 ? -frc : EIO));
+        return 0;
+    }
     // Shared through fork: the holders count from our offsets on, and the
     // last of them may upgrade again (the peer waits for it, rearmed).
     if (auto *k = c->holder_counts.load(std::memory_order_acquire); k && why == Reason::shared) {
@@ -550,6 +584,46 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
         k[1].fetch_add(received, std::memory_order_acq_rel);
         k[2].store(1, std::memory_order_release);
     }
+    return 0;
+}
+
+int Engine::hand_over_for_exec(Conn *c, std::uint64_t &tx, std::uint64_t &rx) noexcept {
+    ConnState st = c->state.load(std::memory_order_acquire);
+    if (st == ConnState::direct || st == ConnState::leaving)
+        if (int rc = leave(c, Reason::inherited); rc < 0) return rc;
+    // An upgrade request of ours in flight ends first (bounded).
+    for (int ms = 0; ms < 200; ++ms) {
+        st = c->state.load(std::memory_order_acquire);
+        if (st != ConnState::initiating && st != ConnState::committing) break;
+        nap_us(1000);
+    }
+    std::lock_guard lock(conn_lock_);
+    std::lock_guard tx_guard(c->tx_lock);
+    std::lock_guard rx_guard(c->rx_lock);
+    st = c->state.load(std::memory_order_acquire);
+    if (st != ConnState::kernel && st != ConnState::final) return -EBUSY;
+    // Everything of the fabric is over and the kernel socket holds the
+    // stream from our offsets on: nothing owed, nothing unread of the
+    // peer's fabric stream, no end of stream either way.
+    if (c->broken || c->staged || c->tx_owed.load(std::memory_order_acquire) ||
+        c->shut_wr_deferred.load(std::memory_order_acquire) || c->ring_bytes() ||
+        c->fin_off != kNoOffset || c->tx_fin.load(std::memory_order_relaxed) ||
+        c->peer_reset.load(std::memory_order_acquire) ||
+        c->holder_counts.load(std::memory_order_acquire))
+        return -EBUSY;
+    if (st == ConnState::kernel) {
+        // Waiting for the peer: unpublished without a mark (a mark would
+        // tell the peer to give the upgrade up; the new image publishes).
+        c->held_why.store(std::uint32_t(Reason::inherited), std::memory_order_relaxed);
+        c->held.store(true, std::memory_order_release);
+        c->verdict_due.store(false, std::memory_order_relaxed);
+        c->state.store(ConnState::final, std::memory_order_release);
+        unpublish(c);
+    }
+    c->stat->reason.store(std::uint32_t(Reason::inherited), std::memory_order_relaxed);
+    c->stat->mode.store(std::uint32_t(Mode::kernel), std::memory_order_relaxed);
+    tx = c->tx_off;
+    rx = c->rx_off;
     return 0;
 }
 

@@ -27,7 +27,8 @@
 
 namespace sd::transport {
 
-Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why) noexcept {
+Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why,
+                          const char *dir) noexcept {
     // The doorbell is ours from here on every path: kept, or closed (each
     // refused request would otherwise leave one open fd behind).
     auto refuse = [&](Reason r) -> Peer * {
@@ -81,7 +82,8 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
     p->pid = pid;
     {
         Guard guard;
-        int rc = fi_av_insert(ep_.av, addr, 1, &p->addr, 0, nullptr);
+        InProvider in;  // refused: the process is exiting
+        int rc = in.ok() ? fi_av_insert(ep_.av, addr, 1, &p->addr, 0, nullptr) : 0;
         if (rc != 1) {
             SD_LOG(info, "address vector insert for pid %d failed (%d)", int(pid), rc);
             *p = Peer{};
@@ -94,25 +96,31 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
         if (doorbell >= 0) sys.close(doorbell);
     } else {
         char path[300];
-        std::snprintf(path, sizeof path, "%s/p%d", settings().registry, int(pid));
+        std::snprintf(path, sizeof path, "%s/p%d", dir ? dir : settings().registry, int(pid));
         // Writable for the claim words of its advertised recv buffers
-        // (write zero-copy); everything else in it we only read.
-        int fd = open(path, O_RDWR | O_CLOEXEC);
+        // (write zero-copy); everything else in it we only read. A peer
+        // of another uid opens it to us read only, and its sinks never go
+        // by the claim word.
+        const bool ro = dir != nullptr;
+        int fd = open(path, (ro ? O_RDONLY : O_RDWR) | O_CLOEXEC);
         void *map = fd < 0 ? MAP_FAILED
-                           : mmap(nullptr, sizeof(ProcPage), PROT_READ | PROT_WRITE, MAP_SHARED,
-                                  fd, 0);
+                           : mmap(nullptr, sizeof(ProcPage),
+                                  ro ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (fd >= 0) sys.close(fd);
         if (map == MAP_FAILED || static_cast<ProcPage *>(map)->header.pid != pid) {
             if (map != MAP_FAILED) munmap(map, sizeof(ProcPage));
             {
                 Guard guard;
-                fi_av_remove(ep_.av, &p->addr, 1, 0);
+                InProvider in;
+                if (in.ok()) fi_av_remove(ep_.av, &p->addr, 1, 0);
             }
             *p = Peer{};
             return refuse(Reason::peer_refused);
         }
         p->page = static_cast<ProcPage *>(map);
         p->doorbell = doorbell;
+        p->cross = dir != nullptr;
+        if (dir) std::snprintf(p->dir, sizeof p->dir, "%s", dir);
         p->pidfd = int(syscall(SYS_pidfd_open, pid, 0));
     }
     std::snprintf(p->name, sizeof p->name, "%s", addr);
@@ -125,6 +133,13 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
         (void)sys.write(watch_fd_, &one, sizeof one);
     }
     return p;
+}
+
+bool Engine::is_peer(pid_t pid) noexcept {
+    std::lock_guard lock(conn_lock_);
+    for (std::uint32_t i = 0; i < npeers_; ++i)
+        if (peers_[i].page && peers_[i].pid == pid && peers_[i].addr != FI_ADDR_UNSPEC) return true;
+    return false;
 }
 
 void Engine::release_peer(Peer *p) noexcept {
@@ -142,8 +157,14 @@ void Engine::release_peer(Peer *p) noexcept {
 void Engine::drop_peer(Peer *p) noexcept {
     if (p->idle_since) --idle_peers_;
     if (p->addr != FI_ADDR_UNSPEC) {  // else forget_peers() removed it
+        // Through the gate: a peer that ends while this process exits is
+        // dropped by the control thread, and the provider's removal reads
+        // the endpoint names libfabric's destructor frees (TSan: a
+        // heap-use-after-free in the shm provider's map removal, the
+        // main thread in exit()). Refused, the entry goes with the process.
         Guard guard;
-        fi_av_remove(ep_.av, &p->addr, 1, 0);
+        InProvider in;
+        if (in.ok()) fi_av_remove(ep_.av, &p->addr, 1, 0);
     }
     if (p->pid != pid_) {
         munmap(const_cast<ProcPage *>(p->page), sizeof(ProcPage));

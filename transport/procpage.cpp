@@ -29,7 +29,7 @@ const char *reason_name(Reason r) noexcept {
         "timeout",     "same_process", "inherited",    "fabric_error", "shared",
         "exec",        "stdio",        "passed",      "privilege",   "oob",
         "other_registry", "peer_kernel", "fd_limit", "other_host",
-        "ended_early", "disconnect"};
+        "ended_early", "disconnect", "rule"};
     static_assert(sizeof(names) / sizeof(names[0]) == std::size_t(Reason::count_));
     auto i = std::size_t(r);
     return i < std::size_t(Reason::count_) ? names[i] : "?";

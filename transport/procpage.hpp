@@ -48,6 +48,7 @@ enum class Reason : std::uint32_t {
     other_host,        // no entry, and the peer's address is not one of this host's
     ended_early,       // closed (or exited) while its peer, which runs the library, was about to upgrade
     disconnect,        // connect(AF_UNSPEC): the kernel disconnects it (a reset), for good
+    rule,              // a rule of SDIRECT_RULES keeps it on TCP (or the rules file is unusable)
     count_
 };
 

@@ -20,6 +20,13 @@ namespace sd::transport {
 namespace {
 
 ProviderGate gate;
+// Entries of this thread not yet left: a call made inside a provider
+// section (a delivery's answer posts; a completion reposts a buffer)
+// passes even when the gate closed meanwhile. Refused, it would wait out
+// the closer's bound while the outer section still counts as inside,
+// and the outer section would go on into the provider after the exit's
+// wait gave up on it.
+thread_local int depth = 0;
 
 // The head of a libfabric 1.17 shm region (include/ofi_shm.h there):
 //   0 version (u8, 4)   1 resv   2 flags (u16)   4 pid (int)
@@ -54,12 +61,20 @@ bool layout_known() noexcept {
 ProviderGate &provider_gate() noexcept { return gate; }
 
 bool ProviderGate::enter() noexcept {
+    if (depth > 0) {
+        inside_.fetch_add(1, std::memory_order_relaxed);
+        ++depth;
+        return true;
+    }
     for (int naps = 0;; ++naps) {
         inside_.fetch_add(1, std::memory_order_seq_cst);
         // Pairs with close(): either it sees us inside and waits, or we see
         // it closed and stay out.
-        if (!closed_.load(std::memory_order_seq_cst)) return true;
-        if (closer_.load(std::memory_order_relaxed) == thread_id()) return true;
+        if (!closed_.load(std::memory_order_seq_cst) ||
+            closer_.load(std::memory_order_relaxed) == thread_id()) {
+            ++depth;
+            return true;
+        }
         inside_.fetch_sub(1, std::memory_order_release);
         // The process is about to end (or exec): wait for that rather than
         // fail the application's call (a send failing with EPIPE raises
@@ -70,6 +85,11 @@ bool ProviderGate::enter() noexcept {
         timespec nap{0, 1000000};
         nanosleep(&nap, nullptr);
     }
+}
+
+void ProviderGate::leave() noexcept {
+    --depth;
+    inside_.fetch_sub(1, std::memory_order_release);
 }
 
 void ProviderGate::open() noexcept {
@@ -90,6 +110,7 @@ void ProviderGate::close(int ms) noexcept {
 }
 
 void ProviderGate::reset() noexcept {
+    depth = 0;
     inside_.store(0, std::memory_order_relaxed);
     closed_.store(false, std::memory_order_relaxed);
     closer_.store(0, std::memory_order_relaxed);

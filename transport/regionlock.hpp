@@ -10,6 +10,11 @@
 //
 // Two defences. ProviderGate: at exit no thread is left inside a provider
 // call (the exit waits, bounded, for those inside, and refuses new ones).
+// Every call into libfabric once the endpoint is being made goes through
+// it, not only those that take region locks: libfabric's destructor runs
+// after the exit hook and frees the provider's state (the shm provider's
+// list of endpoint names, which an address vector removal reads), so a
+// thread still calling in then reads freed memory.
 // RegionLock: before a call that takes a region's lock we look at that
 // lock ourselves (a read-only map of the region's first page) and wait for
 // it with a bound; a lock held longer than that means a holder that is
@@ -28,7 +33,8 @@ public:
     // after a second's wait for the end: the caller must not enter the
     // provider.
     bool enter() noexcept;
-    void leave() noexcept { inside_.fetch_sub(1, std::memory_order_release); }
+    // Nested entries of one thread always pass (regionlock.cpp).
+    void leave() noexcept;
     // At exit: refuses new entries from other threads and waits up to
     // `ms` for the threads inside to leave. A thread still inside after
     // that is spinning on a lock it does not hold (every hold is short).

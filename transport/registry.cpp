@@ -34,7 +34,9 @@ Fit fit_of(const char *dir, unsigned *owner = nullptr) noexcept {
     struct stat st;
     if (lstat(dir, &st) != 0) return errno == ENOENT ? Fit::absent : Fit::foreign;
     if (owner) *owner = unsigned(st.st_uid);
-    if (S_ISDIR(st.st_mode) && st.st_uid == getuid() && (st.st_mode & 077) == 0) return Fit::ours;
+    // Searchable by others (0711, SDIRECT_CROSS_USER) is still ours alone:
+    // they may open a name they know, never list, create or remove one.
+    if (S_ISDIR(st.st_mode) && st.st_uid == getuid() && (st.st_mode & 066) == 0) return Fit::ours;
     return Fit::foreign;
 }
 

@@ -61,8 +61,9 @@ inline constexpr int kRegistryTries = 64;
 
 // Picks the registry directory for `base` (the setting, UID already
 // replaced): the first of base, base-1, base-2 ... that either does not
-// exist or is a real directory (not a symlink) owned by our uid with no
-// group or other permissions. Every process of one uid looks at the same
+// exist or is a real directory (not a symlink) owned by our uid that
+// no group or other may read or write (search, 0711, is allowed: see
+// crossuser.hpp). Every process of one uid looks at the same
 // names in the same order, so both ends of a connection agree; a name
 // another user created first (squatting) is passed over. No name fits:
 // `base` itself, which claim_registry() then refuses. Creates nothing.

@@ -26,7 +26,7 @@ bool set_retired() noexcept {
 }
 
 void Engine::stay_on_kernel(Conn *c, Reason why) noexcept {
-    hold(c);  // waits for an upgrade request of ours in flight
+    hold(c, why);  // waits for an upgrade request of ours in flight
     std::lock_guard lock(conn_lock_);
     const ConnState st = c->state.load(std::memory_order_acquire);
     if (st == ConnState::kernel) {
@@ -67,7 +67,8 @@ void Engine::forget_peers() noexcept {
         }
         {
             Guard guard;
-            fi_av_remove(ep_.av, &p.addr, 1, 0);  // the provider unmaps the peer's region
+            InProvider in;
+            if (in.ok()) fi_av_remove(ep_.av, &p.addr, 1, 0);  // the provider unmaps the peer's region
         }
         p.region.forget();  // our own read-only view of its lock word too
         // The page's place stays mapped (a thread may still look at it) but

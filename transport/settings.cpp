@@ -82,6 +82,14 @@ constexpr Setting table[] = {
      "process ended goes at once. 0: none. At most 64."},
     {"SDIRECT_SAME_PROCESS", SettingKind::boolean, "1",
      "Accelerate connections whose two ends live in the same process."},
+    {"SDIRECT_CROSS_USER", SettingKind::boolean, "0",
+     "Let a connection between processes of two different uids go direct "
+     "(both ends must set it, and use the default registry). Each side "
+     "opens its shm region and process page to the other's uid alone "
+     "(a POSIX ACL entry), and copies across the pair never use "
+     "process_vm_*. Off by default: the peer of the other uid can write "
+     "into the whole shm region of this process, which libfabric trusts "
+     "(see docs/ARCHITECTURE.md, \"Between users\")."},
     {"SDIRECT_UPGRADE_TIMEOUT_MS", SettingKind::integer, "1000",
      "Longest wait for a peer's answer to an upgrade request, and for the "
      "peer's commit after this side accepted one; on expiry both ends of the "
@@ -110,6 +118,14 @@ constexpr Setting table[] = {
      "listen() start the engine build, connect() and accept() wait for it "
      "up to SDIRECT_ENGINE_WAIT_MS, and the connection is direct from its "
      "first byte)."},
+    {"SDIRECT_EXEC_STDIO", SettingKind::boolean, "0",
+     "A program started by exec in place of one that runs the library, and "
+     "running it too, re-adopts the connections it inherits and upgrades "
+     "them again; with 0 not those on fd 0, 1 or 2, which stay on TCP: "
+     "glibc's stdin, stdout and stderr read and write through calls no "
+     "interposer sees, and their bytes would bypass a direct connection. "
+     "1: those too, for programs that never use stdio on them (sshd, "
+     "python). Read from the environment the exec passes."},
     {"SDIRECT_STATS_FILE", SettingKind::text, "",
      "If set, every connection's counters are appended to this file when the "
      "process exits (one line per connection, sdirect-stat format), also "
@@ -119,6 +135,14 @@ constexpr Setting table[] = {
     {"SDIRECT_LOG_FILE", SettingKind::text, "",
      "If set, log lines (SDIRECT_LOG) are appended to this file instead of "
      "stderr, which a daemon may have closed or sent to /dev/null."},
+    {"SDIRECT_RULES", SettingKind::text, "",
+     "If set, the file of rules that decide which connections may go "
+     "direct: one per line, `direct` or `kernel`, then any of program=NAME "
+     "user=UID|NAME role=client|server local=ADDR:PORT remote=ADDR:PORT "
+     "(ADDR: *, a.b.c.d or [v6], with /PREFIX; PORT: *, N or LOW-HIGH); "
+     "the first match decides, and no match means direct. A file that "
+     "cannot be read or parsed keeps every connection on TCP, with one "
+     "error line. sdirect-info shows the rules in force."},
 };
 static_assert(sizeof(table) / sizeof(table[0]) == std::size_t(Key::count_));
 
@@ -219,13 +243,19 @@ void load_settings() noexcept {
     values.peer_cache = integer(Key::peer_cache);
     if (values.peer_cache > 64) values.peer_cache = 64;
     values.same_process = boolean(Key::same_process);
+    // Only between default registries: the other uid's is found by its
+    // name (/dev/shm/sdirect-UID).
+    values.cross_user =
+        boolean(Key::cross_user) && !std::strcmp(reg, table[std::size_t(Key::registry)].fallback);
     values.upgrade_timeout_ms = integer(Key::upgrade_timeout_ms);
     values.leave_timeout_ms = integer(Key::leave_timeout_ms);
     values.leave_pause_us = integer(Key::leave_pause_us);
     values.engine_wait_ms = integer(Key::engine_wait_ms);
     values.upgrade_after_ms = integer(Key::upgrade_after_ms);
+    values.exec_stdio = boolean(Key::exec_stdio);
     values.stats_file = copy(raw(Key::stats_file));
     values.log_file = copy(raw(Key::log_file));
+    values.rules = copy(raw(Key::rules));
     values.protocols = copy(raw(Key::protocols));
     const char *tune = raw(Key::tune_file);
     const char *home = std::getenv("HOME");

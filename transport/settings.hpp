@@ -37,13 +37,16 @@ enum class Key : std::uint8_t {
     max_peers,
     peer_cache,
     same_process,
+    cross_user,
     upgrade_timeout_ms,
     leave_timeout_ms,
     leave_pause_us,
     engine_wait_ms,
     upgrade_after_ms,
+    exec_stdio,
     stats_file,
     log_file,
+    rules,
     count_
 };
 
@@ -65,15 +68,18 @@ struct Settings {
     std::uint32_t max_peers;
     std::uint32_t peer_cache;  // idle peers kept attached (0: none)
     bool same_process;        // accelerate connections within one process
+    bool cross_user;          // connections between processes of different uids may go direct
     std::uint32_t upgrade_timeout_ms;
     std::uint32_t leave_timeout_ms;  // longest wait for a peer to answer our leave
     std::uint32_t leave_pause_us;    // tests: a peer's leave is delivered this much slower
     std::uint32_t engine_wait_ms;  // connect/accept wait this long for the engine
     std::uint32_t upgrade_after_ms;  // a connection asks to go direct at this age (0: at once)
+    bool exec_stdio;  // an exec'd program re-adopts inherited sockets on fds 0-2 too
     const char *stats_file;   // counters appended here at exit ("" = off)
     const char *log_file;     // log lines appended here instead of stderr ("" = stderr)
     const char *protocols;    // thresholds, auto, buffered, ring, zcopy (protocol.hpp)
     const char *tune_file;    // sdirect-tune's table
+    const char *rules;        // rules file (rules.hpp; "" = none)
 };
 
 // The table, for sdirect-info and the parser.

@@ -79,7 +79,7 @@ std::uint64_t sink_write_flags(const fi_info *info) noexcept {
 bool Engine::sink_ok() const noexcept { return settings().sink_min != 0; }
 
 bool Engine::sink_by_cma(const Conn *c) const noexcept {
-    return cma_ok_.load(std::memory_order_relaxed) && c->peer && c->peer->page;
+    return cma_with(c) && c->peer && c->peer->page;
 }
 
 std::uint32_t Engine::reserve_sink(std::uint32_t want) noexcept {
@@ -97,6 +97,10 @@ std::uint32_t Engine::reserve_sink(std::uint32_t want) noexcept {
 }
 
 int Engine::advertise_sink(Conn *c, void *buf, std::uint32_t len) noexcept {
+    // Not across users: the provider's write would copy through its SAR
+    // buffers, which gains nothing, and bulk RMA both ways through them
+    // hung (see use_zcopy's caller in Stream::send).
+    if (c->peer && c->peer->cross) return -EAGAIN;
     const bool cma = sink_by_cma(c);
     fid_mr *mr = nullptr;
     std::uint32_t held = 0;
@@ -111,8 +115,11 @@ int Engine::advertise_sink(Conn *c, void *buf, std::uint32_t len) noexcept {
         }
         len = held;
         Guard guard;
-        int rc = fi_mr_reg(ep_.domain, buf, len, FI_REMOTE_WRITE, 0,
-                           zc_keys_.fetch_add(1, std::memory_order_relaxed), 0, &mr, nullptr);
+        InProvider in;
+        int rc = !in.ok() ? -FI_ECANCELED
+                          : fi_mr_reg(ep_.domain, buf, len, FI_REMOTE_WRITE, 0,
+                                      zc_keys_.fetch_add(1, std::memory_order_relaxed), 0, &mr,
+                                      nullptr);
         if (rc) {
             sink_bytes_.fetch_sub(held, std::memory_order_relaxed);
             SD_LOG(debug, "conn %u: registering a recv buffer failed: %s", c->id,
@@ -144,7 +151,8 @@ int Engine::advertise_sink(Conn *c, void *buf, std::uint32_t len) noexcept {
         }
         if (!ok && mr) {
             Guard guard;
-            fi_close(&mr->fid);  // never advertised
+            InProvider in;
+            if (in.ok()) fi_close(&mr->fid);  // never advertised
             sink_bytes_.fetch_sub(held, std::memory_order_relaxed);
         }
         if (!ok) return -EAGAIN;
@@ -240,7 +248,8 @@ std::uint32_t Engine::finish_sink(Conn *c) noexcept {
         // waits out a progress pass that may be placing one right now.
         std::lock_guard fence(progress_lock_);
         Guard guard;
-        fi_close(&mr->fid);
+        InProvider in;
+        if (in.ok()) fi_close(&mr->fid);
     }
     sink_bytes_.fetch_sub(held, std::memory_order_relaxed);
     if (unwritten) c->stat->sink_cancels.fetch_add(1, std::memory_order_relaxed);
@@ -272,6 +281,9 @@ long Engine::take_sink(Conn *c, const iovec *iov, int iovcnt, std::size_t len) n
             c->psink_busy = ps.seq;  // a sink_cancel now is answered by our sink_done
         }
     }
+    // Across users the peer's page is mapped read only and no claim word
+    // is ever offered: such an advertisement is left untaken.
+    if (ps.key == kSrcNoKey && c->peer && c->peer->cross) return 0;
     return ps.key == kSrcNoKey ? take_sink_cma(c, ps, iov, iovcnt, len)
                                : take_sink_rma(c, ps, iov, iovcnt, len);
 }

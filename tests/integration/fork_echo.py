@@ -28,7 +28,10 @@ handoff, exec, spawn, posix_spawn, system: the accepting process echoes the firs
   posix_spawn: to cat without the library, started by os.posix_spawn with
     dup2 file actions (the socket itself keeps FD_CLOEXEC);
   system: to cat without the library, started by os.system (the server
-    waits for it there).
+    waits for it there);
+  exec_self: to a forked child that puts the socket on its stdin and
+    stdout and execs this program as stdio_echo, with the environment as
+    it is (the library too, when preloaded), which echoes the rest.
 Any wait longer than --idle seconds is a failure (exit 1).
 """
 import argparse
@@ -204,6 +207,18 @@ def handoff(args):
                 finally:
                     os._exit(127)
             children.append(pid)
+        elif args.role == "exec_self":
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    os.dup2(conn.fileno(), 0)
+                    os.dup2(conn.fileno(), 1)
+                    os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), "stdio_echo",
+                                               "--port", str(args.port), "--idle", str(args.idle)],
+                              os.environ)
+                finally:
+                    os._exit(127)
+            children.append(pid)
         elif args.role == "spawn":
             import subprocess
             proc = subprocess.Popen(["cat"], stdin=conn.fileno(), stdout=conn.fileno(), env=clean_env())
@@ -239,6 +254,21 @@ def handoff(args):
     if failed:
         sys.exit(f"{args.role}: {len(failed)} of {len(children)} servers failed: " + ", ".join(failed))
     print(f"{args.role}: {args.clients} connections, each handed over after {args.handoff_after} messages")
+
+
+def stdio_echo(args):
+    """The handler exec_self starts: echoes its stdin socket (stdout is
+    the same socket) until EOF, then exits 0 through exit(), so a
+    preloaded library writes its counters."""
+    sock = socket.socket(fileno=0)
+    sock.settimeout(args.idle)
+    while True:
+        data = sock.recv(65536)
+        if not data:
+            break
+        sock.sendall(data)
+    sock.close()
+    os.close(1)
 
 
 def recv_exactly(sock, n, what):
@@ -331,7 +361,7 @@ def client(args):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("role", choices=["server", "keeper", "client", "handoff", "exec", "spawn",
-                                    "posix_spawn", "system"])
+                                    "posix_spawn", "system", "exec_self", "stdio_echo"])
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--clients", type=int, default=1, help="server: connections to serve")
     p.add_argument("--conns", type=int, default=6, help="client: connections, one after another")
@@ -349,8 +379,9 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--idle", type=float, default=15.0)
     args = p.parse_args()
-    roles = {"server": serve, "keeper": keeper, "client": client}
-    roles.update(dict.fromkeys(["handoff", "exec", "spawn", "posix_spawn", "system"], handoff))
+    roles = {"server": serve, "keeper": keeper, "client": client, "stdio_echo": stdio_echo}
+    roles.update(dict.fromkeys(["handoff", "exec", "spawn", "posix_spawn", "system", "exec_self"],
+                               handoff))
     roles[args.role](args)
 
 

@@ -4,7 +4,8 @@
 # becomes the sshd user and enters a seccomp sandbox), on a private port
 # with its own configuration, host key and authorized key, in two forms:
 #   reexec  the default: the listener's child re-executes sshd for each
-#           connection (the socket reaches the new program on fd 0/1);
+#           connection (the socket reaches the new program on fd 0/1,
+#           handed over: the new sshd upgrades it);
 #   no-reexec  sshd -r: the listener's child goes on with the connection
 #           itself, and forks the sandboxed pre-auth child from there.
 # Against each, Debian's ssh and scp (every end preloaded):
@@ -98,7 +99,9 @@ variant() {
         return 1
     fi
     local start=$EPOCHREALTIME
-    it_start "sshd-$name" 60 /usr/sbin/sshd -D -e "$@" -f "$it_tmp/sshd-$name.conf"
+    # sshd reads and writes the connection with read/write, never through
+    # stdio: its re-exec'd image may adopt the socket on fd 0/1.
+    SDIRECT_EXEC_STDIO=1 it_start "sshd-$name" 60 /usr/sbin/sshd -D -e "$@" -f "$it_tmp/sshd-$name.conf"
     srv=$it_pid
     if ! it_wait_listen "$port" "$srv"; then
         it_bad "$name: sshd did not listen on 127.0.0.1:$port: $(tail -n 1 "$it_tmp/sshd-$name.log")"
@@ -156,27 +159,16 @@ variant() {
 
 roles() { echo "$1-cat $1-upload $1-scp-up $1-scp-down"; }
 
-# Re-exec: the listener's child executes sshd again with the socket never
-# used (never attached: it goes to the new program as a plain TCP socket,
-# which that program's library does not track). The child's library marks
-# the server's end as handed over exec before it goes, so each client stays
-# on TCP from the start and says why: kernel, reason peer_kernel (its
-# peer_reason exec), no upgrade.
-if variant reexec; then
-    for role in $(roles reexec); do
-        it_expect_mode "$variant_port" "$role" kernel peer_kernel peer_pid=0 upgrades=0 leaves=0 \
-            tx_fabric+rx_fabric=0
-    done
-fi
-
-# -r: the listener's child, alone with the socket once the listener closed
-# its copy, upgrades it at the identification exchange (the client sends
-# its banner, and sometimes its key exchange offer, on the fabric). Then it
-# forks the pre-auth child, whose chroot retires it from the fabric: the
-# connection leaves for good, by the hand of the process that owns it (the
-# listener's child, the client's peer_pid), with the reason privilege,
-# which the client takes over. So direct once, then kernel, reason
-# privilege: one upgrade, one leave, some fabric bytes.
+# went_direct NAME: the modes after the privilege drop. The connection
+# process (the listener's child, or with re-exec the new sshd it executed,
+# which adopts the socket it inherited and upgrades it as a fresh one)
+# upgrades the connection at the identification exchange (the client
+# sends its banner, and sometimes its key exchange offer, on the fabric).
+# Then it forks the pre-auth child, whose chroot retires it from the
+# fabric: the connection leaves for good, by the hand of the process that
+# owns it (the client's peer_pid), with the reason privilege, which the
+# client takes over. So direct once, then kernel, reason privilege: one
+# upgrade, one leave, some fabric bytes.
 # The upgrade must happen before the pre-auth fork. When it does not, the
 # connection never goes direct and the client never finds a peer: kernel,
 # no_peer, no upgrade. One way: the listener closes its copy late, so the
@@ -184,32 +176,47 @@ fi
 # close by 1.5 s with strace's fault injection gives exactly this; 0.3 s
 # does not). Seen once in about 70 runs of this script, cause not caught.
 # Either is correct; at least one of the four must have gone direct.
-if variant no-reexec -r; then
+went_direct() {
+    local name="$1" role first direct=0
     if ((it_kernel)); then
-        it_log "mode check skipped (no-reexec; SDIRECT_IT_KERNEL=1)"
-    else
-        went_direct=0
-        for role in $(roles no-reexec); do
-            if it_mode_check "$variant_port" "$role" kernel privilege peer_pid'>0' upgrades=1 \
-                leaves=1 tx_fabric+rx_fabric'>0'; then
-                it_ok "$it_mode_text"
-                went_direct=$((went_direct + 1))
-            else
-                first="$it_mode_text"
-                if it_mode_check "$variant_port" "$role" kernel no_peer peer_pid=0 upgrades=0 \
-                    leaves=0 tx_fabric+rx_fabric=0; then
-                    it_ok "$it_mode_text (never direct: not upgraded before the pre-auth fork)"
-                else
-                    it_bad "$first"
-                fi
-            fi
-        done
-        if ((went_direct > 0)); then
-            it_ok "no-reexec: $went_direct of 4 connections went direct, then left for privilege"
-        else
-            it_bad "no-reexec: none of the 4 connections went direct before the privilege drop"
-        fi
+        it_log "mode check skipped ($name; SDIRECT_IT_KERNEL=1)"
+        return
     fi
+    for role in $(roles "$name"); do
+        if it_mode_check "$variant_port" "$role" kernel privilege peer_pid'>0' upgrades=1 \
+            leaves=1 tx_fabric+rx_fabric'>0'; then
+            it_ok "$it_mode_text"
+            direct=$((direct + 1))
+        else
+            first="$it_mode_text"
+            if it_mode_check "$variant_port" "$role" kernel no_peer peer_pid=0 upgrades=0 \
+                leaves=0 tx_fabric+rx_fabric=0; then
+                it_ok "$it_mode_text (never direct: not upgraded before the pre-auth fork)"
+            else
+                it_bad "$first"
+            fi
+        fi
+    done
+    if ((direct > 0)); then
+        it_ok "$name: $direct of 4 connections went direct, then left for privilege"
+    else
+        it_bad "$name: none of the 4 connections went direct before the privilege drop"
+    fi
+}
+
+# Re-exec: the listener's child executes sshd again with the socket on
+# fd 0/1, never used before. The child's library hands it over (the
+# environment preloads the library and SDIRECT_EXEC_STDIO=1 allows fds
+# 0-2): the new sshd tracks the inherited socket in the holders' slot and
+# goes direct like -r's child once the listener has closed its copy.
+if variant reexec; then
+    went_direct reexec
+fi
+
+# -r: the listener's child goes on with the connection itself, alone with
+# the socket once the listener closed its copy.
+if variant no-reexec -r; then
+    went_direct no-reexec
 fi
 
 it_finish

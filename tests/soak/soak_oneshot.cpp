@@ -54,13 +54,17 @@ bool send_stream(int fd, std::uint64_t seed, std::uint64_t len) {
     return true;
 }
 
-// 0: all checked; 1: a wrong byte (at *bad); 2: the stream ended early.
+// 0: all checked; 1: a wrong byte (at *bad); 2: the stream ended early
+// (EOF, or an error); 3: no byte within the receive timeout (EAGAIN). errno
+// means something only after a call that failed: a recv that returned 0
+// may leave any value there.
 int check_stream(int fd, std::uint64_t seed, std::uint64_t len, std::uint64_t *bad) {
     std::vector<unsigned char> buf(256 << 10);
     std::uint64_t off = 0;
     while (off < len) {
         const ssize_t r = ::recv(fd, buf.data(), std::size_t(std::min<std::uint64_t>(buf.size(), len - off)), 0);
         if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 3;
         if (r <= 0) return 2;
         const std::size_t ok = stream_check(seed, off, buf.data(), std::size_t(r));
         if (ok != std::size_t(r)) {
@@ -98,14 +102,12 @@ void *serve(void *arg) {
             std::snprintf(c.shared->os_error, sizeof c.shared->os_error,
                           "server: wrong byte at offset %llu of %llu", (unsigned long long)bad,
                           (unsigned long long)header[1]);
+        } else if (rc == 3) {
+            c.shared->os_wrong++;
+            std::snprintf(c.shared->os_error, sizeof c.shared->os_error,
+                          "server: no byte for 20 s from a client");
         } else if (rc == 2) {
-            if (errno == EAGAIN) {
-                c.shared->os_wrong++;
-                std::snprintf(c.shared->os_error, sizeof c.shared->os_error,
-                              "server: no byte for 20 s from a client");
-            } else {
-                c.shared->os_aborted++;
-            }
+            c.shared->os_aborted++;
         } else {
             c.shared->os_bytes += header[1];
             if (send_stream(c.fd, header[0] ^ kReplyKey, header[1])) c.shared->os_ok++;
@@ -164,8 +166,8 @@ int oneshot_client(unsigned short port, std::uint64_t seed, std::uint64_t len) {
                      (unsigned long long)len);
         return 1;
     }
-    if (rc == 2) {
-        std::fprintf(stderr, "client: answer ended early: %s\n", std::strerror(errno));
+    if (rc >= 2) {
+        std::fprintf(stderr, "client: answer ended early%s\n", rc == 3 ? ": no byte in time" : "");
         return 2;
     }
     char extra;

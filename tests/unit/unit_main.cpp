@@ -69,6 +69,21 @@ TEST_CASE("settings parse numbers, booleans and log level names") {
     CHECK(std::string(settings().registry) == "/tmp/some-registry");
 }
 
+TEST_CASE("cross-user connections are off by default, and only on with the default registry") {
+    load_settings();
+    CHECK_FALSE(settings().cross_user);
+    {
+        EnvGuard x("SDIRECT_CROSS_USER", "1");
+        load_settings();
+        CHECK(settings().cross_user);
+        // The other uid's registry is found by its default name only.
+        EnvGuard r("SDIRECT_REGISTRY", "/tmp/some-registry");
+        load_settings();
+        CHECK_FALSE(settings().cross_user);
+    }
+    load_settings();
+}
+
 TEST_CASE("the default registry is per user") {
     load_settings();
     CHECK(std::string(settings().registry) == "/dev/shm/sdirect-" + std::to_string(getuid()));

@@ -157,6 +157,44 @@ TEST_CASE("at exit the gate waits for threads inside the provider and refuses ne
     gate.leave();
 }
 
+TEST_CASE("a thread inside the provider passes the gate again after it closed, and the close "
+          "waits for its outer section", "[regionlock]") {
+    ProviderGate &gate = provider_gate();
+    std::atomic<bool> in{false}, go{false};
+    std::atomic<double> nested_took{-1}, close_took{-1};
+    std::atomic<bool> nested_ok{false};
+    std::thread inside([&] {
+        REQUIRE(gate.enter());
+        in = true;
+        while (!go.load()) std::this_thread::yield();
+        // The gate is closed by now: a nested call (a delivery's answer
+        // inside progress) enters at once instead of waiting for the end.
+        const auto t = std::chrono::steady_clock::now();
+        nested_ok = gate.enter();
+        nested_took = seconds_since(t);
+        if (nested_ok) gate.leave();
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        gate.leave();
+    });
+    while (!in.load()) std::this_thread::yield();
+    std::thread closer([&] {
+        const auto t = std::chrono::steady_clock::now();
+        gate.close(2000);
+        close_took = seconds_since(t);
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the closer marks it closed
+    go = true;
+    closer.join();
+    inside.join();
+    CHECK(nested_ok.load());
+    CHECK(nested_took.load() < 0.5);
+    CHECK(close_took.load() >= 0.04);  // waited for the outer section's end
+    CHECK(close_took.load() < 1.5);
+    gate.reset();
+    CHECK(gate.enter());
+    gate.leave();
+}
+
 TEST_CASE("a locked region whose owner has died is given up on without waiting out the bound",
           "[regionlock]") {
     if (!layout_here()) {

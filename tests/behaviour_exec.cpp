@@ -1,0 +1,76 @@
+// exec in place of a server process: the accepted connection, direct
+// after the settle, goes to a new image of the server's program started
+// by execve (as sshd's re-exec or an inetd-style handler), which answers
+// the client's ping-pong. Every byte is checked by the peers. With the
+// library in the new image's environment, both ends must be direct again
+// after the exec (the handed-over connection re-adopted and upgraded);
+// without it, the new program has a plain TCP socket and the client's end
+// went back to the kernel for good (reason exec).
+#include <catch2/catch.hpp>
+
+#include "harness.hpp"
+
+using namespace sdt;
+
+namespace {
+
+PairSpec exec_spec(const char *how) {
+    PairSpec spec;
+    spec.args = {"--scenario", "pingpong", "--rounds", "20000", "--max-msg", "200"};
+    spec.server_args = {"--exec-self", how};
+    spec.check_modes = false;
+    spec.timeout = 90;
+    return spec;
+}
+
+
+}  // namespace
+
+TEST_CASE("a direct connection handed to a program exec'd with the library is re-adopted there "
+          "and upgraded again, byte-exact, both ends direct after the exec",
+          "[exec]") {
+    run_pair(exec_spec("library"), [](Pair &pair, const Placement &pl) {
+        if (pl.expect(true) != Expect::direct) {
+            check_modes(pair.server, pl.expect(true));
+            check_modes(pair.client, pl.expect(false));
+            return;
+        }
+        // The server's statistics are the new image's (the old one never
+        // exits): its only connection is the one it inherited.
+        const StatLine server = only_conn_stat(pair.server);
+        INFO("server: " << server.text);
+        CHECK(server.mode == "direct");
+        CHECK(server.num("upgrades") == 1);
+        CHECK(server.num("tx_fabric") > 0);
+        CHECK(server.num("rx_fabric") > 0);
+        // The client's: direct before the exec, back to the kernel for it
+        // (one leave), direct again with the new image.
+        const StatLine client = only_conn_stat(pair.client);
+        INFO("client: " << client.text);
+        CHECK(client.mode == "direct");
+        CHECK(client.num("upgrades") == 2);
+        CHECK(client.num("leaves") == 1);
+        CHECK(client.num("peer_pid") == std::uint64_t(pair.server.pid));
+    });
+}
+
+TEST_CASE("a direct connection handed to a program exec'd without the library stays plain TCP "
+          "there, byte-exact, the peer's end on the kernel for good (exec)",
+          "[exec]") {
+    run_pair(exec_spec("plain"), [](Pair &pair, const Placement &pl) {
+        if (pl.expect(false) != Expect::direct) {
+            check_modes(pair.client, pl.expect(false));
+            return;
+        }
+        const StatLine client = only_conn_stat(pair.client);
+        INFO("client: " << client.text);
+        CHECK(client.mode == "kernel");
+        CHECK(client.reason == "exec");
+        CHECK(client.num("upgrades") == 1);
+        CHECK(client.num("leaves") == 1);
+        CHECK(client.num("tx_fabric") + client.num("rx_fabric") > 0);
+        // Nothing on the fabric after the exec: the new program's pings
+        // came through the kernel.
+        CHECK(client.num("rx_kernel") > 0);
+    });
+}

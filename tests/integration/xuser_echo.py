@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+# Echo between two processes meant to run as two different users
+# (crossuser.sh). The client sends --bytes bytes in pieces of mixed sizes
+# (1 B to 1 MiB: inline, ring and read zero-copy on a direct connection)
+# while a thread reads the echo back; both ends print the count and
+# SHA-256 of what they received, the client also of what it sent.
+#
+# --check-acl UID (client): before its shutdown, the client's own shm
+# region must not be opened to UID; prints "acl ok" or to whom it is.
+#
+# --probe UID: while the connection is up (the client before its
+# shutdown, the server at EOF), every file of /dev/shm this process has
+# mapped (shm regions, process pages: its own and its peer's) is opened
+# by a process of UID, which must get EACCES for each; with --peer-uid,
+# a process of that uid must be able to open our region for reading and
+# writing, and our page for reading only. Prints "probe ok N" or why not.
+import argparse
+import hashlib
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+
+CHECK = r"""
+import errno, os, sys
+mode = os.O_RDWR if sys.argv[1] == "rw" else os.O_RDONLY
+for p in sys.argv[2:]:
+    try:
+        os.close(os.open(p, mode))
+        print(p, "opened")
+    except OSError as e:
+        print(p, errno.errorcode.get(e.errno, e.errno))
+"""
+
+
+def shm_maps():
+    paths = set()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(None, 5)
+            if len(parts) == 6 and parts[5].startswith("/dev/shm/") and "(deleted)" not in parts[5]:
+                paths.add(parts[5].strip())
+    return sorted(paths)
+
+
+def as_user(uid, how, paths):
+    # Without the library: the probe is a plain process of that uid.
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    out = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                          sys.executable, "-c", CHECK, how] + paths,
+                         env=env, capture_output=True, text=True, timeout=20)
+    return dict(line.rsplit(" ", 1) for line in out.stdout.splitlines())
+
+
+def probe(third, peer):
+    paths = shm_maps()
+    regions = [p for p in paths if os.path.basename(p).startswith("sd") and "/sdirect-" not in p]
+    pages = [p for p in paths if "/sdirect-" in p and os.path.basename(p).startswith("p")]
+    if len(regions) < 2 or len(pages) < 2:
+        return f"probe: expected our own and the peer's region and page mapped, found {paths}"
+    got = as_user(third, "ro", paths)
+    bad = {p: r for p, r in got.items() if r != "EACCES"}
+    if bad or len(got) != len(paths):
+        return f"probe: uid {third} got {got}; expected EACCES for all of {paths}"
+    n = len(paths)
+    if peer is not None:
+        # Our region read and write (the provider queues messages there),
+        # our page read only.
+        mine = lambda ps: [p for p in ps if os.stat(p).st_uid == os.getuid()]
+        want = {p: "opened" for p in mine(regions)}
+        got = as_user(peer, "rw", mine(regions) + mine(pages))
+        want.update({p: "EACCES" for p in mine(pages)})
+        got_ro = as_user(peer, "ro", mine(pages))
+        if len(want) < 2 or got != want or any(r != "opened" for r in got_ro.values()) \
+                or len(got_ro) != len(mine(pages)):
+            return f"probe: the peer's uid {peer} got {got} and read only {got_ro}; expected {want}"
+        n += len(want) + len(got_ro)
+    return f"probe ok {n}"
+
+
+def not_ours():
+    # Mapped shm files that are not this process's own (their names carry
+    # its pid; the registry's spin file is per user).
+    me = str(os.getpid())
+    return [p for p in shm_maps()
+            if not (os.path.basename(p).startswith(("sd" + me + "-", "p" + me))
+                    or os.path.basename(p) == "spin")]
+
+
+def server(a):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", a.port))
+    s.listen(4)
+    c, _ = s.accept()
+    h = hashlib.sha256()
+    n = 0
+    dropped = False
+    while True:
+        b = c.recv(1 << 20)
+        if not b:
+            break
+        h.update(b)
+        n += len(b)
+        c.sendall(b)
+        if a.drop_to is not None and not dropped and n >= a.drop_after:
+            # Mid-stream, the connection direct: become another user.
+            before = not_ours()
+            os.setgroups([])
+            os.setresgid(a.drop_to, a.drop_to, a.drop_to)
+            os.setresuid(a.drop_to, a.drop_to, a.drop_to)
+            dropped = True
+    if dropped:
+        # Nothing of the peer stays mapped: every shm file still mapped
+        # is one of ours (its name carries our pid).
+        after = not_ours()
+        ok = before and not after
+        print("maps", "ok" if ok else f"of the peer before {before}, after {after}", flush=True)
+    if a.probe is not None:
+        print(probe(a.probe, a.peer_uid), flush=True)
+    print("server received", n, h.hexdigest(), flush=True)
+    c.close()
+
+
+def acl_uids(path):
+    # The uids a file is opened to by named-user ACL entries.
+    try:
+        raw = os.getxattr(path, "system.posix_acl_access")
+    except OSError:
+        return []
+    ents = [raw[i:i + 8] for i in range(4, len(raw), 8)]
+    return [int.from_bytes(e[4:8], "little") for e in ents if int.from_bytes(e[0:2], "little") == 2]
+
+
+def client(a):
+    rnd = random.Random(a.seed)
+    pattern = rnd.randbytes(1 << 20)
+    src = ("127.0.0.1", a.bind_port) if a.bind_port else None
+    c = socket.create_connection(("127.0.0.1", a.port), timeout=30, source_address=src)
+    # Blocking (the runner's timeout bounds it): read zero-copy is for
+    # blocking sends only.
+    c.settimeout(None)
+    got = hashlib.sha256()
+    total = [0]
+
+    def reader():
+        while True:
+            b = c.recv(1 << 20)
+            if not b:
+                break
+            got.update(b)
+            total[0] += len(b)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    h = hashlib.sha256()
+    sent = 0
+    sizes = [1, 100, 4000, 5000, 65536, 200000, 1 << 20, 7]
+    i = 0
+    while sent < a.bytes:
+        k = min(sizes[i % len(sizes)], a.bytes - sent)
+        at = rnd.randrange(0, len(pattern) - k + 1)
+        piece = pattern[at:at + k]
+        c.sendall(piece)
+        h.update(piece)
+        sent += k
+        i += 1
+    if a.probe is not None:
+        print(probe(a.probe, a.peer_uid), flush=True)
+    if a.check_acl is not None:
+        # Our region (it exists: this end built its engine) is opened to
+        # no uid that did not prove it holds the other end.
+        mine = [p for p in shm_maps() if os.path.basename(p).startswith(f"sd{os.getpid()}-")]
+        given = sorted({u for p in mine for u in acl_uids(p)})
+        ok = mine and a.check_acl not in given
+        print("acl", "ok" if ok else f"region {mine} opened to uids {given}", flush=True)
+    c.shutdown(socket.SHUT_WR)
+    t.join(30)
+    print("client sent", sent, h.hexdigest(), flush=True)
+    print("client received", total[0], got.hexdigest(), flush=True)
+    c.close()
+
+
+p = argparse.ArgumentParser()
+p.add_argument("role", choices=["server", "client"])
+p.add_argument("--port", type=int, required=True)
+p.add_argument("--bytes", type=int, default=4_000_000)
+p.add_argument("--seed", type=int, default=11)
+p.add_argument("--probe", type=int)
+p.add_argument("--peer-uid", type=int)
+p.add_argument("--drop-to", type=int)
+p.add_argument("--bind-port", type=int)
+p.add_argument("--check-acl", type=int)
+p.add_argument("--drop-after", type=int, default=1 << 20)
+a = p.parse_args()
+server(a) if a.role == "server" else client(a)
