@@ -1316,9 +1316,13 @@ ssize_t Stream::direct_send(Conn *c, const iovec *iov, int iovcnt, std::size_t t
     // Write zero-copy: the peer's recv waits on its own buffer for these
     // bytes; the rest (if any) goes the usual way. To a peer that
     // advertises, a large send looks at the fabric first: an advertisement
-    // that came while the caller was busy (copying what it read) would
-    // otherwise be found only after our own bytes had crossed it.
-    if (!c->staged && total > chunk && c->psink_seen.load(std::memory_order_relaxed))
+    // that came while the caller was busy (copying what it read, or
+    // sleeping) would otherwise be found only after our own bytes had
+    // crossed it. Before the first one is seen, a process that advertises
+    // itself looks too: its peers most likely run with its settings, and a
+    // pure sender would otherwise never take in an advertisement at all.
+    if (!c->staged && total > chunk &&
+        (c->psink_seen.load(std::memory_order_relaxed) || engine->sink_ok()))
         engine->progress();
     if (!c->staged && c->psink_valid.load(std::memory_order_acquire)) {
         long r = engine->take_sink(c, iov, iovcnt, total);

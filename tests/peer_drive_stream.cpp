@@ -93,7 +93,7 @@ namespace {
 // Request, then answer, of `size` bytes; tx on this side pairs with rx on
 // the responder and the other way round.
 void bulk_round(int fd, Tx tx, Rx rx, std::uint64_t size, std::uint32_t chunk,
-                std::uint64_t seed_in, std::uint64_t seed_out) {
+                std::uint32_t gap_us, std::uint64_t seed_in, std::uint64_t seed_out) {
     Cmd in;
     in.op = Op::recv;
     in.api = std::uint32_t(rx);
@@ -101,13 +101,14 @@ void bulk_round(int fd, Tx tx, Rx rx, std::uint64_t size, std::uint32_t chunk,
     in.seed = seed_in;
     in.chunk = chunk;
     send_cmd(fd, in);
-    send_pattern(fd, tx, in.seed, size, chunk, 0);
+    send_pattern(fd, tx, in.seed, size, chunk, gap_us);
     expect_ack(fd, "bulk: responder's ack");
 
     Cmd out = in;
     out.op = Op::send;
     out.api = std::uint32_t(tx);
     out.seed = seed_out;
+    out.gap_us = gap_us;
     send_cmd(fd, out);
     recv_pattern(fd, rx, out.seed, size, chunk, "bulk from responder");
 }
@@ -115,10 +116,13 @@ void bulk_round(int fd, Tx tx, Rx rx, std::uint64_t size, std::uint32_t chunk,
 }  // namespace
 
 // --tx/--rx name one pair of call families; --combos "tx:rx,tx:rx,..."
-// runs several pairs one after the other on the same connection.
+// runs several pairs one after the other on the same connection. With
+// --gap-us each sender pauses that long between its chunks, so the reader
+// drains everything and waits in recv before the next one.
 void drive_bulk(int *fd, const Options &opt) {
     const std::uint64_t size = opt.num("size", 65536);
     const auto chunk = std::uint32_t(opt.num("chunk", 65536));
+    const auto gap_us = std::uint32_t(opt.num("gap-us", 0));
     std::string combos = opt.get("combos", opt.get("tx", "write") + ":" + opt.get("rx", "read"));
     std::uint64_t n = 0;
     for (std::size_t pos = 0; pos < combos.size();) {
@@ -129,7 +133,7 @@ void drive_bulk(int *fd, const Options &opt) {
         if (colon == std::string::npos) fail("bad --combos item '%s'", item.c_str());
         ++n;
         bulk_round(*fd, parse_tx(item.substr(0, colon)), parse_rx(item.substr(colon + 1)),
-                   size, chunk, seed_of(opt, 2 * n), seed_of(opt, 2 * n + 1));
+                   size, chunk, gap_us, seed_of(opt, 2 * n), seed_of(opt, 2 * n + 1));
         pos = end + 1;
     }
     send_exit(*fd);
