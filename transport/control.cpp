@@ -614,6 +614,9 @@ void Engine::try_initiate(Conn *c) noexcept {
 
     Reason why = Reason::none;
     Peer *peer = nullptr;
+    // Whether we already hold the peer's doorbell: it is set under
+    // conn_lock_ (by another connection's handshake too), so read there.
+    bool have_bell = false;
     {
         std::lock_guard lock(conn_lock_);
         if (make_ring(c) != 0) why = Reason::fabric_error;
@@ -626,12 +629,11 @@ void Engine::try_initiate(Conn *c) noexcept {
         // planted for someone else's connection is never even read.
         else if (open_to_uid(far_uid) != 0)
             why = Reason::other_user;
+        have_bell = peer && peer->doorbell >= 0;
     }
     CtlMsg reply{};
     int their_doorbell = -1;
     int s = -1;
-    // Set once under conn_lock_ and kept while we hold the peer.
-    const bool have_bell = peer && peer->doorbell >= 0;
     int their_proof = -1;
     if (peer || (cross && why == Reason::none)) {
         char cpath[108];
