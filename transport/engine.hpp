@@ -344,7 +344,10 @@ class Engine {
     // The cache's counters into our process page.
     void publish_regstats() noexcept;
     void post_rx(RxBuffer *b) noexcept;
+    // deliver.cpp: a received message, handled under its connection's
+    // rx_lock by the handler of its type (a table indexed by MsgType).
     void deliver(const char *buf, std::size_t len) noexcept;
+    struct Rx;
     // leave.cpp: the messages (rx_lock held), and the send side's work
     // without blocking (tx_lock held): 0 done, -EAGAIN not yet, -errno.
     void on_leave(Conn *c, const MsgHeader &h) noexcept;
