@@ -23,7 +23,6 @@
 
 namespace sd::transport {
 
-
 void Engine::hold(Conn *c, Reason why) noexcept {
     for (int ms = 0; (c->state.load() == ConnState::initiating ||
                       c->state.load() == ConnState::committing) && ms < 200; ++ms) {
