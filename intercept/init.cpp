@@ -1,7 +1,8 @@
 // Library start. The constructor resolves libc, reads the settings, sets
 // the provider libraries' variables and builds the socket table before
 // main() runs; nothing else happens until the first TCP connection (the
-// end is an atexit hook the engine build registers: transport/engine.cpp).
+// end is an atexit hook the engine build registers:
+// transport/engine_setup.cpp).
 #include "fork_protocol/fork.hpp"
 #include "shm_fallback/handover.hpp"
 #include "shm_fallback/table.hpp"

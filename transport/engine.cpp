@@ -1,7 +1,9 @@
+// The engine's hot path: progress (the completion queue), the flush of
+// staged bytes, posting messages, RMA and process_vm copies, zero-copy
+// advertisements, doorbells and credits. Building the engine is
+// engine_setup.cpp; what a received message does is deliver.cpp.
 #include "engine.hpp"
-#include "exitstats.hpp"
 #include "memguard.hpp"
-#include "registry.hpp"
 #include "sink.hpp"
 #include "wait.hpp"
 
@@ -10,29 +12,16 @@
 #include "sys.hpp"
 
 #include <cerrno>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <ctime>
-#include <dirent.h>
-#include <fcntl.h>
 #include <new>
-#include <pthread.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
-#include <sys/eventfd.h>
-#include <sys/mman.h>
-#include <sys/random.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+#include <sys/uio.h>
 
 namespace sd::transport {
 namespace {
-
-std::atomic<Engine *> the_engine{nullptr};
-std::mutex create_lock;
-bool unusable = false;  // registry cannot be used: pure pass-through
 
 std::uint64_t now_ns() noexcept {
     timespec ts;
@@ -41,276 +30,6 @@ std::uint64_t now_ns() noexcept {
 }
 
 }  // namespace
-
-Engine *the_engine_for_exit() noexcept { return the_engine.load(std::memory_order_acquire); }
-
-namespace {
-
-// Building the engine loads libfabric, which takes a few hundred
-// milliseconds here (provider probing). It happens on a thread of its own
-// so that connect() and accept() never wait for it; connections made
-// meanwhile run on TCP and are attached (and upgraded) once it is ready.
-struct Pending {
-    void (*fn)(void *);
-    void *ctx;
-};
-constexpr std::size_t kMaxPending = 4096;
-Pending pending[kMaxPending];
-std::size_t npending = 0;
-bool starting = false;  // a build is under way (queue callbacks)
-bool building = false;  // ... or its callbacks are still running
-
-void *build_engine(void *) noexcept {
-    ++guard_depth;
-    void *mem = std::malloc(sizeof(Engine));
-    Engine *e = mem ? new (mem) Engine() : nullptr;
-    bool ok = e && e->init_for_thread() == 0;  // on failure the Engine leaks: half made
-    std::size_t n;
-    {
-        std::lock_guard lock(create_lock);
-        if (ok) the_engine.store(e, std::memory_order_release);
-        else unusable = true;
-        starting = false;
-        n = npending;
-        npending = 0;
-    }
-    --guard_depth;
-    // Callbacks run without the lock: they attach connections, which may
-    // talk to peers. Later arrivals see the engine (or `unusable`) and
-    // never queue again. Once the process is exiting, none is started.
-    for (std::size_t i = 0; i < n && !fabric_exiting(); ++i) pending[i].fn(pending[i].ctx);
-    std::lock_guard lock(create_lock);
-    building = false;
-    return nullptr;
-}
-
-// At exit, libfabric's destructor must not run under a build still going on
-// (it frees what fi_getinfo reads). Registered (after main() started, so
-// it runs before the shared objects' destructors) only once a build was
-// asked for: a process that never built costs its exit nothing. The
-// builder parks before its next call into libfabric once exit began, so
-// the wait is for the step in progress only: a dlopen (whose loader lock
-// the exit's own unloading needs anyway) or one fi_getinfo.
-void wait_for_build() noexcept {
-    fabric_exit_began();
-    for (int i = 0; i < 5000; ++i) {
-        {
-            std::lock_guard lock(create_lock);
-            if (!building) break;
-        }
-        if (fabric_builder_parked()) break;
-        timespec nap{0, 1000000};
-        nanosleep(&nap, nullptr);
-    }
-    // No other thread may be inside the provider when the process ends:
-    // one killed there while holding a region's lock (a peer's, or ours
-    // that peers take) would leave it held for ever, and libfabric's
-    // destructor (run after this hook) frees what the provider's calls
-    // use. Closed even with no engine yet: a build that outlived the wait
-    // above makes its endpoint inside the gate.
-    provider_gate().close(200);
-    Engine::shutdown_at_exit();
-}
-bool exit_hook = false;
-
-}  // namespace
-
-Engine *Engine::current() noexcept { return the_engine.load(std::memory_order_acquire); }
-
-Engine *Engine::ready() noexcept {
-    Engine *e = the_engine.load(std::memory_order_acquire);
-    if (e || unusable || !settings().enable || retired()) return e;
-    std::lock_guard lock(create_lock);
-    if ((e = the_engine.load(std::memory_order_acquire)) || unusable || starting || retired())
-        return e;
-    if (!exit_hook) {
-        exit_hook = atexit(wait_for_build) == 0;
-        watch_exit_signals();
-    }
-    // Our thread must not take the application's signals.
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    pthread_t tid;
-    starting = building = pthread_create(&tid, &attr, build_engine, nullptr) == 0;
-    pthread_attr_destroy(&attr);
-    pthread_sigmask(SIG_SETMASK, &old, nullptr);
-    if (!starting) unusable = true;
-    return nullptr;
-}
-
-Engine *Engine::wait_ready(std::uint32_t ms) noexcept {
-    Engine *e = ready();
-    for (std::uint64_t end = now_ns() + std::uint64_t(ms) * 1000000; !e && now_ns() < end;) {
-        {
-            std::lock_guard lock(create_lock);
-            if (!starting) return the_engine.load(std::memory_order_acquire);
-        }
-        timespec nap{0, 1000000};
-        nanosleep(&nap, nullptr);
-        e = current();
-    }
-    return e;
-}
-
-bool Engine::when_ready(void (*fn)(void *), void *ctx) noexcept {
-    {
-        std::lock_guard lock(create_lock);
-        if (starting && npending < kMaxPending) {
-            pending[npending++] = {fn, ctx};
-            return true;
-        }
-    }
-    return false;
-}
-
-int Engine::init_for_thread() noexcept { return init(); }
-
-bool Engine::settle_before_fork() noexcept {
-    // A build takes well under a second; ten is a generous bound.
-    for (int i = 0; i < 10000; ++i) {
-        {
-            std::lock_guard lock(create_lock);
-            if (!building) return true;
-        }
-        timespec nap{0, 1000000};
-        nanosleep(&nap, nullptr);
-    }
-    SD_LOG(info, "fork during an engine build that did not finish; the child stays on TCP");
-    return false;
-}
-
-bool Engine::close_provider_for_exec() noexcept {
-    // No engine, or a vfork child's exec (it shares its parent's memory,
-    // and with it the parent's gate): nothing to close.
-    Engine *e = current();
-    if (!e || e->pid_ != getpid()) return false;
-    provider_gate().close(200);
-    return true;
-}
-
-void Engine::reopen_provider() noexcept { provider_gate().open(); }
-
-void Engine::forget_after_fork(bool settled) noexcept {
-    // The parent's engine, its endpoint and its threads belong to the
-    // parent: closing the endpoint here would unlink the parent's region.
-    // Leave every object as it is and start afresh when needed.
-    the_engine.store(nullptr, std::memory_order_relaxed);
-    regcache().forget();  // the parent's registrations, in the parent's domain
-    provider_gate().reset();
-    new (&create_lock) std::mutex();
-    unusable = !settled;
-    starting = building = false;  // the builder thread, if any, stayed in the parent
-    npending = 0;
-}
-
-int Engine::init() noexcept {
-    pid_ = getpid();
-    if (getrandom(&nonce_, sizeof nonce_, GRND_NONBLOCK) != sizeof nonce_)
-        nonce_ = now_ns() ^ std::uint64_t(pid_);
-    int rc = claim_registry(settings().registry);
-    if (rc) {
-        SD_LOG(error, "registry %s unusable (%s); staying on TCP", settings().registry,
-               std::strerror(-rc));
-        return rc;
-    }
-    report_registry_choice();
-    sweep_registry(settings().registry);
-    window_ = settings().window ? settings().window : 2097152;
-    if ((rc = open_page())) return rc;
-    doorbell_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (doorbell_ < 0) return -errno;
-    rc = open_fabric();
-    fabric_ok_ = rc == 0;
-    if (fabric_ok_) {
-        memguard_install();
-        start_regcache();
-    }
-    if (!fabric_ok_)
-        SD_LOG(info, "no fabric (%s); connections of this process stay on TCP",
-               fabric_strerror(rc));
-    // Last: the control thread reads what the lines above set.
-    return start_control();
-}
-
-int Engine::open_page() noexcept {
-    char path[300];
-    std::snprintf(path, sizeof path, "%s/p%d", settings().registry, int(pid_));
-    (void)unlink(path);  // a stale page of an earlier process with our pid
-    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0) return -errno;
-    int rc = ftruncate(fd, sizeof(ProcPage)) == 0 ? 0 : -errno;
-    void *map = rc ? MAP_FAILED
-                   : mmap(nullptr, sizeof(ProcPage), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    sys.close(fd);
-    if (map == MAP_FAILED) return rc ? rc : -errno;
-    page_ = static_cast<ProcPage *>(map);
-    page_->header.version = kPageVersion;
-    page_->header.pid = pid_;
-    page_->header.nslots = kSlots;
-    timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    page_->header.start_ns = std::uint64_t(ts.tv_sec) * 1000000000ull + std::uint64_t(ts.tv_nsec);
-    char comm[32] = {};
-    int cf = open("/proc/self/comm", O_RDONLY | O_CLOEXEC);
-    if (cf >= 0) {
-        ssize_t n = sys.read(cf, comm, sizeof comm - 1);
-        sys.close(cf);
-        if (n > 0 && comm[n - 1] == '\n') comm[n - 1] = '\0';
-    }
-    std::memcpy(page_->header.comm, comm, sizeof comm);
-    std::atomic_thread_fence(std::memory_order_release);
-    page_->header.magic = kPageMagic;
-    return 0;
-}
-
-int Engine::open_fabric() noexcept {
-    char unique[64];
-    // A fresh name per process incarnation: a fork child must never reuse
-    // its parent's, and a recycled pid must not meet a stale region.
-    std::snprintf(unique, sizeof unique, "fi_shm://sd%d-%llx", int(pid_),
-                  (unsigned long long)(nonce_ & 0xffffffffffull));
-    int rc = endpoint_open(ep_, settings().provider, unique);
-    if (rc) return rc;
-    own_region_.watch(ep_.name, pid_);
-    chunk_ = settings().chunk;
-    can_read_ = ep_.can_read;  // whether to: protocol.hpp
-    rma_iov_limit_ = ep_.rma_iov_limit;
-    cma_ok_ = settings().cma && !std::strcmp(settings().provider, "shm");
-    if (cma_ok_) rma_iov_limit_ = kMaxRmaIov;
-    sink_write_flags_ = sink_write_flags(ep_.info);
-    if (ep_.inject_size < sizeof(MsgHeader) + 64) {
-        SD_LOG(error, "provider inject size %zu too small", ep_.inject_size);
-        return -ENOTSUP;
-    }
-    if (chunk_ + sizeof(MsgHeader) > ep_.inject_size)
-        chunk_ = std::uint32_t(ep_.inject_size - sizeof(MsgHeader));
-    if (chunk_ > kMaxInline) chunk_ = kMaxInline;
-    std::size_t min_free = std::size_t(chunk_) + sizeof(MsgHeader);
-    {
-        Guard guard;
-        InProvider in;
-        if (!in.ok()) return -ECANCELED;  // exiting
-        fi_setopt(&ep_.ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &min_free,
-                  sizeof min_free);
-    }
-    std::uint32_t n = settings().rx_buffers;
-    rx_ = static_cast<RxBuffer *>(std::calloc(n, sizeof(RxBuffer)));
-    if (!rx_) return -ENOMEM;
-    for (std::uint32_t i = 0; i < n; ++i) {
-        rx_[i].size = settings().rx_buffer_size;
-        rx_[i].mem = static_cast<char *>(std::malloc(rx_[i].size));
-        if (!rx_[i].mem) return -ENOMEM;
-        post_rx(&rx_[i]);
-    }
-    SD_LOG(debug, "endpoint %s open, inject %zu, chunk %u, sink writes %s", ep_.name,
-           ep_.inject_size, chunk_,
-           sink_write_flags_ ? "delivery-complete" : "ordered before sends");
-    return 0;
-}
 
 void Engine::post_rx(RxBuffer *b) noexcept {
     iovec iov{b->mem, b->size};
@@ -325,12 +44,6 @@ void Engine::post_rx(RxBuffer *b) noexcept {
     ssize_t rc;
     while ((rc = fi_recvmsg(ep_.ep, &msg, FI_MULTI_RECV | FI_COMPLETION)) == -FI_EAGAIN) sched_yield();
     if (rc) SD_LOG(error, "posting a receive buffer failed: %s", fabric_strerror(int(rc)));
-}
-
-Conn *Engine::lookup(std::uint32_t id, std::uint32_t gen) noexcept {
-    if (id >= kSlots) return nullptr;
-    Conn *c = conns_[id].load(std::memory_order_acquire);
-    return c && c->gen == gen ? c : nullptr;
 }
 
 std::size_t Engine::progress() noexcept {
@@ -468,152 +181,6 @@ void Engine::progress_blocking() noexcept {
     progress();
 }
 
-void Engine::deliver(const char *buf, std::size_t len) noexcept {
-    MsgHeader h;
-    if (len < sizeof h) return;
-    std::memcpy(&h, buf, sizeof h);
-    if (h.magic != kWireMagic || h.version != kWireVersion || h.len != len - sizeof h) {
-        SD_LOG(error,
-               "dropping malformed fabric message (%zu bytes: magic %04x version %u type %u "
-               "conn %u len %u offset %llu)",
-               len, unsigned(h.magic), unsigned(h.version), unsigned(h.type), h.dst_conn, h.len,
-               (unsigned long long)h.offset);
-        return;
-    }
-    Conn *c = lookup(h.dst_conn, h.dst_gen);
-    if (!c) return;  // connection already closed here: nobody reads it
-    if (h.credits) {
-        c->credits.fetch_add(h.credits, std::memory_order_acq_rel);
-        c->tx_seq.fetch_add(1, std::memory_order_release);
-    }
-    bump(c->stat->rx_msgs, 1);
-    std::unique_lock lock(c->rx_lock);
-    std::uint64_t answer_off = kNoOffset;  // a cancelled advert to answer
-    std::uint32_t answer_len = 0;
-    bool answer_sink = false;              // a sink_cancel to answer
-    bool answer_rst = false;               // bytes came to an end shut both ways
-    if (is_stream_msg(MsgType(h.type))) sink_passed_locked(c);
-    switch (MsgType(h.type)) {
-    case MsgType::data: {
-        if (c->switch_off == kNoOffset) c->switch_off = h.offset;
-        if (refuse_at_shut_end_locked(c, h.len, &answer_rst)) break;
-        std::uint64_t expect = c->rx_expect();
-        if (!c->ring || h.offset != expect || c->ring_bytes() + h.len > c->ring_cap ||
-            c->fin_off != kNoOffset || c->zc.active ||
-            (c->peer_end != kNoOffset && expect + h.len > c->peer_end)) {
-            SD_LOG(error, "conn %u: data at offset %llu, expected %llu: connection broken",
-                   c->id, (unsigned long long)h.offset, (unsigned long long)expect);
-            c->broken = true;
-            break;
-        }
-        const char *src = buf + sizeof h;
-        std::uint32_t at = std::uint32_t(c->ring_tail % c->ring_cap);
-        std::uint32_t first = std::min(h.len, c->ring_cap - at);
-        std::memcpy(c->ring + at, src, first);
-        std::memcpy(c->ring, src + first, h.len - first);
-        c->ring_tail += h.len;
-        bump(c->stat->rx_fabric, h.len);
-        break;
-    }
-    case MsgType::ring: {
-        // The bytes are in the ring already (the peer wrote them): accept
-        // them only where they continue the stream and fit.
-        if (c->switch_off == kNoOffset) c->switch_off = h.offset;
-        if (refuse_at_shut_end_locked(c, h.flags, &answer_rst)) break;
-        std::uint64_t expect = c->rx_expect();
-        if (!c->ring_mr || h.offset != expect || c->ring_bytes() + h.flags > c->ring_cap ||
-            c->fin_off != kNoOffset || c->zc.active ||
-            (c->peer_end != kNoOffset && expect + h.flags > c->peer_end)) {
-            SD_LOG(error, "conn %u: ring data at offset %llu, expected %llu: connection broken",
-                   c->id, (unsigned long long)h.offset, (unsigned long long)expect);
-            c->broken = true;
-            break;
-        }
-        c->ring_tail += h.flags;
-        bump(c->stat->rx_fabric, h.flags);
-        break;
-    }
-    case MsgType::credit:
-        break;
-    case MsgType::leave:
-        on_leave(c, h);
-        break;
-    case MsgType::give_back:
-        on_give_back(c, h, buf + sizeof h);
-        break;
-    case MsgType::src_avail: {
-        if (c->switch_off == kNoOffset) c->switch_off = h.offset;
-        if (refuse_at_shut_end_locked(c, h.flags, &answer_rst)) break;
-        SrcAvailBody body;
-        if (h.len != sizeof body || h.offset != c->rx_expect() || c->zc.active || !h.flags ||
-            c->fin_off != kNoOffset) {
-            SD_LOG(error, "conn %u: advertisement at offset %llu, expected %llu: connection broken",
-                   c->id, (unsigned long long)h.offset, (unsigned long long)c->rx_expect());
-            c->broken = true;
-            break;
-        }
-        std::memcpy(&body, buf + sizeof h, sizeof body);
-        c->zc = SrcAvail{};
-        c->zc.active = true;
-        c->zc.off = h.offset;
-        c->zc.len = h.flags;
-        c->zc.addr = body.addr;
-        c->zc.key = body.key;
-        break;
-    }
-    case MsgType::src_done:
-        // Our advertisement is over (send side): the bytes read, then the
-        // offset that the waiting sender matches.
-        c->zc_answer_len.store(h.flags, std::memory_order_relaxed);
-        c->zc_answer_off.store(h.offset, std::memory_order_release);
-        break;
-    case MsgType::src_need_key:
-        c->zc_need_key.store(true, std::memory_order_relaxed);
-        break;
-    case MsgType::src_cancel:
-        if (!c->zc.active || c->zc.off != h.offset) break;  // over already: answered
-        if (c->zc.busy) c->zc.cancel = true;  // the reader answers when its read is done
-        else finish_advert_locked(c, &answer_off, &answer_len);
-        break;
-    case MsgType::sink_avail:
-        on_sink_avail(c, h, buf + sizeof h);
-        break;
-    case MsgType::sink_done:
-        on_sink_done(c, h, buf + sizeof h);
-        break;
-    case MsgType::sink_cancel:
-        answer_sink = on_sink_cancel(c, h, buf + sizeof h);
-        break;
-    case MsgType::fin:
-    case MsgType::close:
-        if (c->switch_off == kNoOffset) c->switch_off = h.offset;
-        if (MsgType(h.type) == MsgType::close && (h.flags & kCloseReset)) {
-            // After its FIN we were in CLOSE_WAIT: TCP says EPIPE then.
-            if (c->fin_off != kNoOffset && !c->peer_reset.load(std::memory_order_relaxed))
-                c->reset_after_fin.store(true, std::memory_order_release);
-            c->note_reset();
-        } else if (MsgType(h.type) == MsgType::close) {
-            closed_before_ours_locked(c);
-        }
-        c->fin_off = h.offset;
-        c->peer_fin.store(true, std::memory_order_release);
-        if (MsgType(h.type) == MsgType::close) c->peer_closed = true;
-        break;
-    default:
-        SD_LOG(error, "conn %u: unknown message type %u", c->id, unsigned(h.type));
-        return;
-    }
-    c->wake_locked();
-    lock.unlock();
-    if (answer_off != kNoOffset) answer_advert(c, answer_off, answer_len);
-    if (answer_rst) answer_reset(c);
-    if (answer_sink) {
-        std::uint64_t seq;
-        std::memcpy(&seq, buf + sizeof h, sizeof seq);
-        answer_sink_cancel(c, seq, h.offset);
-    }
-}
-
 void Engine::finish_advert_locked(Conn *c, std::uint64_t *off, std::uint32_t *done) noexcept {
     *off = c->zc.off;
     *done = c->zc.done;
@@ -623,50 +190,6 @@ void Engine::finish_advert_locked(Conn *c, std::uint64_t *off, std::uint32_t *do
 
 void Engine::answer_advert(Conn *c, std::uint64_t off, std::uint32_t done) noexcept {
     if (post(c, MsgType::src_done, nullptr, 0, 0, off, 0, done) == 0) ring(c->peer);
-}
-
-namespace {
-// The registration cache's provider side (regcache.hpp).
-struct RegCtx {
-    fid_domain *domain;
-    std::atomic<std::uint64_t> *keys;
-};
-RegCtx reg_ctx;
-
-int register_buffer(void *ctx, const void *buf, std::size_t len, void **handle,
-                    std::uint64_t *key) {
-    auto *r = static_cast<RegCtx *>(ctx);
-    Guard guard;
-    InProvider in;
-    if (!in.ok()) return -FI_ECANCELED;
-    fid_mr *mr = nullptr;
-    int rc = fi_mr_reg(r->domain, buf, len, FI_REMOTE_READ, 0,
-                       r->keys->fetch_add(1, std::memory_order_relaxed), 0, &mr, nullptr);
-    if (rc) return rc;
-    *handle = mr;
-    *key = fi_mr_key(mr);
-    return 0;
-}
-
-void release_buffer(void *, void *handle) {
-    Guard guard;
-    InProvider in;
-    if (in.ok()) fi_close(&static_cast<fid_mr *>(handle)->fid);
-}
-}  // namespace
-
-void Engine::start_regcache() noexcept {
-    reg_ctx = RegCtx{ep_.domain, &zc_keys_};
-    const std::size_t budget =
-        memhooks_active() ? regcache_budget(std::size_t(settings().reg_cache_mb) << 20) : 0;
-    regcache().configure(register_buffer, release_buffer, &reg_ctx, budget,
-                         RegCache::kMaxEntries);
-    page_->header.reg_budget = budget;
-    page_->header.reg_cache_on.store(budget != 0, std::memory_order_relaxed);
-    if (!memhooks_active() && settings().reg_cache_mb)
-        SD_LOG(info, "registration cache off: this process's free/munmap are not ours "
-                     "(defined before the library, or ThreadSanitizer's), so freed memory "
-                     "could not be noticed");
 }
 
 void Engine::publish_regstats() noexcept {

@@ -67,7 +67,8 @@ inline constexpr std::uint32_t kMaxInline = 16384 - 32;
 
 class Engine;
 Engine *the_engine_for_exit() noexcept;
-struct Entry;  // registry.hpp
+struct Entry;   // registry.hpp
+struct CtlMsg;  // control.hpp
 
 // The process changed its privileges or sandbox (retire.cpp): from then on
 // nothing is upgraded, no engine is built and no request is answered; its
@@ -84,7 +85,7 @@ char *ring_alloc(std::uint32_t cap) noexcept;
 // -ESRCH (no such owner), -EIO (it could not), -ETIMEDOUT.
 int ask_owner_to_leave(pid_t owner, int fd, Reason why) noexcept;
 // The registry entry of the connection end `t`, and writing it (whole,
-// through a temporary file and rename) (control.cpp).
+// through a temporary file and rename) (publish.cpp).
 void entry_path(char *out, std::size_t n, const Tuple &t) noexcept;
 bool write_entry(const Tuple &t, Entry &e, std::uint64_t *dev, std::uint64_t *ino) noexcept;
 // A connection this process never attached (accepted and never used)
@@ -344,7 +345,10 @@ class Engine {
     // The cache's counters into our process page.
     void publish_regstats() noexcept;
     void post_rx(RxBuffer *b) noexcept;
+    // deliver.cpp: a received message, handled under its connection's
+    // rx_lock by the handler of its type (a table indexed by MsgType).
     void deliver(const char *buf, std::size_t len) noexcept;
+    struct Rx;
     // leave.cpp: the messages (rx_lock held), and the send side's work
     // without blocking (tx_lock held): 0 done, -EAGAIN not yet, -errno.
     void on_leave(Conn *c, const MsgHeader &h) noexcept;
@@ -450,27 +454,33 @@ class Engine {
     std::uint32_t idle_peers_ = 0;
     int watch_fd_ = -1;  // eventfd: a peer was attached, watch its pidfd
 
-    // control.cpp
+    // control.cpp: the control socket and its thread, which hands each
+    // request to its answer below.
     int start_control() noexcept;
+    void handle_request(int fd) noexcept;
+    // publish.cpp: our half of a connection in the registry.
     // kernel_why: see mark_kernel.
     void publish(Conn *c, Reason kernel_why = Reason::none) noexcept;
     void unpublish(Conn *c) noexcept;
+    Conn *find_tuple(const Tuple &t) noexcept;
+    // handshake.cpp: the upgrade, as its initiator and as its responder
+    // (the control thread, for request `req` and the fds it passed).
     void try_initiate(Conn *c) noexcept;
     // The connecting side found the acceptor's entry: its request is sure
-    // to come (control.cpp).
+    // to come.
     bool acceptor_will_ask(const Conn *c, const Entry &e) noexcept;
+    void answer_upgrade(int fd, CtlMsg &req, int proof, int bell) noexcept;
     // Both ends committed: the connection is direct from here (conn_lock_).
     void go_direct(Conn *c) noexcept;
-
-    void handle_request(int fd) noexcept;
-    void handle_leave(int fd, pid_t pid, const Tuple &tuple, int proof, Reason why) noexcept;
     int make_ring(Conn *c) noexcept;
     std::uint64_t next_key_ = 1;
     void set_final(Conn *c, Reason r) noexcept;
-    // Our entry stays, marked: this end will not upgrade, because of `r`
-    // (its peer reports peer_kernel). Replaces unpublish for such ends.
+    // hold.cpp: a holder of one of our direct sockets asks us to leave.
+    void handle_leave(int fd, pid_t pid, const Tuple &tuple, int proof, Reason why) noexcept;
+    // verdict.cpp: our entry stays, marked: this end will not upgrade,
+    // because of `r` (its peer reports peer_kernel). Replaces unpublish
+    // for such ends.
     void mark_kernel(Conn *c, Reason r) noexcept;
-    Conn *find_tuple(const Tuple &t) noexcept;
 
     pid_t pid_ = 0;
     std::uint64_t nonce_ = 0;

@@ -14,6 +14,20 @@
 // the thread holds already: that is undefined for std::mutex. Code that may
 // run under a lock of its caller asks `held()` instead of trying.
 //
+// Outside the order, plain std::mutex: each guards one table and takes no
+// other lock of the library under it, so a thread may take one whatever it
+// holds. Under them, as under any lock, a free or munmap may run the
+// registration cache's hooks, which take the cache's lock: the innermost
+// of all, under which nothing is taken (its provider calls are made
+// outside it).
+//
+//   create_lock     engine_setup.cpp  the engine build: started, pending callbacks
+//   pollers_lock    wait.cpp          threads asleep in poll; rung under rx
+//   RegCache::lock_ regcache.cpp      the registration cache (hooks: anywhere)
+//   grant_lock      crossuser.cpp     a file's ACL, read, extended, written back
+//   dirs_lock       verdict.cpp       the other registries found beside ours
+//   addrs_lock      verdict.cpp       this host's addresses
+//
 // Every thread keeps the locks it holds in a small thread-local list (the
 // deepest nesting is four). Builds with SDIRECT_LOCK_CHECK (debug and
 // sanitizer builds) abort with a message on a blocking acquisition out of

@@ -1,0 +1,156 @@
+// A socket that another process holds too (fork, exec): holding its
+// upgrade back (hold, settle_upgrade), and the control channel's leave
+// request, by which a holder asks the owner of a direct socket to move it
+// back to the kernel (ask_owner_to_leave, answered by handle_leave; the
+// leave itself is leave.cpp).
+#include "control.hpp"
+#include "engine.hpp"
+#include "log.hpp"
+#include "settings.hpp"
+#include "sys.hpp"
+#include "wait.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <mutex>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+namespace sd::transport {
+
+void Engine::hold(Conn *c, Reason why) noexcept {
+    for (int ms = 0; (c->state.load() == ConnState::initiating ||
+                      c->state.load() == ConnState::committing) && ms < 200; ++ms) {
+        timespec nap{0, 1000000};
+        nanosleep(&nap, nullptr);
+    }
+    std::lock_guard lock(conn_lock_);
+    ConnState st = c->state.load();
+    if (st == ConnState::direct || st == ConnState::leaving) return;
+    c->held_why.store(std::uint32_t(why), std::memory_order_relaxed);
+    c->held.store(true, std::memory_order_release);
+    // An upgrade still under way sees the mark where it ends (both under
+    // conn_lock_): an initiator sends no commit, a responder whose commit
+    // came leaves at once. Before, it went direct after the hold, and an
+    // exec or a fork child then used the kernel socket while the peer
+    // wrote into this process's ring (EFAULT after the exec: EIO).
+    if (st == ConnState::initiating || st == ConnState::committing) return;
+    if (st != ConnState::final) mark_kernel(c, why);
+}
+
+bool Engine::settle_upgrade(Conn *c) noexcept {
+    // The initiator's wait for an answer and the responder's for the
+    // commit end within the upgrade timeout.
+    const std::uint64_t deadline =
+        monotonic_ns() + (std::uint64_t(settings().upgrade_timeout_ms) + 500) * 1000000ull;
+    for (;;) {
+        const ConnState st = c->state.load(std::memory_order_acquire);
+        if (st != ConnState::initiating && st != ConnState::committing)
+            return st == ConnState::direct || st == ConnState::leaving;
+        if (monotonic_ns() >= deadline) return false;
+        timespec nap{0, 1000000};
+        nanosleep(&nap, nullptr);
+    }
+}
+
+int ask_owner_to_leave(pid_t owner, int fd, Reason why) noexcept {
+    Guard guard;
+    CtlMsg req = reply_to(getpid(), CtlType::leave);
+    req.status = std::uint32_t(why);
+    if (tuple_of(fd, req.tuple) != 0) return -ENOTCONN;
+    // The owner's death ends the wait: a child of it holds its listening
+    // control socket too (inherited), so a connect to a dead owner still
+    // succeeds and nobody would ever answer. Its pidfd is readable once it
+    // has exited, reaped or not.
+    const int pfd = int(syscall(SYS_pidfd_open, owner, 0));
+    if (pfd < 0 && errno == ESRCH) return -ESRCH;
+    auto owner_dead = [pfd] {
+        pollfd p{pfd, POLLIN, 0};
+        return pfd >= 0 && sys.poll(&p, 1, 0) == 1;
+    };
+    if (owner_dead()) {
+        sys.close(pfd);
+        return -ESRCH;
+    }
+    char path[108];
+    ctl_path(path, sizeof path, owner);
+    int s = sys.socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (s < 0) {
+        const int err = errno;
+        if (pfd >= 0) sys.close(pfd);
+        return -err;
+    }
+    // The owner waits up to the leave timeout for its peer.
+    const std::uint32_t ms = settings().leave_timeout_ms + 2000;
+    const std::uint64_t deadline = monotonic_ns() + std::uint64_t(ms) * 1000000ull;
+    timeval tv{time_t(ms / 1000), suseconds_t((ms % 1000) * 1000)};
+    sys.setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    sockaddr_un sa{};
+    sa.sun_family = AF_UNIX;
+    std::memcpy(sa.sun_path, path, sizeof path);
+    int rc = -ESRCH;
+    CtlMsg rep{};
+    int none = -1;
+    if (sys.connect(s, reinterpret_cast<sockaddr *>(&sa), sizeof sa) == 0) {
+        rc = -EPERM;
+        if (peer_cred_ok(s, owner)) {
+            rc = -ETIMEDOUT;
+            if (send_ctl(s, req, &fd, 1) == sizeof req) {
+                // In slices: the owner may die while we wait.
+                for (;;) {
+                    const std::uint64_t slice = std::min<std::uint64_t>(deadline, monotonic_ns() + 50000000ull);
+                    const int got = recv_ctl_until(s, rep, &none, 0, slice);
+                    if (got == 0) {
+                        if (rep.type == std::uint16_t(CtlType::reply) && rep.pid == owner)
+                            rc = rep.status == std::uint32_t(Reason::none)         ? 0
+                                 : rep.status == std::uint32_t(Reason::disconnect) ? -ECONNRESET
+                                                                                  : -EIO;
+                        break;
+                    }
+                    if (owner_dead()) {
+                        rc = -ESRCH;
+                        break;
+                    }
+                    if (got != -ETIMEDOUT || monotonic_ns() >= deadline) break;
+                }
+            }
+        }
+    } else if (!owner_dead()) {
+        rc = errno == ENOENT || errno == ECONNREFUSED ? -ESRCH : -errno;
+    }
+    sys.close(s);
+    if (pfd >= 0) sys.close(pfd);
+    return rc;
+}
+
+void Engine::handle_leave(int fd, pid_t pid, const Tuple &tuple, int proof, Reason why) noexcept {
+    CtlMsg rep = reply_to(pid_, CtlType::reply);
+    Tuple proven;
+    if (!peer_cred_ok(fd, pid)) {
+        rep.status = std::uint32_t(Reason::other_user);
+    } else if (tuple_of(proof, proven) != 0 || !(proven == tuple)) {
+        rep.status = std::uint32_t(Reason::proof_failed);
+    } else {
+        std::lock_guard lock(conn_lock_);
+        Conn *c = find_tuple(tuple);
+        // Not ours (any more): the kernel carries it all already.
+        if (c) {
+            if (const int rc = leave_locked(c, why); rc < 0) {
+                SD_LOG(error, "fd %d: pid %d asked us to leave the fabric (%s) and we could not: "
+                              "%s", c->stat->fd, int(pid), reason_name(why), std::strerror(-rc));
+                // Bytes of the connection were lost here (its peer died
+                // before they were read): a reset for the asking holder.
+                rep.status = std::uint32_t(rc == -ECONNRESET ? Reason::disconnect : Reason::timeout);
+            }
+        }
+    }
+    if (proof >= 0) sys.close(proof);
+    send_ctl(fd, rep, nullptr, 0, MSG_DONTWAIT);
+}
+
+}  // namespace sd::transport
