@@ -112,8 +112,9 @@ void Engine::publish(Conn *c, Reason kernel_why) noexcept {
     e.acceptor = c->acceptor;
     // A name cut short would send the peer elsewhere: not published (we
     // may still find the peer's entry and initiate).
-    if (std::strlen(ep_.name) >= sizeof e.addr) return;
-    std::snprintf(e.addr, sizeof e.addr, "%s", ep_.name);
+    const std::size_t name_len = std::strlen(ep_.name);
+    if (name_len >= sizeof e.addr) return;
+    std::memcpy(e.addr, ep_.name, name_len + 1);
     std::uint64_t dev = 0, ino = 0;
     if (!write_entry(c->tuple, e, &dev, &ino)) return;
     c->entry_dev.store(dev, std::memory_order_relaxed);

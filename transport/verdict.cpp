@@ -69,7 +69,9 @@ void list_dirs_locked() noexcept {
             if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode) ||
                 (st.st_dev == ours.st_dev && st.st_ino == ours.st_ino))
                 continue;
-            std::snprintf(dirs[ndirs], sizeof dirs[ndirs], "%s/%s", dir, e->d_name);
+            // A path that does not fit names another directory: skipped.
+            const int n = std::snprintf(dirs[ndirs], sizeof dirs[ndirs], "%s/%s", dir, e->d_name);
+            if (n < 0 || std::size_t(n) >= sizeof dirs[ndirs]) continue;
             dir_uid[ndirs++] = unsigned(st.st_uid);
         }
         closedir(d);
