@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <vector>
 
 namespace sd::fallback {
 namespace {
@@ -178,32 +179,116 @@ bool slot_taken(int fd) noexcept {
     return fd >= 0 && fd < nslots && slots[fd].load(std::memory_order_acquire);
 }
 
-void table_before_exec() noexcept { table_before_exec(nullptr, 0); }
+namespace {
 
-void table_before_exec(const int *fds, int nfds) noexcept {
-    if (!slots) return;
-    ino_t kept[256];
-    int kept_fd[256];
-    int nkept = inherited_sockets(kept, kept_fd, 256);
-    for (int i = 0; i < nfds && nkept < 256; ++i) {
-        struct stat st;
-        if (fstat(fds[i], &st) == 0 && S_ISSOCK(st.st_mode)) {
-            kept_fd[nkept] = fds[i];
-            kept[nkept++] = st.st_ino;
-        }
-    }
-    SD_LOG(debug, "exec: the new program inherits %d socket(s)", nkept);
-    if (!nkept) return;  // the new program inherits no socket
+// Every stream whose socket inode is in `kept` (sorted; `kept_fd[i]` an fd
+// of kept[i] in this process) goes back to the kernel before a new program
+// that holds it starts.
+void leave_for_exec(const ino_t *kept, const int *kept_fd, int nkept) noexcept {
+    SD_LOG(debug, "exec: the new program holds %d socket(s)", nkept);
+    if (!nkept) return;
     // vfork runs no fork handlers: a pid that is not ours is a vfork child.
     const bool vforked = int(getpid()) != self_pid;
     for (int fd = 0; fd < nslots; ++fd) {
         Stream *s = acquire(fd);
         if (!s) continue;
-        const ino_t *at = std::find(kept, kept + nkept, ino_t(s->ino));
-        if (s->fd.load(std::memory_order_relaxed) == fd && s->ino && at != kept + nkept)
+        const ino_t *at = std::lower_bound(kept, kept + nkept, ino_t(s->ino));
+        if (s->fd.load(std::memory_order_relaxed) == fd && s->ino && at != kept + nkept &&
+            *at == ino_t(s->ino))
             s->before_exec(vforked, kept_fd[at - kept]);
         release(s);
     }
+}
+
+// Sorts the pairs by inode, in place, without allocating (a vfork child).
+void sort_kept(ino_t *kept, int *kept_fd, int n) noexcept {
+    for (int i = 1; i < n; ++i)
+        for (int j = i; j > 0 && kept[j - 1] > kept[j]; --j) {
+            std::swap(kept[j - 1], kept[j]);
+            std::swap(kept_fd[j - 1], kept_fd[j]);
+        }
+}
+
+}  // namespace
+
+void table_before_exec() noexcept {
+    if (!slots) return;
+    ino_t kept[256];
+    int kept_fd[256];
+    const int nkept = inherited_sockets(kept, kept_fd, 256);
+    sort_kept(kept, kept_fd, nkept);
+    leave_for_exec(kept, kept_fd, nkept);
+}
+
+void table_before_spawn(const SpawnAction *actions, int nactions) noexcept {
+    if (!slots) return;
+    // The child's fds that are our sockets, as its own fd table will be
+    // after each action: fd there, socket inode, an fd of it here, and
+    // whether it survives the exec.
+    struct Held {
+        int fd;
+        ino_t ino;
+        int here;
+        bool inherit;
+    };
+    // Actions not known, or posix_spawn called in a vfork child (whose
+    // memory is its parent's: nothing allocated there): every socket.
+    if (nactions < 0 || foreign_process()) {
+        const bool vforked = foreign_process();
+        for (int fd = 0; fd < nslots; ++fd) {
+            Stream *s = acquire(fd);
+            if (!s) continue;
+            if (s->fd.load(std::memory_order_relaxed) == fd && s->ino) s->before_exec(vforked, fd);
+            release(s);
+        }
+        return;
+    }
+    std::vector<Held> held;
+    for (int fd = 0; fd < nslots; ++fd) {
+        Stream *s = acquire(fd);
+        if (!s) continue;
+        const ino_t ino = ino_t(s->ino);
+        release(s);
+        if (!ino) continue;
+        const int flags = transport::sys.fcntl(fd, F_GETFD);
+        if (flags >= 0) held.push_back({fd, ino, fd, !(flags & FD_CLOEXEC)});
+    }
+    const auto at = [&held](int fd) {
+        return std::find_if(held.begin(), held.end(), [fd](const Held &h) { return h.fd == fd; });
+    };
+    for (int i = 0; i < nactions; ++i) {
+        const SpawnAction &a = actions[i];
+        switch (a.kind) {
+        case SpawnAction::Kind::close:
+        case SpawnAction::Kind::replace:
+            if (auto h = at(a.fd); h != held.end()) held.erase(h);
+            break;
+        case SpawnAction::Kind::close_from:
+            std::erase_if(held, [&a](const Held &h) { return h.fd >= a.fd; });
+            break;
+        case SpawnAction::Kind::dup2: {
+            auto from = at(a.fd);
+            if (a.fd == a.newfd) {
+                if (from != held.end()) from->inherit = true;
+                break;
+            }
+            const bool socket = from != held.end();
+            const Held copy = socket ? *from : Held{};
+            if (auto h = at(a.newfd); h != held.end()) held.erase(h);
+            if (socket) held.push_back({a.newfd, copy.ino, copy.here, true});
+            break;
+        }
+        }
+    }
+    std::vector<ino_t> kept;
+    std::vector<int> kept_fd;
+    std::sort(held.begin(), held.end(), [](const Held &x, const Held &y) { return x.ino < y.ino; });
+    for (const Held &h : held)
+        if (h.inherit && (kept.empty() || kept.back() != h.ino)) {
+            kept.push_back(h.ino);
+            kept_fd.push_back(h.here);
+        }
+    leave_for_exec(kept.data(), kept_fd.data(), int(kept.size()));
 }
 
 namespace {
