@@ -1,6 +1,6 @@
 // A process with a connection runs a program in a child (posix_spawn,
-// system, popen) and goes on with the connection; the child is the peer
-// program, which checks what it got (peer_spawn.cpp). A socket the child
+// system, popen, vfork and exec) and goes on with the connection; the
+// child is the peer program, which checks what it got (peer_spawn.cpp). A socket the child
 // cannot receive (close-on-exec, or taken from it by posix_spawn's file
 // actions) stays direct in the parent, every byte after the child on the
 // fabric; one the child inherits and writes to carries the child's bytes
@@ -76,10 +76,10 @@ void check_left_for_child(const Pair &pair, const Placement &pl) {
 
 }  // namespace
 
-TEST_CASE("a direct connection on a close-on-exec socket stays direct while posix_spawn, system "
-          "or popen runs a child, byte-exact both ways",
+TEST_CASE("a direct connection on a close-on-exec socket stays direct while posix_spawn, system, "
+          "popen or vfork and exec runs a child, byte-exact both ways",
           "[spawn]") {
-    for (const char *via : {"spawn", "system", "popen"}) {
+    for (const char *via : {"spawn", "system", "popen", "vfork"}) {
         INFO("via " << via);
         if (!run_pair(spawn_spec(via, "cloexec"), check_stayed_direct)) return;
     }
@@ -94,10 +94,11 @@ TEST_CASE("a direct connection that posix_spawn's file actions take from the chi
     }
 }
 
-TEST_CASE("an inheritable socket a child of posix_spawn, system or popen writes to delivers the "
-          "child's bytes exactly, and the parent's stream stays exact both ways after it",
+TEST_CASE("an inheritable socket a child of posix_spawn, system, popen or vfork and exec writes "
+          "to delivers the child's bytes exactly, and the parent's stream stays exact both ways "
+          "after it",
           "[spawn]") {
-    for (const char *via : {"spawn", "system", "popen"}) {
+    for (const char *via : {"spawn", "system", "popen", "vfork"}) {
         INFO("via " << via);
         if (!run_pair(spawn_spec(via, "writes"), check_left_for_child)) return;
     }

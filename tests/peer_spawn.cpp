@@ -1,6 +1,6 @@
 // A program started in a child while this process keeps its connection:
-// posix_spawn, system, popen (drive_spawn_child), and that program (mode
-// spawn-child). The child is this same program; it inherits the
+// posix_spawn, system, popen, vfork and exec (drive_spawn_child), and that
+// program (mode spawn-child). The child is this same program; it inherits the
 // environment, so under the library it runs the library too.
 #include "peer_common.hpp"
 #include "peer_drivers.hpp"
@@ -38,7 +38,7 @@ void check_status(int status, const char *what) {
         fail("%s: the child ended with status 0x%x", what, unsigned(status));
 }
 
-// Waits up to 25 s for a posix_spawn'ed child (its watchdog ends it after 20).
+// Waits up to 25 s for a child of posix_spawn or vfork (its watchdog ends it after 20).
 void reap_child(pid_t pid) {
     int status = 0;
     pid_t got = 0;
@@ -48,7 +48,7 @@ void reap_child(pid_t pid) {
         waitpid(pid, &status, 0);
         fail("the spawned child (pid %d) did not end within 25 s", int(pid));
     }
-    check_status(status, "posix_spawn");
+    check_status(status, "the spawned child");
 }
 
 // Both ways, checked: an echo round and 1 MiB each way.
@@ -73,7 +73,7 @@ void exchange(int fd, const Options &opt, std::uint64_t first) {
 
 }  // namespace
 
-// --via spawn|system|popen; --child:
+// --via spawn|system|popen|vfork; --child:
 //   cloexec    the socket has FD_CLOEXEC; the child checks it lacks it
 //   closed     inheritable, posix_spawn's addclose takes it from the child
 //   dup2-over  inheritable, posix_spawn's adddup2 puts /dev/null on its fd
@@ -86,9 +86,11 @@ void drive_spawn_child(int *fd, const Options &opt) {
     const int s = *fd;
     const std::string via = opt.get("via", "spawn");
     const std::string child = opt.get("child", "cloexec");
-    if (via != "spawn" && via != "system" && via != "popen") fail("--via must be spawn, system or popen");
+    if (via != "spawn" && via != "system" && via != "popen" && via != "vfork")
+        fail("--via must be spawn, system, popen or vfork");
     const bool by_actions = child == "closed" || child == "dup2-over" || child == "closefrom";
-    if (child != "cloexec" && child != "writes" && !by_actions) fail("unknown --child '%s'", child.c_str());
+    if (child != "cloexec" && child != "writes" && !by_actions)
+        fail("unknown --child '%s'", child.c_str());
     if (by_actions && via != "spawn") fail("--child %s needs --via spawn", child.c_str());
     exchange(s, opt, 0);
     if (fcntl(s, F_SETFD, child == "cloexec" ? FD_CLOEXEC : 0) != 0)
@@ -109,7 +111,8 @@ void drive_spawn_child(int *fd, const Options &opt) {
     const std::string fd_text = std::to_string(s), seed_text = std::to_string(seed);
     const std::string local = local_text(s);
     std::vector<std::string> args = {self, "spawn-child", "--fd", fd_text, "--local", local};
-    if (child == "writes") args.insert(args.end(), {"--seed", seed_text, "--size", std::to_string(kChildBytes)});
+    if (child == "writes")
+        args.insert(args.end(), {"--seed", seed_text, "--size", std::to_string(kChildBytes)});
     if (via == "spawn") {
         posix_spawn_file_actions_t fa;
         posix_spawn_file_actions_init(&fa);
@@ -131,11 +134,24 @@ void drive_spawn_child(int *fd, const Options &opt) {
         if (null_fd >= 0) close(null_fd);
         if (rc != 0) fail("posix_spawn: %s", errno_name(rc));
         reap_child(pid);
+    } else if (via == "vfork") {
+        std::vector<char *> argv;
+        for (std::string &a : args) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        std::fflush(stdout);
+        const pid_t pid = vfork();
+        if (pid < 0) fail("vfork: %s", errno_name(errno));
+        if (pid == 0) {
+            execve(self.c_str(), argv.data(), environ);
+            _exit(127);
+        }
+        reap_child(pid);
     } else {
         // Through the shell: arguments without spaces or quotes.
         std::string command;
         for (const std::string &a : args) {
-            if (a.find_first_of(" '\"\\$`[]*?") != std::string::npos) fail("argument '%s' needs quoting", a.c_str());
+            if (a.find_first_of(" '\"\\$`[]*?") != std::string::npos)
+                fail("argument '%s' needs quoting", a.c_str());
             command += (command.empty() ? "" : " ") + a;
         }
         std::fflush(stdout);
