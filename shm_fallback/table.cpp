@@ -147,28 +147,28 @@ void table_after_fork_child() noexcept {
 bool foreign_process() noexcept { return int(getpid()) != self_pid; }
 
 // Read with getdents64 into the stack (a vfork child must not allocate).
-int inherited_sockets(ino_t *out, int *out_fd, int max) noexcept {
+// The kernel lists the fds in increasing order: the first `max` found are
+// the next ones after `after`.
+int inherited_sockets(ino_t *out, int *out_fd, int max, int after) noexcept {
     int dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dir < 0) return 0;
     int n = 0;
     alignas(8) char buf[4096];
-    for (;;) {
+    while (n < max) {
         ssize_t got = getdents64(dir, buf, sizeof buf);
         if (got <= 0) break;
-        for (ssize_t at = 0; at < got;) {
+        for (ssize_t at = 0; at < got && n < max;) {
             auto *d = reinterpret_cast<dirent64 *>(buf + at);
             at += d->d_reclen;
             char *end;
             long fd = std::strtol(d->d_name, &end, 10);
-            if (*end || end == d->d_name || fd == dir) continue;
+            if (*end || end == d->d_name || fd == dir || fd <= after) continue;
             int flags = transport::sys.fcntl(int(fd), F_GETFD);
             struct stat st;
             if (flags < 0 || (flags & FD_CLOEXEC) || fstat(int(fd), &st) != 0 || !S_ISSOCK(st.st_mode))
                 continue;
-            if (n < max) {
-                out_fd[n] = int(fd);
-                out[n++] = st.st_ino;
-            }
+            out_fd[n] = int(fd);
+            out[n++] = st.st_ino;
         }
     }
     transport::sys.close(dir);
@@ -213,11 +213,17 @@ void sort_kept(ino_t *kept, int *kept_fd, int n) noexcept {
 
 void table_before_exec() noexcept {
     if (!slots) return;
-    ino_t kept[256];
-    int kept_fd[256];
-    const int nkept = inherited_sockets(kept, kept_fd, 256);
-    sort_kept(kept, kept_fd, nkept);
-    leave_for_exec(kept, kept_fd, nkept);
+    // 256 at a time, on the stack: a process may hold many more.
+    constexpr int kBatch = 256;
+    ino_t kept[kBatch];
+    int kept_fd[kBatch];
+    for (int after = -1;;) {
+        const int nkept = inherited_sockets(kept, kept_fd, kBatch, after);
+        if (nkept) after = kept_fd[nkept - 1];
+        sort_kept(kept, kept_fd, nkept);
+        leave_for_exec(kept, kept_fd, nkept);
+        if (nkept < kBatch) return;
+    }
 }
 
 void table_before_spawn(const SpawnAction *actions, int nactions) noexcept {
@@ -301,14 +307,23 @@ int nleft_on_exec = 0;
 void table_exec_drop_uninherited() noexcept {
     nleft_on_exec = 0;
     if (!slots || foreign_process()) return;
-    ino_t kept[256];
-    int kept_fd[256];
-    const int nkept = inherited_sockets(kept, kept_fd, 256);
+    // Every inherited socket, however many (not a vfork child: it may
+    // allocate).
+    std::vector<ino_t> kept;
+    ino_t batch[256];
+    int batch_fd[256];
+    for (int after = -1;;) {
+        const int n = inherited_sockets(batch, batch_fd, 256, after);
+        kept.insert(kept.end(), batch, batch + n);
+        if (n < 256) break;
+        after = batch_fd[n - 1];
+    }
+    std::sort(kept.begin(), kept.end());
     for (int fd = 0; fd < nslots; ++fd) {
         Stream *s = acquire(fd);
         if (!s) continue;
         if (s->fd.load(std::memory_order_relaxed) == fd &&
-            std::find(kept, kept + nkept, ino_t(s->ino)) == kept + nkept)
+            !std::binary_search(kept.begin(), kept.end(), ino_t(s->ino)))
             for (Sharers *sh : {s->share.load(std::memory_order_acquire),
                                 s->holders.load(std::memory_order_acquire)})
                 if (sh && sharers_hold(sh) && nleft_on_exec < kLeftMax) {

@@ -72,8 +72,9 @@ void table_to_kernel_for_good(const int *fds, int nfds, transport::Reason why) n
 void table_retire() noexcept;
 
 // The sockets a new program would inherit: their inode numbers and fd
-// numbers (fds without FD_CLOEXEC), at most `max`; the count.
-int inherited_sockets(ino_t *out, int *out_fd, int max) noexcept;
+// numbers (fds without FD_CLOEXEC), those at fds above `after`, in fd
+// order, at most `max`; the count.
+int inherited_sockets(ino_t *out, int *out_fd, int max, int after = -1) noexcept;
 // Some stream is mapped at `fd` (no reference taken, no adoption).
 bool slot_taken(int fd) noexcept;
 

@@ -103,3 +103,14 @@ TEST_CASE("an inheritable socket a child of posix_spawn, system, popen or vfork 
         if (!run_pair(spawn_spec(via, "writes"), check_left_for_child)) return;
     }
 }
+
+TEST_CASE("a child that inherits 300 other sockets too gets the one it writes to on the kernel: "
+          "its bytes arrive exactly",
+          "[spawn]") {
+    for (const char *via : {"vfork", "spawn", "system"}) {
+        INFO("via " << via);
+        PairSpec spec = spawn_spec(via, "writes");
+        spec.client_args = {"--ballast", "300"};
+        if (!run_pair(spec, check_left_for_child)) return;
+    }
+}

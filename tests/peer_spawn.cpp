@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <spawn.h>
 #include <string>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -80,9 +81,24 @@ void exchange(int fd, const Options &opt, std::uint64_t first) {
 //   closefrom  inheritable, posix_spawn's addclosefrom_np(3) closes it
 //   writes     inheritable; the child sends kChildBytes of pattern on it,
 //              which the responder checks and acknowledges
+// --ballast N: first, N inheritable Unix sockets (socketpairs), and the
+// connection moved to an fd above them (F_DUPFD from 700): the child
+// inherits more sockets than a new program's list holds at once (256).
 // Before and after the child: exchange() both ways. The "child" line gives
 // the bytes this process had moved when the child started.
 void drive_spawn_child(int *fd, const Options &opt) {
+    std::vector<int> ballast;
+    for (std::uint64_t i = 0, n = opt.num("ballast", 0); i < n; i += 2) {
+        int sp[2];
+        if (socketpair(AF_UNIX, SOCK_STREAM, 0, sp) != 0) fail("socketpair: %s", errno_name(errno));
+        ballast.insert(ballast.end(), {sp[0], sp[1]});
+    }
+    if (!ballast.empty()) {
+        const int high = fcntl(*fd, F_DUPFD, 700);
+        if (high < 0) fail("fcntl(F_DUPFD, 700): %s", errno_name(errno));
+        close(*fd);
+        *fd = high;
+    }
     const int s = *fd;
     const std::string via = opt.get("via", "spawn");
     const std::string child = opt.get("child", "cloexec");
@@ -169,6 +185,7 @@ void drive_spawn_child(int *fd, const Options &opt) {
     }
     if (child == "writes") expect_ack(s, "ack of the child's bytes");
     exchange(s, opt, 40);
+    for (int b : ballast) close(b);
 }
 
 // Mode spawn-child: --fd N is the parent's socket, --local its local
