@@ -7,7 +7,10 @@
 // glibc's system and popen start their shell through internal calls (its
 // own posix_spawn, not interposable): each public entry point is caught.
 // The file actions are opaque, so the calls that build them are caught
-// too and their fd effects remembered per action list.
+// too and their fd effects remembered per action list; a list with an
+// action we did not see (glibc's count of its actions, a public field,
+// differs from ours: a copied list, one built before the library loaded)
+// counts every socket as the child's.
 #include "shim.hpp"
 #include "transport/engine.hpp"
 
@@ -15,6 +18,7 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <mutex>
+#include <pthread.h>
 #include <spawn.h>
 
 namespace {
@@ -35,6 +39,9 @@ struct Real {
     int (*adddup2)(Actions *, int, int);
     int (*addopen)(Actions *, int, const char *, int, mode_t);
     int (*addclosefrom)(Actions *, int);
+    int (*addchdir)(Actions *, const char *);
+    int (*addfchdir)(Actions *, int);
+    int (*addtcsetpgrp)(Actions *, int);
 };
 Real real;
 
@@ -42,6 +49,18 @@ template <typename F>
 void find(F &slot, const char *name) noexcept {
     slot = reinterpret_cast<F>(dlsym(RTLD_NEXT, name));
 }
+
+// The actions added to each list, in order, in one table for all lists
+// (programs build a few short lists). An action that finds the table full
+// is not kept: its list then has fewer actions here than in glibc's count.
+struct Recorded {
+    const Actions *list;
+    SpawnAction action;
+};
+constexpr int kRecorded = 512;
+Recorded recorded[kRecorded];
+int nrecorded = 0;
+std::mutex record_lock;
 
 __attribute__((constructor(102))) void resolve_spawn() {
     find(real.posix_spawn, "posix_spawn");
@@ -54,22 +73,13 @@ __attribute__((constructor(102))) void resolve_spawn() {
     find(real.adddup2, "posix_spawn_file_actions_adddup2");
     find(real.addopen, "posix_spawn_file_actions_addopen");
     find(real.addclosefrom, "posix_spawn_file_actions_addclosefrom_np");
+    find(real.addchdir, "posix_spawn_file_actions_addchdir_np");
+    find(real.addfchdir, "posix_spawn_file_actions_addfchdir_np");
+    find(real.addtcsetpgrp, "posix_spawn_file_actions_addtcsetpgrp_np");
+    // A fork child must not find the table locked by a thread it lacks.
+    pthread_atfork([] { record_lock.lock(); }, [] { record_lock.unlock(); },
+                   [] { record_lock.unlock(); });
 }
-
-// The actions added to each list, in order, in one table for all lists
-// (programs build a few short lists). A list whose action found the table
-// full is marked lost: its spawn counts every socket as the child's.
-struct Recorded {
-    const Actions *list;
-    SpawnAction action;
-};
-constexpr int kRecorded = 512;
-constexpr int kLost = 16;
-Recorded recorded[kRecorded];
-int nrecorded = 0;
-const Actions *lost[kLost];
-bool lost_overflow = false;  // a lost list that kLost could not name: every list is lost
-std::mutex record_lock;
 
 void forget(const Actions *list) noexcept {
     std::lock_guard lock(record_lock);
@@ -77,24 +87,11 @@ void forget(const Actions *list) noexcept {
     for (int i = 0; i < nrecorded; ++i)
         if (recorded[i].list != list) recorded[to++] = recorded[i];
     nrecorded = to;
-    for (const Actions *&l : lost)
-        if (l == list) l = nullptr;
 }
 
 void remember(const Actions *list, SpawnAction action) noexcept {
     std::lock_guard lock(record_lock);
-    if (nrecorded < kRecorded) {
-        recorded[nrecorded++] = {list, action};
-        return;
-    }
-    for (const Actions *l : lost)
-        if (l == list) return;
-    for (const Actions *&l : lost)
-        if (!l) {
-            l = list;
-            return;
-        }
-    lost_overflow = true;
+    if (nrecorded < kRecorded) recorded[nrecorded++] = {list, action};
 }
 
 // Before a spawn with `list` (null: no actions): the sockets the child
@@ -105,11 +102,9 @@ void prepare_spawn(const Actions *list) noexcept {
     int n = 0;
     if (list) {
         std::lock_guard lock(record_lock);
-        for (const Actions *l : lost)
-            if (l == list) n = -1;
-        if (lost_overflow) n = -1;
-        for (int i = 0; i < nrecorded && n >= 0; ++i)
+        for (int i = 0; i < nrecorded; ++i)
             if (recorded[i].list == list) actions[n++] = recorded[i].action;
+        if (n != list->__used) n = -1;  // one we did not see: not known
     }
     sd::fallback::table_before_spawn(actions, n);
 }
@@ -151,6 +146,21 @@ SD_EXPORT int posix_spawn_file_actions_addopen(Actions *list, int fd, const char
 SD_EXPORT int posix_spawn_file_actions_addclosefrom_np(Actions *list, int from) {
     if (!real.addclosefrom) return ENOSYS;
     return add(list, real.addclosefrom(list, from), {SpawnAction::Kind::close_from, from, -1});
+}
+
+SD_EXPORT int posix_spawn_file_actions_addchdir_np(Actions *list, const char *path) {
+    if (!real.addchdir) return ENOSYS;
+    return add(list, real.addchdir(list, path), {SpawnAction::Kind::none, -1, -1});
+}
+
+SD_EXPORT int posix_spawn_file_actions_addfchdir_np(Actions *list, int fd) {
+    if (!real.addfchdir) return ENOSYS;
+    return add(list, real.addfchdir(list, fd), {SpawnAction::Kind::none, -1, -1});
+}
+
+SD_EXPORT int posix_spawn_file_actions_addtcsetpgrp_np(Actions *list, int fd) {
+    if (!real.addtcsetpgrp) return ENOSYS;
+    return add(list, real.addtcsetpgrp(list, fd), {SpawnAction::Kind::none, -1, -1});
 }
 
 SD_EXPORT int posix_spawn(pid_t *pid, const char *path, const Actions *list,

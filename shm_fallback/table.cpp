@@ -272,6 +272,8 @@ void table_before_spawn(const SpawnAction *actions, int nactions) noexcept {
         case SpawnAction::Kind::close_from:
             std::erase_if(held, [&a](const Held &h) { return h.fd >= a.fd; });
             break;
+        case SpawnAction::Kind::none:
+            break;
         case SpawnAction::Kind::dup2: {
             auto from = at(a.fd);
             if (a.fd == a.newfd) {

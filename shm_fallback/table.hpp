@@ -44,9 +44,9 @@ void table_before_exec() noexcept;
 // program holds: `close` fd; `dup2` fd onto newfd (even an FD_CLOEXEC fd
 // becomes the new program's; onto itself, it clears FD_CLOEXEC there);
 // `replace`: fd becomes another file (an open action, popen's pipe);
-// `close_from`: fd and every fd above it.
+// `close_from`: fd and every fd above it; `none`: no fd changes (chdir).
 struct SpawnAction {
-    enum class Kind : std::uint8_t { close, dup2, replace, close_from };
+    enum class Kind : std::uint8_t { close, dup2, replace, close_from, none };
     Kind kind;
     int fd;
     int newfd;

@@ -114,3 +114,9 @@ TEST_CASE("a child that inherits 300 other sockets too gets the one it writes to
         if (!run_pair(spec, check_left_for_child)) return;
     }
 }
+
+TEST_CASE("a close-on-exec socket that a copied action list dup2's into the child, actions the "
+          "library never saw, goes to the kernel first: the child's bytes arrive exactly",
+          "[spawn]") {
+    run_pair(spawn_spec("spawn", "copied"), check_left_for_child);
+}

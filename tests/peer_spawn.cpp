@@ -81,6 +81,10 @@ void exchange(int fd, const Options &opt, std::uint64_t first) {
 //   closefrom  inheritable, posix_spawn's addclosefrom_np(3) closes it
 //   writes     inheritable; the child sends kChildBytes of pattern on it,
 //              which the responder checks and acknowledges
+//   copied     close-on-exec, but adddup2'ed to fd 700 in an action list
+//              that is copied (a struct copy) and spawned from the copy,
+//              whose actions the library never saw; the child writes as
+//              for `writes`, on fd 700
 // --ballast N: first, N inheritable Unix sockets (socketpairs), and the
 // connection moved to an fd above them (F_DUPFD from 700): the child
 // inherits more sockets than a new program's list holds at once (256).
@@ -104,15 +108,17 @@ void drive_spawn_child(int *fd, const Options &opt) {
     const std::string child = opt.get("child", "cloexec");
     if (via != "spawn" && via != "system" && via != "popen" && via != "vfork")
         fail("--via must be spawn, system, popen or vfork");
-    const bool by_actions = child == "closed" || child == "dup2-over" || child == "closefrom";
+    const bool by_actions =
+        child == "closed" || child == "dup2-over" || child == "closefrom" || child == "copied";
+    const bool writes = child == "writes" || child == "copied";
     if (child != "cloexec" && child != "writes" && !by_actions)
         fail("unknown --child '%s'", child.c_str());
     if (by_actions && via != "spawn") fail("--child %s needs --via spawn", child.c_str());
     exchange(s, opt, 0);
-    if (fcntl(s, F_SETFD, child == "cloexec" ? FD_CLOEXEC : 0) != 0)
+    if (fcntl(s, F_SETFD, child == "cloexec" || child == "copied" ? FD_CLOEXEC : 0) != 0)
         fail("fcntl(F_SETFD): %s", errno_name(errno));
     const std::uint64_t seed = seed_of(opt, 20);
-    if (child == "writes") {
+    if (writes) {
         Cmd cmd;
         cmd.op = Op::recv;
         cmd.api = std::uint32_t(Rx::recv);
@@ -124,10 +130,11 @@ void drive_spawn_child(int *fd, const Options &opt) {
          peer_text(s).c_str(), (unsigned long long)counted_tx(s),
          (unsigned long long)counted_rx(s));
     const std::string self = self_path();
-    const std::string fd_text = std::to_string(s), seed_text = std::to_string(seed);
+    const std::string fd_text = std::to_string(child == "copied" ? 700 : s);
+    const std::string seed_text = std::to_string(seed);
     const std::string local = local_text(s);
     std::vector<std::string> args = {self, "spawn-child", "--fd", fd_text, "--local", local};
-    if (child == "writes")
+    if (writes)
         args.insert(args.end(), {"--seed", seed_text, "--size", std::to_string(kChildBytes)});
     if (via == "spawn") {
         posix_spawn_file_actions_t fa;
@@ -140,12 +147,15 @@ void drive_spawn_child(int *fd, const Options &opt) {
             if (null_fd < 0) fail("open /dev/null: %s", errno_name(errno));
             posix_spawn_file_actions_adddup2(&fa, null_fd, s);
         }
+        if (child == "copied") posix_spawn_file_actions_adddup2(&fa, s, 700);
+        const posix_spawn_file_actions_t copy = fa;
         std::vector<char *> argv;
         for (std::string &a : args) argv.push_back(a.data());
         argv.push_back(nullptr);
         pid_t pid = -1;
         std::fflush(stdout);
-        const int rc = posix_spawn(&pid, self.c_str(), &fa, nullptr, argv.data(), environ);
+        const int rc = posix_spawn(&pid, self.c_str(), child == "copied" ? &copy : &fa, nullptr,
+                                   argv.data(), environ);
         posix_spawn_file_actions_destroy(&fa);
         if (null_fd >= 0) close(null_fd);
         if (rc != 0) fail("posix_spawn: %s", errno_name(rc));
@@ -183,7 +193,7 @@ void drive_spawn_child(int *fd, const Options &opt) {
                 fail("popen: read '%s' from the child's stdout, not 'done'", got ? line : "(EOF)");
         }
     }
-    if (child == "writes") expect_ack(s, "ack of the child's bytes");
+    if (writes) expect_ack(s, "ack of the child's bytes");
     exchange(s, opt, 40);
     for (int b : ballast) close(b);
 }
