@@ -4,8 +4,9 @@
 // run the library (or runs a fresh copy that knows nothing of them), so
 // those go back to the kernel for good first. Every other socket stays as
 // it is: a direct connection the child cannot receive stays direct.
-// glibc's system and popen start their shell through internal calls (its
-// own posix_spawn, not interposable): each public entry point is caught.
+// glibc's system and popen start their shell through internal calls no
+// interposer sees (no public posix_spawn, vfork or clone): each public
+// entry point is caught.
 // The file actions are opaque, so the calls that build them are caught
 // too and their fd effects remembered per action list; a list with an
 // action we did not see (glibc's count of its actions, a public field,
