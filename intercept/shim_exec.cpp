@@ -1,12 +1,13 @@
-// Starting programs: the exec family, posix_spawn, system and popen. The
-// new program may not run the library (or runs a fresh copy that knows
-// nothing of our connections), so every socket it inherits goes back to
-// the kernel first: for good, unless the exec replaces this process with
-// a program whose environment preloads the library; then the connections
-// are handed over (shm_fallback/handover.hpp) and the new image may
-// upgrade them again. glibc's own calls between these entry
-// points are internal and not interposable: each public one is caught.
-// vfork needs nothing of its own: its child reaches exec through here.
+// Starting programs in place: the exec family. The new program may not
+// run the library (or runs a fresh copy that knows nothing of our
+// connections), so every socket it inherits goes back to the kernel
+// first: for good, unless the exec replaces this process with a program
+// whose environment preloads the library; then the connections are
+// handed over (shm_fallback/handover.hpp) and the new image may upgrade
+// them again. glibc's own calls between these entry points are internal
+// and not interposable: each public one is caught. vfork needs nothing of
+// its own: its child reaches exec through here. Programs started in a
+// child (posix_spawn, system, popen): shim_spawn.cpp.
 #include "shim.hpp"
 #include "shm_fallback/handover.hpp"
 #include "transport/engine.hpp"
@@ -16,8 +17,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <dlfcn.h>
-#include <mutex>
-#include <spawn.h>
 #include <unistd.h>
 #include <vector>
 
@@ -30,14 +29,6 @@ struct Real {
     int (*execvpe)(const char *, char *const[], char *const[]);
     int (*fexecve)(int, char *const[], char *const[]);
     int (*execveat)(int, const char *, char *const[], char *const[], int);
-    int (*posix_spawn)(pid_t *, const char *, const posix_spawn_file_actions_t *,
-                       const posix_spawnattr_t *, char *const[], char *const[]);
-    int (*posix_spawnp)(pid_t *, const char *, const posix_spawn_file_actions_t *,
-                        const posix_spawnattr_t *, char *const[], char *const[]);
-    int (*system)(const char *);
-    FILE *(*popen)(const char *, const char *);
-    int (*adddup2)(posix_spawn_file_actions_t *, int, int);
-    int (*destroy)(posix_spawn_file_actions_t *);
 };
 Real real;
 
@@ -52,54 +43,6 @@ __attribute__((constructor(102))) void resolve_exec() {
     find(real.execvpe, "execvpe");
     find(real.fexecve, "fexecve");
     find(real.execveat, "execveat");
-    find(real.posix_spawn, "posix_spawn");
-    find(real.posix_spawnp, "posix_spawnp");
-    find(real.system, "system");
-    find(real.popen, "popen");
-    find(real.adddup2, "posix_spawn_file_actions_adddup2");
-    find(real.destroy, "posix_spawn_file_actions_destroy");
-}
-
-// posix_spawn's dup2 actions, remembered by action list: the fd dup2'ed
-// becomes the new program's even if it has FD_CLOEXEC here. A small table;
-// when full, the oldest entries go (their sockets then count only when
-// they lack FD_CLOEXEC).
-struct Dup2 {
-    const posix_spawn_file_actions_t *actions;
-    int fd;
-};
-constexpr int kDup2s = 64;
-Dup2 dup2s[kDup2s];
-int next_dup2 = 0;
-std::mutex dup2s_lock;
-
-void remember_dup2(const posix_spawn_file_actions_t *actions, int fd) noexcept {
-    std::lock_guard lock(dup2s_lock);
-    dup2s[next_dup2] = {actions, fd};
-    next_dup2 = (next_dup2 + 1) % kDup2s;
-}
-
-void forget_dup2s(const posix_spawn_file_actions_t *actions) noexcept {
-    std::lock_guard lock(dup2s_lock);
-    for (Dup2 &d : dup2s)
-        if (d.actions == actions) d = {};
-}
-
-void prepare_spawn(const posix_spawn_file_actions_t *actions) noexcept {
-    if (sd::transport::guarded()) return;
-    int fds[kDup2s];
-    int n = 0;
-    if (actions) {
-        std::lock_guard lock(dup2s_lock);
-        for (const Dup2 &d : dup2s)
-            if (d.actions == actions) fds[n++] = d.fd;
-    }
-    sd::fallback::table_before_exec(fds, n);
-}
-
-void prepare() noexcept {
-    if (!sd::transport::guarded()) sd::fallback::table_before_exec();
-    else SD_LOG(error, "exec from inside the library: inherited sockets stay as they are");
 }
 
 // The environment of an exec in place: `envp` itself, after every
@@ -153,7 +96,7 @@ class ExecEnv {
     std::vector<char *> list_;
 };
 
-// An exec of this process: after prepare(), no other thread may enter the
+// An exec of this process: once its sockets left (ExecEnv), no other thread may enter the
 // provider until the new image replaces them all; reopened if exec fails.
 struct ExecGate {
     bool closed = !sd::transport::guarded() && sd::transport::Engine::close_provider_for_exec();
@@ -239,43 +182,4 @@ SD_EXPORT int execle(const char *path, const char *arg, ...) {
     std::vector<char *> argv = gather(arg, ap, &envp);
     va_end(ap);
     return execve(path, argv.data(), envp);
-}
-
-SD_EXPORT int posix_spawn_file_actions_adddup2(posix_spawn_file_actions_t *actions, int fd,
-                                               int newfd) {
-    if (!real.adddup2) return ENOSYS;
-    int r = real.adddup2(actions, fd, newfd);
-    if (r == 0) remember_dup2(actions, fd);
-    return r;
-}
-
-SD_EXPORT int posix_spawn_file_actions_destroy(posix_spawn_file_actions_t *actions) {
-    forget_dup2s(actions);
-    return real.destroy ? real.destroy(actions) : ENOSYS;
-}
-
-SD_EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *actions,
-                          const posix_spawnattr_t *attr, char *const argv[], char *const envp[]) {
-    prepare_spawn(actions);
-    return real.posix_spawn ? real.posix_spawn(pid, path, actions, attr, argv, envp) : ENOSYS;
-}
-
-SD_EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_actions_t *actions,
-                           const posix_spawnattr_t *attr, char *const argv[], char *const envp[]) {
-    prepare_spawn(actions);
-    return real.posix_spawnp ? real.posix_spawnp(pid, file, actions, attr, argv, envp) : ENOSYS;
-}
-
-SD_EXPORT int system(const char *command) {
-    if (command) prepare();  // system(NULL) only asks whether a shell exists
-    return real.system ? real.system(command) : missing();
-}
-
-SD_EXPORT FILE *popen(const char *command, const char *type) {
-    prepare();
-    if (!real.popen) {
-        errno = ENOSYS;
-        return nullptr;
-    }
-    return real.popen(command, type);
 }

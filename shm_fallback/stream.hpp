@@ -147,9 +147,8 @@ class Stream {
     // `proof`: an fd of the socket (default: ours).
     bool claim_inherited(int proof = -1, transport::Reason why = transport::Reason::shared) noexcept;
     // exec, posix_spawn, system, popen are about to start a program that
-    // may not run the library, and it inherits this socket (an fd without
-    // FD_CLOEXEC; `kept` is one such fd): the socket goes back to the
-    // kernel for good. `vforked`: called in a vfork child,
+    // may not run the library, and it will hold this socket (`kept`: an
+    // fd of it here): the socket goes back to the kernel for good. `vforked`: called in a vfork child,
     // whose memory is its parent's (only the owner's control thread acts).
     void before_exec(bool vforked, int kept) noexcept;
     // What an I/O call on an orphan whose claim failed returns.

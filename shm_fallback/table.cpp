@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <vector>
 
 namespace sd::fallback {
 namespace {
@@ -146,28 +147,28 @@ void table_after_fork_child() noexcept {
 bool foreign_process() noexcept { return int(getpid()) != self_pid; }
 
 // Read with getdents64 into the stack (a vfork child must not allocate).
-int inherited_sockets(ino_t *out, int *out_fd, int max) noexcept {
+// The kernel lists the fds in increasing order: the first `max` found are
+// the next ones after `after`.
+int inherited_sockets(ino_t *out, int *out_fd, int max, int after) noexcept {
     int dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dir < 0) return 0;
     int n = 0;
     alignas(8) char buf[4096];
-    for (;;) {
+    while (n < max) {
         ssize_t got = getdents64(dir, buf, sizeof buf);
         if (got <= 0) break;
-        for (ssize_t at = 0; at < got;) {
+        for (ssize_t at = 0; at < got && n < max;) {
             auto *d = reinterpret_cast<dirent64 *>(buf + at);
             at += d->d_reclen;
             char *end;
             long fd = std::strtol(d->d_name, &end, 10);
-            if (*end || end == d->d_name || fd == dir) continue;
+            if (*end || end == d->d_name || fd == dir || fd <= after) continue;
             int flags = transport::sys.fcntl(int(fd), F_GETFD);
             struct stat st;
             if (flags < 0 || (flags & FD_CLOEXEC) || fstat(int(fd), &st) != 0 || !S_ISSOCK(st.st_mode))
                 continue;
-            if (n < max) {
-                out_fd[n] = int(fd);
-                out[n++] = st.st_ino;
-            }
+            out_fd[n] = int(fd);
+            out[n++] = st.st_ino;
         }
     }
     transport::sys.close(dir);
@@ -178,32 +179,124 @@ bool slot_taken(int fd) noexcept {
     return fd >= 0 && fd < nslots && slots[fd].load(std::memory_order_acquire);
 }
 
-void table_before_exec() noexcept { table_before_exec(nullptr, 0); }
+namespace {
 
-void table_before_exec(const int *fds, int nfds) noexcept {
-    if (!slots) return;
-    ino_t kept[256];
-    int kept_fd[256];
-    int nkept = inherited_sockets(kept, kept_fd, 256);
-    for (int i = 0; i < nfds && nkept < 256; ++i) {
-        struct stat st;
-        if (fstat(fds[i], &st) == 0 && S_ISSOCK(st.st_mode)) {
-            kept_fd[nkept] = fds[i];
-            kept[nkept++] = st.st_ino;
-        }
-    }
-    SD_LOG(debug, "exec: the new program inherits %d socket(s)", nkept);
-    if (!nkept) return;  // the new program inherits no socket
+// Every stream whose socket inode is in `kept` (sorted; `kept_fd[i]` an fd
+// of kept[i] in this process) goes back to the kernel before a new program
+// that holds it starts.
+void leave_for_exec(const ino_t *kept, const int *kept_fd, int nkept) noexcept {
+    SD_LOG(debug, "exec: the new program holds %d socket(s)", nkept);
+    if (!nkept) return;
     // vfork runs no fork handlers: a pid that is not ours is a vfork child.
     const bool vforked = int(getpid()) != self_pid;
     for (int fd = 0; fd < nslots; ++fd) {
         Stream *s = acquire(fd);
         if (!s) continue;
-        const ino_t *at = std::find(kept, kept + nkept, ino_t(s->ino));
-        if (s->fd.load(std::memory_order_relaxed) == fd && s->ino && at != kept + nkept)
+        const ino_t *at = std::lower_bound(kept, kept + nkept, ino_t(s->ino));
+        if (s->fd.load(std::memory_order_relaxed) == fd && s->ino && at != kept + nkept &&
+            *at == ino_t(s->ino))
             s->before_exec(vforked, kept_fd[at - kept]);
         release(s);
     }
+}
+
+// Sorts the pairs by inode, in place, without allocating (a vfork child).
+void sort_kept(ino_t *kept, int *kept_fd, int n) noexcept {
+    for (int i = 1; i < n; ++i)
+        for (int j = i; j > 0 && kept[j - 1] > kept[j]; --j) {
+            std::swap(kept[j - 1], kept[j]);
+            std::swap(kept_fd[j - 1], kept_fd[j]);
+        }
+}
+
+}  // namespace
+
+void table_before_exec() noexcept {
+    if (!slots) return;
+    // 256 at a time, on the stack: a process may hold many more.
+    constexpr int kBatch = 256;
+    ino_t kept[kBatch];
+    int kept_fd[kBatch];
+    for (int after = -1;;) {
+        const int nkept = inherited_sockets(kept, kept_fd, kBatch, after);
+        if (nkept) after = kept_fd[nkept - 1];
+        sort_kept(kept, kept_fd, nkept);
+        leave_for_exec(kept, kept_fd, nkept);
+        if (nkept < kBatch) return;
+    }
+}
+
+void table_before_spawn(const SpawnAction *actions, int nactions) noexcept {
+    if (!slots) return;
+    // The child's fds that are our sockets, as its own fd table will be
+    // after each action: fd there, socket inode, an fd of it here, and
+    // whether it survives the exec.
+    struct Held {
+        int fd;
+        ino_t ino;
+        int here;
+        bool inherit;
+    };
+    // Actions not known, or posix_spawn called in a vfork child (whose
+    // memory is its parent's: nothing allocated there): every socket.
+    if (nactions < 0 || foreign_process()) {
+        const bool vforked = foreign_process();
+        for (int fd = 0; fd < nslots; ++fd) {
+            Stream *s = acquire(fd);
+            if (!s) continue;
+            if (s->fd.load(std::memory_order_relaxed) == fd && s->ino) s->before_exec(vforked, fd);
+            release(s);
+        }
+        return;
+    }
+    std::vector<Held> held;
+    for (int fd = 0; fd < nslots; ++fd) {
+        Stream *s = acquire(fd);
+        if (!s) continue;
+        const ino_t ino = ino_t(s->ino);
+        release(s);
+        if (!ino) continue;
+        const int flags = transport::sys.fcntl(fd, F_GETFD);
+        if (flags >= 0) held.push_back({fd, ino, fd, !(flags & FD_CLOEXEC)});
+    }
+    const auto at = [&held](int fd) {
+        return std::find_if(held.begin(), held.end(), [fd](const Held &h) { return h.fd == fd; });
+    };
+    for (int i = 0; i < nactions; ++i) {
+        const SpawnAction &a = actions[i];
+        switch (a.kind) {
+        case SpawnAction::Kind::close:
+        case SpawnAction::Kind::replace:
+            if (auto h = at(a.fd); h != held.end()) held.erase(h);
+            break;
+        case SpawnAction::Kind::close_from:
+            std::erase_if(held, [&a](const Held &h) { return h.fd >= a.fd; });
+            break;
+        case SpawnAction::Kind::none:
+            break;
+        case SpawnAction::Kind::dup2: {
+            auto from = at(a.fd);
+            if (a.fd == a.newfd) {
+                if (from != held.end()) from->inherit = true;
+                break;
+            }
+            const bool socket = from != held.end();
+            const Held copy = socket ? *from : Held{};
+            if (auto h = at(a.newfd); h != held.end()) held.erase(h);
+            if (socket) held.push_back({a.newfd, copy.ino, copy.here, true});
+            break;
+        }
+        }
+    }
+    std::vector<ino_t> kept;
+    std::vector<int> kept_fd;
+    std::sort(held.begin(), held.end(), [](const Held &x, const Held &y) { return x.ino < y.ino; });
+    for (const Held &h : held)
+        if (h.inherit && (kept.empty() || kept.back() != h.ino)) {
+            kept.push_back(h.ino);
+            kept_fd.push_back(h.here);
+        }
+    leave_for_exec(kept.data(), kept_fd.data(), int(kept.size()));
 }
 
 namespace {
@@ -216,14 +309,23 @@ int nleft_on_exec = 0;
 void table_exec_drop_uninherited() noexcept {
     nleft_on_exec = 0;
     if (!slots || foreign_process()) return;
-    ino_t kept[256];
-    int kept_fd[256];
-    const int nkept = inherited_sockets(kept, kept_fd, 256);
+    // Every inherited socket, however many (not a vfork child: it may
+    // allocate).
+    std::vector<ino_t> kept;
+    ino_t batch[256];
+    int batch_fd[256];
+    for (int after = -1;;) {
+        const int n = inherited_sockets(batch, batch_fd, 256, after);
+        kept.insert(kept.end(), batch, batch + n);
+        if (n < 256) break;
+        after = batch_fd[n - 1];
+    }
+    std::sort(kept.begin(), kept.end());
     for (int fd = 0; fd < nslots; ++fd) {
         Stream *s = acquire(fd);
         if (!s) continue;
         if (s->fd.load(std::memory_order_relaxed) == fd &&
-            std::find(kept, kept + nkept, ino_t(s->ino)) == kept + nkept)
+            !std::binary_search(kept.begin(), kept.end(), ino_t(s->ino)))
             for (Sharers *sh : {s->share.load(std::memory_order_acquire),
                                 s->holders.load(std::memory_order_acquire)})
                 if (sh && sharers_hold(sh) && nleft_on_exec < kLeftMax) {

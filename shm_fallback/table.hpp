@@ -36,13 +36,27 @@ void table_fork_prepare() noexcept;
 void table_unlock_after_fork() noexcept;
 void table_after_fork_child() noexcept;
 
-// exec, posix_spawn, system, popen: every socket the new program inherits
-// goes back to the kernel first (Stream::before_exec). Called in a vfork
-// child too (recognised by its pid), where only owners' control threads act.
+// exec: every socket the new program inherits goes back to the kernel
+// first (Stream::before_exec). Called in a vfork child too (recognised by
+// its pid), where only owners' control threads act.
 void table_before_exec() noexcept;
-// The same for the sockets at `fds` too (posix_spawn's dup2 actions make
-// even an FD_CLOEXEC socket the new program's).
-void table_before_exec(const int *fds, int nfds) noexcept;
+// A posix_spawn file action, as far as it decides which fds the new
+// program holds: `close` fd; `dup2` fd onto newfd (even an FD_CLOEXEC fd
+// becomes the new program's; onto itself, it clears FD_CLOEXEC there);
+// `replace`: fd becomes another file (an open action, popen's pipe);
+// `close_from`: fd and every fd above it; `none`: no fd changes (chdir).
+struct SpawnAction {
+    enum class Kind : std::uint8_t { close, dup2, replace, close_from, none };
+    Kind kind;
+    int fd;
+    int newfd;
+};
+// posix_spawn, system, popen: a child starts with this process's fds
+// without FD_CLOEXEC, then applies `actions` in order; the sockets it
+// holds after them go back to the kernel (Stream::before_exec), the
+// others stay as they are (direct ones stay direct). `nactions` < 0: the
+// actions are not known, so every socket counts as the child's.
+void table_before_spawn(const SpawnAction *actions, int nactions) noexcept;
 // exec in place (not in a vfork child): the new image will not hold the
 // sockets it does not inherit (FD_CLOEXEC), so this process's holder
 // entries for those shared through fork go now, and their other holders
@@ -58,8 +72,9 @@ void table_to_kernel_for_good(const int *fds, int nfds, transport::Reason why) n
 void table_retire() noexcept;
 
 // The sockets a new program would inherit: their inode numbers and fd
-// numbers (fds without FD_CLOEXEC), at most `max`; the count.
-int inherited_sockets(ino_t *out, int *out_fd, int max) noexcept;
+// numbers (fds without FD_CLOEXEC), those at fds above `after`, in fd
+// order, at most `max`; the count.
+int inherited_sockets(ino_t *out, int *out_fd, int max, int after = -1) noexcept;
 // Some stream is mapped at `fd` (no reference taken, no adoption).
 bool slot_taken(int fd) noexcept;
 

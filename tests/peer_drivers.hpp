@@ -99,6 +99,11 @@ void drive_bypass(int *fd, const Options &opt);
 // it takes the connection over from the driver (mode "fd-helper").
 int run_fd_helper(const Options &opt);
 
+// A program started in a child by posix_spawn, system or popen while the
+// connection goes on (peer_spawn.cpp); run_spawn_child is that program.
+void drive_spawn_child(int *fd, const Options &opt);
+int run_spawn_child(const Options &opt);
+
 // Invalid arguments, printed for differential comparison (peer_probe.cpp).
 void drive_bad_input(int *fd, const Options &opt);
 

@@ -7,6 +7,8 @@
 //   peer upgrade --scenario stopped|signals|fdlimit  the upgrade disturbed
 //   peer fd-helper --unix FD --seed N                takes a connection passed on FD
 //   peer exec-handler --fd FD                        answers commands on FD (--exec-self)
+//   peer spawn-child --fd FD --local ADDR [--size N --seed S] [--say TEXT]
+//                                                    a child of spawn-child (peer_spawn.cpp)
 // Common options: --family 4|6, --settle-ms N, --seed N, --watchdog S, and
 // the scenario's own (--size, --tx, --rx, --chunk, --rounds, --max-msg,
 // --apis, --part ...). Connection i of a run sees --conn-index i.
@@ -90,6 +92,7 @@ constexpr Entry drivers[] = {
     {"fork-stdio", drive_fork_stdio},
     {"fork-after-answer", drive_fork_after_answer},
     {"spawn-cat", drive_spawn_cat},
+    {"spawn-child", drive_spawn_child},
     {"bad-input", drive_bad_input},
     {"ready-data", drive_ready_data},
     {"ready-window", drive_ready_window},
@@ -511,6 +514,7 @@ int main(int argc, char **argv) {
     else if (mode == "upgrade") rc = run_upgrade(opt);
     else if (mode == "fd-helper") rc = run_fd_helper(opt);
     else if (mode == "exec-handler") rc = run_exec_handler(opt);
+    else if (mode == "spawn-child") rc = run_spawn_child(opt);
     else fail("unknown mode '%s'", mode.c_str());
     std::fflush(stdout);
     return rc;
