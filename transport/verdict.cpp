@@ -70,8 +70,8 @@ void list_dirs_locked() noexcept {
                 (st.st_dev == ours.st_dev && st.st_ino == ours.st_ino))
                 continue;
             // A path that does not fit names another directory: skipped.
-            const int n = std::snprintf(dirs[ndirs], sizeof dirs[ndirs], "%s/%s", dir, e->d_name);
-            if (n < 0 || std::size_t(n) >= sizeof dirs[ndirs]) continue;
+            const int len = std::snprintf(dirs[ndirs], sizeof dirs[ndirs], "%s/%s", dir, e->d_name);
+            if (len < 0 || std::size_t(len) >= sizeof dirs[ndirs]) continue;
             dir_uid[ndirs++] = unsigned(st.st_uid);
         }
         closedir(d);
