@@ -8,6 +8,7 @@
 #include "prefix.hpp"
 #include "sharers.hpp"
 #include "transport/conn.hpp"
+#include "transport/datapath.hpp"
 #include "transport/engine.hpp"
 #include "transport/wait.hpp"
 
@@ -205,8 +206,7 @@ class Stream {
     // Our sending direction is over: a FIN or CLOSE on the fabric, or the
     // kernel's FIN before the connection went direct.
     bool wr_shut(const transport::Conn *c) const noexcept {
-        return c->tx_fin.load(std::memory_order_relaxed) ||
-               kernel_wr_shut.load(std::memory_order_acquire);
+        return transport::wr_shut(c, kernel_wr_shut);
     }
     // FIONREAD
     int readable_bytes() noexcept;
@@ -247,11 +247,12 @@ class Stream {
     std::atomic<int> fd_users{0};
     template <typename F>
     auto on_kfd(F f) noexcept {
-        fd_users.fetch_add(1, std::memory_order_seq_cst);
-        auto r = f(fd.load(std::memory_order_seq_cst));
-        fd_users.fetch_sub(1, std::memory_order_release);
-        return r;
+        return transport::on_fd(fd, fd_users, f);
     }
+    // What the direct data path (transport/datapath.hpp) needs of this
+    // socket, lent for one call.
+    transport::SocketSide side() noexcept;
+    static bool closed_send(void *self, transport::Conn *c) noexcept;
     std::mutex alias_lock;
     std::vector<int> aliases;  // fd numbers besides `fd` (dup)
     int kfd() const noexcept { return fd.load(std::memory_order_relaxed); }
@@ -285,7 +286,6 @@ class Stream {
     // build starts if it is the first) and the connection attached, now
     // or by the builder.
     void ask_upgrade_locked() noexcept;
-    ssize_t kernel_recv(const iovec *iov, int iovcnt, int flags, transport::Conn *c) noexcept;
     // Our connection left the fabric for sharing: `n` bytes read on the
     // kernel since count for the holders.
     void count_after_leave(std::uint64_t n) noexcept;
@@ -307,42 +307,6 @@ class Stream {
     // SO_ERROR are the kernel's): one byte into it, which the peer's
     // closed socket answers with the kernel's own reset (tcp_view.cpp).
     void draw_kernel_reset() noexcept;
-    ssize_t try_recv(transport::Conn *c, const iovec *iov, int iovcnt, std::size_t skip,
-                     std::size_t total, int flags, bool check_kernel) noexcept;
-    // -ESTALE (and *left) when the connection is leaving the fabric: the
-    // rest goes through the kernel once the leave is under way.
-    ssize_t direct_send(transport::Conn *c, const iovec *iov, int iovcnt, std::size_t total,
-                        int flags, bool *left) noexcept;
-    // The credits, after a progress pass (try-lock) if they are short of
-    // `need`.
-    std::int64_t credit_after_progress(transport::Conn *c, std::size_t need) noexcept;
-    // What a failed post tells the application: -EPIPE (or the reset's
-    // error once, after a reset) when the peer closed meanwhile; 0 when
-    // this send is the one a closed peer takes (first_send_to_closed).
-    int send_failed(transport::Conn *c, int rc) noexcept;
-    int post_data(transport::Conn *c, const iovec *iov, int iovcnt, std::uint32_t len,
-                  std::uint64_t deadline) noexcept;
-    int flush_locked(transport::Conn *c, bool blocking, std::uint64_t deadline) noexcept;
-    // Until `need` bytes of credit are there: 0, -EAGAIN (deadline),
-    // -EINTR, -EPIPE, or -ESTALE (the connection leaves the fabric).
-    int wait_credit(transport::Conn *c, std::uint64_t deadline, std::int64_t need = 1) noexcept;
-    // Read zero-copy: the receive side reads the peer's advertisement
-    // (rx_lock held on entry, released on return); the send side
-    // advertises `len` bytes and waits until they were read, at most
-    // until `deadline` (0: none; SO_SNDTIMEO: then the advertisement is
-    // cancelled and the caller goes on buffered). Bytes taken or -errno;
-    // `*cut`: -EINTR if a signal cut the send short, else 0.
-    ssize_t read_advert(transport::Conn *c, transport::RxLock &lock, const iovec *iov,
-                        int iovcnt, std::size_t skip, std::size_t total, int flags) noexcept;
-    long send_zcopy(transport::Conn *c, const char *buf, std::uint32_t len, std::uint64_t deadline,
-                    int *cut) noexcept;
-    // Write zero-copy, receive side: nothing to read, so `piece` (one
-    // buffer of the caller's) is advertised and the peer's next send
-    // writes into it. Bytes written, -EAGAIN (over without bytes: other
-    // bytes came first, or the deadline), -EINTR, or -EALREADY (not
-    // possible now: the usual wait). It spins on the caller's `slot`.
-    ssize_t recv_sink(transport::Conn *c, const iovec &piece, std::uint64_t deadline,
-                      std::int64_t tmo, transport::SpinSlot &slot) noexcept;
 };
 
 // The engine build's callback for a pending stream (earn.cpp): attaches
