@@ -136,6 +136,10 @@ class Stream {
     // accept() returned it: attached at its first I/O, so that a server
     // that hands it to a child (accept, fork, close) upgrades in the child.
     void accepted() noexcept;
+    // The fork protocol's members are defined in fork_protocol/: share.cpp
+    // (fork_prepare, fork_child, adopt_share, drop_share, left_holders,
+    // rejoin_locked) and claim.cpp (claim_inherited, orphan_error,
+    // before_exec).
     // fork: in the parent before it (no upgrade of a shared socket), and
     // in the child after it (the parent's connection state is not ours).
     void fork_prepare(unsigned mark) noexcept;
