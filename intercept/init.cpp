@@ -3,7 +3,7 @@
 // main() runs; nothing else happens until the first TCP connection (the
 // end is an atexit hook the engine build registers: transport/engine.cpp).
 #include "fork_protocol/fork.hpp"
-#include "shm_fallback/handover.hpp"
+#include "fork_protocol/handover.hpp"
 #include "shm_fallback/table.hpp"
 #include "transport/fabric.hpp"
 #include "transport/protocol.hpp"

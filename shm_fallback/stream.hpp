@@ -70,7 +70,7 @@ class Stream {
     // A send found the peer closed and was taken, as TCP takes the one
     // that draws the peer's reset: the next ones fail.
     std::atomic<bool> drew_reset{false};
-    // On TCP for good (for_good.cpp, or a rule): no holder left after a
+    // On TCP for good (fork_protocol/for_good.cpp, or a rule): no holder left after a
     // fork brings it to the fabric either.
     std::atomic<bool> for_good{false};
     // Our FIN went on the fabric after the peer's had come (TCP_INFO: the
@@ -138,8 +138,9 @@ class Stream {
     void accepted() noexcept;
     // The fork protocol's members are defined in fork_protocol/: share.cpp
     // (fork_prepare, fork_child, adopt_share, drop_share, left_holders,
-    // rejoin_locked) and claim.cpp (claim_inherited, orphan_error,
-    // before_exec).
+    // rejoin_locked), claim.cpp (claim_inherited, orphan_error,
+    // before_exec), handover.cpp (hand_over_for_exec) and for_good.cpp
+    // (to_kernel_for_good).
     // fork: in the parent before it (no upgrade of a shared socket), and
     // in the child after it (the parent's connection state is not ours).
     void fork_prepare(unsigned mark) noexcept;
@@ -159,18 +160,18 @@ class Stream {
     void before_exec(bool vforked, int kept) noexcept;
     // What an I/O call on an orphan whose claim failed returns.
     ssize_t orphan_error(bool out, int flags) noexcept;
-    // An exec in place whose new image runs the library (handover.cpp):
-    // the socket goes back to the kernel for this image, and `tx`/`rx`
-    // are the offsets the new image goes on from; or, for a socket shared
+    // An exec in place whose new image runs the library
+    // (fork_protocol/handover.cpp): the socket goes back to the kernel for
+    // this image, and `tx`/`rx` are the offsets the new image goes on from; or, for a socket shared
     // through fork, `slot` is its place in the sharers arena, which the
     // new image maps again (-1 otherwise). False when it cannot be handed
     // over (shared and the arena cannot be passed, unless the others let
     // go within 100 ms; half-closed; the peer's bytes in a prefix);
     // before_exec then applies.
     bool hand_over_for_exec(std::uint64_t &tx, std::uint64_t &rx, int &slot) noexcept;
-    // The socket goes back to the kernel for good, for `why` (for_good.cpp):
-    // a direct connection leaves the fabric, one not direct yet (or not
-    // attached yet) never upgrades.
+    // The socket goes back to the kernel for good, for `why`
+    // (fork_protocol/for_good.cpp): a direct connection leaves the fabric,
+    // one not direct yet (or not attached yet) never upgrades.
     void to_kernel_for_good(transport::Reason why) noexcept;
     // recv family; `flags` as for recvmsg. Bytes, 0 at EOF, or -errno.
     // A reset told to the application (from the fabric or from the kernel
