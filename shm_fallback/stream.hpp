@@ -36,8 +36,9 @@ class Stream {
   public:
     // The kernel socket: one of the fd numbers that map to this stream
     // (after dup and a close of the original, another one; the private fd
-    // of hold_for_calls). Only on_kfd() uses it across a syscall that a
-    // close may race.
+    // of hold_for_calls). Only on_kfd() (and the data path's
+    // SocketSide::on_kfd, which counts in the same fd_users) uses it
+    // across a syscall that a close may race.
     std::atomic<int> fd{-1};
     int domain = 0;
     // The socket's inode: exec finds it among the fds a new program
