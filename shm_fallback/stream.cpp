@@ -501,7 +501,8 @@ ssize_t Stream::send_stream(const iovec *iov, int iovcnt, int flags) noexcept {
             return ssize_t(done) + r;
         }
         bool left = false;
-        ssize_t r = transport::direct_send(side(), c, v, k, done ? sliced(v, k) : total, flags, &left);
+        ssize_t r =
+            transport::direct_send(side(), c, v, k, done ? sliced(v, k) : total, flags, &left);
         if (r > 0) engine->sent_past_fin_locked(c);
         // An error told is the reset drawn: no later send is taken silently.
         if (r == -EPIPE || r == -ECONNRESET) drew_reset.store(true, std::memory_order_release);

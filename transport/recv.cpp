@@ -51,7 +51,8 @@ bool sink_over(void *ctx) noexcept {
 }
 
 // The companion socket's bytes, counted (rx_off) unless peeked.
-ssize_t kernel_recv(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, int flags) noexcept {
+ssize_t kernel_recv(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt,
+                    int flags) noexcept {
     ssize_t n = s.on_kfd([&](int f) { return kernel_readv(f, iov, iovcnt, flags); });
     if (n < 0) return -errno;
     if (c && s.engine) s.engine->judge_due(c);
@@ -186,7 +187,8 @@ ssize_t try_recv(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, std
         // Nothing on the fabric. A companion at EOF without a fabric FIN
         // means the peer process is gone: deliver what arrived, then EOF.
         char probe;
-        ssize_t n = s.on_kfd([&](int f) { return sys.recv(f, &probe, 1, MSG_PEEK | MSG_DONTWAIT); });
+        ssize_t n =
+            s.on_kfd([&](int f) { return sys.recv(f, &probe, 1, MSG_PEEK | MSG_DONTWAIT); });
         if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
             // The kernel reset the connection (the peer's exit closed its
             // socket with bytes of ours unread there): the probe took the

@@ -154,9 +154,9 @@ long send_zcopy(const SocketSide &s, Conn *c, const char *buf, std::uint32_t len
         if (now < spin_until) continue;
         slot.release();
         int w = sleep_once(s.engine, c, -1, 0, zcopy_answered, c,
-                                      kick_at     ? ms_until(kick_at)
-                                      : cancelled ? -1
-                                                  : ms_until(reader.due(deadline)));
+                           kick_at     ? ms_until(kick_at)
+                           : cancelled ? -1
+                                       : ms_until(reader.due(deadline)));
         if (w == -EINTR && !cancelled &&
             !keep_going_after_eintr(s.sndtimeo_ns.load(std::memory_order_relaxed))) {
             // As a TCP send hit by a signal: what was taken counts, the
@@ -240,9 +240,9 @@ int post_data(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, std::u
               std::uint64_t deadline) noexcept {
     // Protocol choice, in one place: large pieces are written straight into
     // the peer's ring (one copy), small ones travel inline in the message.
-    int rc = len > s.engine->chunk() ? s.engine->post_ring(c, iov, iovcnt, len, deadline)
-                                   : s.engine->post(c, MsgType::data, iov, iovcnt, len, c->tx_off,
-                                                  deadline);
+    int rc = len > s.engine->chunk()
+                 ? s.engine->post_ring(c, iov, iovcnt, len, deadline)
+                 : s.engine->post(c, MsgType::data, iov, iovcnt, len, c->tx_off, deadline);
     if (rc) return rc;
     s.engine->sent_into_ring(c, len);
     return 0;
@@ -280,8 +280,11 @@ ssize_t direct_send(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, 
     }
     if (c->gone() || wr_shut(c, s.kernel_wr_shut)) {
         SD_LOG(debug, "fd %d: send refused: %s", s.kfd(),
-               wr_shut(c, s.kernel_wr_shut) ? "shut down for writing" : c->broken ? "connection broken" : "peer closed");
-        if (int e = wr_shut(c, s.kernel_wr_shut) ? 0 : c->take_reset()) return e == EPIPE ? epipe(flags) : -e;
+               wr_shut(c, s.kernel_wr_shut) ? "shut down for writing"
+               : c->broken                  ? "connection broken"
+                                            : "peer closed");
+        if (int e = wr_shut(c, s.kernel_wr_shut) ? 0 : c->take_reset())
+            return e == EPIPE ? epipe(flags) : -e;
         if (s.first_send_to_closed(c)) return ssize_t(total);  // to nobody, as TCP's
         return epipe(flags);
     }
