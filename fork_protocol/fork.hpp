@@ -1,7 +1,10 @@
-// fork() for now: a child never uses its parent's fabric endpoint, engine
-// or connection state. Inherited connected sockets stay with the kernel in
-// the child (the parent keeps them direct); sockets the child creates or
-// accepts afterwards get the child's own engine, built on first use.
+// The pthread_atfork handlers: a child never uses its parent's fabric
+// endpoint, engine or connection state. Before the fork every connected
+// socket is marked shared (share.cpp); in the child, inherited sockets
+// start on the kernel, and one direct in the parent is claimed at its
+// first use here, its owner leaving the fabric (claim.cpp). Sockets the
+// child creates or accepts afterwards get the child's own engine, built on
+// first use.
 #pragma once
 
 namespace sd::forking {

@@ -4,7 +4,7 @@
 // end is an atexit hook the engine build registers:
 // transport/engine_setup.cpp).
 #include "fork_protocol/fork.hpp"
-#include "shm_fallback/handover.hpp"
+#include "fork_protocol/handover.hpp"
 #include "shm_fallback/table.hpp"
 #include "transport/fabric.hpp"
 #include "transport/protocol.hpp"

@@ -3,13 +3,13 @@
 // connections), so every socket it inherits goes back to the kernel
 // first: for good, unless the exec replaces this process with a program
 // whose environment preloads the library; then the connections are
-// handed over (shm_fallback/handover.hpp) and the new image may upgrade
+// handed over (fork_protocol/handover.hpp) and the new image may upgrade
 // them again. glibc's own calls between these entry points are internal
 // and not interposable: each public one is caught. vfork needs nothing of
 // its own: its child reaches exec through here. Programs started in a
 // child (posix_spawn, system, popen): shim_spawn.cpp.
 #include "shim.hpp"
-#include "shm_fallback/handover.hpp"
+#include "fork_protocol/handover.hpp"
 #include "transport/engine.hpp"
 #include "transport/log.hpp"
 

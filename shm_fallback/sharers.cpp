@@ -45,8 +45,8 @@ inline constexpr std::uint64_t kRecheckNs = 20'000'000;
 
 Sharers *arena = nullptr;  // inherited by every child: the same pages
 // The arena is a memfd, so that an exec'd image of a holder can map it
-// again (handover.cpp); -1 when it is anonymous memory. Its identity is
-// kept: the application may close or reuse the number.
+// again (fork_protocol/handover.cpp); -1 when it is anonymous memory. Its
+// identity is kept: the application may close or reuse the number.
 int arena_fd = -1;
 dev_t arena_dev = 0;
 ino_t arena_ino = 0;

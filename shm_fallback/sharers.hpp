@@ -53,10 +53,11 @@ std::uint64_t sharers_received(const Sharers *sh) noexcept;
 std::atomic<std::uint64_t> *sharers_counts(Sharers *sh) noexcept;
 bool sharers_left(const Sharers *sh) noexcept;
 
-// exec of a holder whose new image runs the library (handover.cpp): the
-// arena is a memfd when it could be made, and the new image maps it again
-// from the fd it inherits, so that it holds the socket in the same slot
-// (the holder entry is the pid, which exec keeps).
+// exec of a holder whose new image runs the library
+// (fork_protocol/handover.cpp): the arena is a memfd when it could be
+// made, and the new image maps it again from the fd it inherits, so that
+// it holds the socket in the same slot (the holder entry is the pid,
+// which exec keeps).
 // The arena's fd (checked to be ours still) and the slot's index; false
 // when the arena is anonymous or its fd is gone.
 bool sharers_handle(const Sharers *sh, int *fd, std::uint32_t *index) noexcept;

@@ -8,6 +8,7 @@
 #include "prefix.hpp"
 #include "sharers.hpp"
 #include "transport/conn.hpp"
+#include "transport/datapath.hpp"
 #include "transport/engine.hpp"
 #include "transport/wait.hpp"
 
@@ -35,8 +36,9 @@ class Stream {
   public:
     // The kernel socket: one of the fd numbers that map to this stream
     // (after dup and a close of the original, another one; the private fd
-    // of hold_for_calls). Only on_kfd() uses it across a syscall that a
-    // close may race.
+    // of hold_for_calls). Only on_kfd() (and the data path's
+    // SocketSide::on_kfd, which counts in the same fd_users) uses it
+    // across a syscall that a close may race.
     std::atomic<int> fd{-1};
     int domain = 0;
     // The socket's inode: exec finds it among the fds a new program
@@ -69,7 +71,7 @@ class Stream {
     // A send found the peer closed and was taken, as TCP takes the one
     // that draws the peer's reset: the next ones fail.
     std::atomic<bool> drew_reset{false};
-    // On TCP for good (for_good.cpp, or a rule): no holder left after a
+    // On TCP for good (fork_protocol/for_good.cpp, or a rule): no holder left after a
     // fork brings it to the fabric either.
     std::atomic<bool> for_good{false};
     // Our FIN went on the fabric after the peer's had come (TCP_INFO: the
@@ -135,6 +137,11 @@ class Stream {
     // accept() returned it: attached at its first I/O, so that a server
     // that hands it to a child (accept, fork, close) upgrades in the child.
     void accepted() noexcept;
+    // The fork protocol's members are defined in fork_protocol/: share.cpp
+    // (fork_prepare, fork_child, adopt_share, drop_share, left_holders,
+    // rejoin_locked), claim.cpp (claim_inherited, orphan_error,
+    // before_exec), handover.cpp (hand_over_for_exec) and for_good.cpp
+    // (to_kernel_for_good).
     // fork: in the parent before it (no upgrade of a shared socket), and
     // in the child after it (the parent's connection state is not ours).
     void fork_prepare(unsigned mark) noexcept;
@@ -153,18 +160,18 @@ class Stream {
     void before_exec(bool vforked, int kept) noexcept;
     // What an I/O call on an orphan whose claim failed returns.
     ssize_t orphan_error(bool out, int flags) noexcept;
-    // An exec in place whose new image runs the library (handover.cpp):
-    // the socket goes back to the kernel for this image, and `tx`/`rx`
-    // are the offsets the new image goes on from; or, for a socket shared
+    // An exec in place whose new image runs the library
+    // (fork_protocol/handover.cpp): the socket goes back to the kernel for
+    // this image, and `tx`/`rx` are the offsets the new image goes on from; or, for a socket shared
     // through fork, `slot` is its place in the sharers arena, which the
     // new image maps again (-1 otherwise). False when it cannot be handed
     // over (shared and the arena cannot be passed, unless the others let
     // go within 100 ms; half-closed; the peer's bytes in a prefix);
     // before_exec then applies.
     bool hand_over_for_exec(std::uint64_t &tx, std::uint64_t &rx, int &slot) noexcept;
-    // The socket goes back to the kernel for good, for `why` (for_good.cpp):
-    // a direct connection leaves the fabric, one not direct yet (or not
-    // attached yet) never upgrades.
+    // The socket goes back to the kernel for good, for `why`
+    // (fork_protocol/for_good.cpp): a direct connection leaves the fabric,
+    // one not direct yet (or not attached yet) never upgrades.
     void to_kernel_for_good(transport::Reason why) noexcept;
     // recv family; `flags` as for recvmsg. Bytes, 0 at EOF, or -errno.
     // A reset told to the application (from the fabric or from the kernel
@@ -204,8 +211,7 @@ class Stream {
     // Our sending direction is over: a FIN or CLOSE on the fabric, or the
     // kernel's FIN before the connection went direct.
     bool wr_shut(const transport::Conn *c) const noexcept {
-        return c->tx_fin.load(std::memory_order_relaxed) ||
-               kernel_wr_shut.load(std::memory_order_acquire);
+        return transport::wr_shut(c, kernel_wr_shut);
     }
     // FIONREAD
     int readable_bytes() noexcept;
@@ -246,11 +252,12 @@ class Stream {
     std::atomic<int> fd_users{0};
     template <typename F>
     auto on_kfd(F f) noexcept {
-        fd_users.fetch_add(1, std::memory_order_seq_cst);
-        auto r = f(fd.load(std::memory_order_seq_cst));
-        fd_users.fetch_sub(1, std::memory_order_release);
-        return r;
+        return transport::on_fd(fd, fd_users, f);
     }
+    // What the direct data path (transport/datapath.hpp) needs of this
+    // socket, lent for one call.
+    transport::SocketSide side() noexcept;
+    static bool closed_send(void *self, transport::Conn *c) noexcept;
     std::mutex alias_lock;
     std::vector<int> aliases;  // fd numbers besides `fd` (dup)
     int kfd() const noexcept { return fd.load(std::memory_order_relaxed); }
@@ -284,7 +291,6 @@ class Stream {
     // build starts if it is the first) and the connection attached, now
     // or by the builder.
     void ask_upgrade_locked() noexcept;
-    ssize_t kernel_recv(const iovec *iov, int iovcnt, int flags, transport::Conn *c) noexcept;
     // Our connection left the fabric for sharing: `n` bytes read on the
     // kernel since count for the holders.
     void count_after_leave(std::uint64_t n) noexcept;
@@ -306,42 +312,6 @@ class Stream {
     // SO_ERROR are the kernel's): one byte into it, which the peer's
     // closed socket answers with the kernel's own reset (tcp_view.cpp).
     void draw_kernel_reset() noexcept;
-    ssize_t try_recv(transport::Conn *c, const iovec *iov, int iovcnt, std::size_t skip,
-                     std::size_t total, int flags, bool check_kernel) noexcept;
-    // -ESTALE (and *left) when the connection is leaving the fabric: the
-    // rest goes through the kernel once the leave is under way.
-    ssize_t direct_send(transport::Conn *c, const iovec *iov, int iovcnt, std::size_t total,
-                        int flags, bool *left) noexcept;
-    // The credits, after a progress pass (try-lock) if they are short of
-    // `need`.
-    std::int64_t credit_after_progress(transport::Conn *c, std::size_t need) noexcept;
-    // What a failed post tells the application: -EPIPE (or the reset's
-    // error once, after a reset) when the peer closed meanwhile; 0 when
-    // this send is the one a closed peer takes (first_send_to_closed).
-    int send_failed(transport::Conn *c, int rc) noexcept;
-    int post_data(transport::Conn *c, const iovec *iov, int iovcnt, std::uint32_t len,
-                  std::uint64_t deadline) noexcept;
-    int flush_locked(transport::Conn *c, bool blocking, std::uint64_t deadline) noexcept;
-    // Until `need` bytes of credit are there: 0, -EAGAIN (deadline),
-    // -EINTR, -EPIPE, or -ESTALE (the connection leaves the fabric).
-    int wait_credit(transport::Conn *c, std::uint64_t deadline, std::int64_t need = 1) noexcept;
-    // Read zero-copy: the receive side reads the peer's advertisement
-    // (rx_lock held on entry, released on return); the send side
-    // advertises `len` bytes and waits until they were read, at most
-    // until `deadline` (0: none; SO_SNDTIMEO: then the advertisement is
-    // cancelled and the caller goes on buffered). Bytes taken or -errno;
-    // `*cut`: -EINTR if a signal cut the send short, else 0.
-    ssize_t read_advert(transport::Conn *c, transport::RxLock &lock, const iovec *iov,
-                        int iovcnt, std::size_t skip, std::size_t total, int flags) noexcept;
-    long send_zcopy(transport::Conn *c, const char *buf, std::uint32_t len, std::uint64_t deadline,
-                    int *cut) noexcept;
-    // Write zero-copy, receive side: nothing to read, so `piece` (one
-    // buffer of the caller's) is advertised and the peer's next send
-    // writes into it. Bytes written, -EAGAIN (over without bytes: other
-    // bytes came first, or the deadline), -EINTR, or -EALREADY (not
-    // possible now: the usual wait). It spins on the caller's `slot`.
-    ssize_t recv_sink(transport::Conn *c, const iovec &piece, std::uint64_t deadline,
-                      std::int64_t tmo, transport::SpinSlot &slot) noexcept;
 };
 
 // The engine build's callback for a pending stream (earn.cpp): attaches

@@ -1,5 +1,4 @@
 #include "table.hpp"
-#include "handover.hpp"
 
 #include "transport/log.hpp"
 

@@ -78,6 +78,13 @@ int inherited_sockets(ino_t *out, int *out_fd, int max, int after = -1) noexcept
 // Some stream is mapped at `fd` (no reference taken, no adoption).
 bool slot_taken(int fd) noexcept;
 
+// The table found no stream at `fd`: one handed over to this image by an
+// exec in place is tracked now, with the table's reference and one for
+// the caller; else nullptr. Cheap when nothing was handed over.
+// (The exec hand-over, both images' sides: fork_protocol/handover.cpp.)
+Stream *adopt_inherited(int fd) noexcept;
+bool inherit_waiting() noexcept;
+
 // A vfork child: its memory (this table, every stream) is its parent's,
 // so it must change none of it. One getpid() call.
 bool foreign_process() noexcept;

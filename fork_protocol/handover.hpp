@@ -39,12 +39,9 @@ void hand_over_failed() noexcept;
 // was written for this process.
 void inherit_init() noexcept;
 
-// The table found no stream at `fd`: one handed over to this image is
-// tracked now, with the table's reference and one for the caller; else
-// nullptr. Cheap when nothing was handed over.
-class Stream;
-Stream *adopt_inherited(int fd) noexcept;
-bool inherit_waiting() noexcept;
+// adopt_inherited and inherit_waiting (the new image's side, which the
+// table calls when it finds no stream at an fd) are declared in
+// shm_fallback/table.hpp.
 
 // The kernel socket's own position: bytes written into it and bytes read
 // from it, up to constants of the connection (retransmissions, FINs and

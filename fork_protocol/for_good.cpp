@@ -1,7 +1,7 @@
 // Sockets that go back to the kernel for good: a stdio stream uses one
 // (glibc's stdio reads and writes through calls nobody can interpose), one
 // is passed to another process, or the process changes its privileges.
-#include "table.hpp"
+#include "shm_fallback/table.hpp"
 
 #include "transport/log.hpp"
 

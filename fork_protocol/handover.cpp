@@ -7,7 +7,8 @@
 // that nobody read or wrote its kernel socket since (the kernel's own
 // counts), then tracks it from those offsets like a fresh connection.
 #include "handover.hpp"
-#include "table.hpp"
+
+#include "shm_fallback/table.hpp"
 
 #include "transport/log.hpp"
 #include "transport/settings.hpp"

@@ -1,0 +1,267 @@
+// The direct data path, receiving: the ring the peer writes into, the
+// peer's buffer it advertised for read zero-copy, and our own buffer
+// advertised for write zero-copy (the sink). Before the peer's switch
+// point, and after its fabric stream ended, the companion socket has the
+// bytes.
+#include "datapath.hpp"
+
+#include "log.hpp"
+#include "memguard.hpp"
+#include "settings.hpp"
+#include "sink.hpp"
+#include "sys.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <poll.h>
+
+namespace sd::transport {
+namespace {
+
+// Copies n ring bytes starting at stream position `head` into the slice.
+void ring_copy_out(const Conn *c, std::uint64_t head, const iovec *v, int k) noexcept {
+    for (int i = 0; i < k; ++i) {
+        auto *dst = static_cast<char *>(v[i].iov_base);
+        std::size_t left = v[i].iov_len;
+        while (left) {
+            std::uint32_t at = std::uint32_t(head % c->ring_cap);
+            std::size_t run = std::min<std::size_t>(left, c->ring_cap - at);
+            std::memcpy(dst, c->ring + at, run);
+            dst += run;
+            left -= run;
+            head += run;
+        }
+    }
+}
+
+// Something arrived or changed that ends a recv's sink or needs the recv to
+// end it (rx_lock held).
+bool sink_event_locked(Conn *c) noexcept {
+    return c->sink.done || c->sink.over || !c->sink.active || c->ring_bytes() || c->zc.active ||
+           c->fin_off != kNoOffset || c->peer_end != kNoOffset || c->gone() || !c->is_direct() ||
+           c->rx_expect() != c->sink.off;
+}
+
+// A recv waiting on its sink: written, or something else to look at.
+bool sink_over(void *ctx) noexcept {
+    auto *c = static_cast<Conn *>(ctx);
+    std::lock_guard lock(c->rx_lock);
+    return sink_event_locked(c);
+}
+
+// The companion socket's bytes, counted (rx_off) unless peeked.
+ssize_t kernel_recv(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt,
+                    int flags) noexcept {
+    ssize_t n = s.on_kfd([&](int f) { return kernel_readv(f, iov, iovcnt, flags); });
+    if (n < 0) return -errno;
+    if (c && s.engine) s.engine->judge_due(c);
+    if (c && !(flags & MSG_PEEK)) {
+        c->rx_off += std::uint64_t(n);
+        c->stat->rx_kernel.fetch_add(std::uint64_t(n), std::memory_order_relaxed);
+    }
+    return n;
+}
+
+// Read zero-copy, receive side: reads the peer's advertisement (rx_lock
+// held on entry, let go while the read runs). Bytes taken or -errno.
+ssize_t read_advert(const SocketSide &s, Conn *c, RxLock &lock, const iovec *iov, int iovcnt,
+                    std::size_t skip, std::size_t total, int flags) noexcept {
+    // Another thread of ours is reading it: its wake-up brings us back.
+    if (c->zc.busy) return -EAGAIN;
+    iovec v[kMaxSlice];
+    std::size_t want = std::min<std::size_t>(total - skip, c->zc.len - c->zc.done);
+    int k = slice(iov, iovcnt, skip, want, v, std::min(kMaxSlice, s.engine->rma_iov_limit()));
+    std::size_t n = sliced(v, k);
+    // The kernel would fault on a bad buffer before taking a byte.
+    for (int i = 0; i < k; ++i)
+        if (!writable(v[i].iov_base, v[i].iov_len)) return -EFAULT;
+    const std::uint64_t addr = c->zc.addr + c->zc.done, key = c->zc.key;
+    c->zc.busy = true;
+    lock.unlock();
+    int rc = s.engine->read_remote(c, v, k, addr, key, n);
+    lock.lock();
+    c->zc.busy = false;
+    if (rc == -ENOKEY) {
+        // Not registered, and the kernel refuses to let us read it: the
+        // sender registers from now on; this advertisement ends unread
+        // (its send goes on buffered).
+        std::uint64_t answer_off = kNoOffset;
+        std::uint32_t answer_len = 0;
+        s.engine->need_key(c);
+        Engine::finish_advert_locked(c, &answer_off, &answer_len);
+        c->wake_locked();
+        lock.unlock();
+        s.engine->answer_advert(c, answer_off, answer_len);
+        lock.lock();
+        return -EAGAIN;
+    }
+    if (rc) {
+        // The sender's memory is gone (it died, or the advert was torn
+        // down under us): the stream cannot go on.
+        SD_LOG(info, "fd %d: reading the peer's advertised buffer failed: %s", s.kfd(),
+               std::strerror(-rc));
+        c->broken = true;
+        c->wake_locked();
+        return -ECONNRESET;
+    }
+    std::uint64_t answer_off = kNoOffset;
+    std::uint32_t answer_len = 0;
+    if (!(flags & MSG_PEEK)) {
+        c->zc.done += std::uint32_t(n);
+        c->rx_off += n;
+        bump(c->stat->rx_fabric, n);
+        bump(c->stat->rx_zcopy, n);
+    }
+    if (c->zc.done == c->zc.len || c->zc.cancel)
+        Engine::finish_advert_locked(c, &answer_off, &answer_len);
+    c->wake_locked();  // readers that found it busy
+    lock.unlock();
+    if (answer_off != kNoOffset) s.engine->answer_advert(c, answer_off, answer_len);
+    return ssize_t(n);
+}
+
+}  // namespace
+
+ssize_t try_recv(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, std::size_t skip,
+                 std::size_t total, int flags, bool check_kernel) noexcept {
+    s.engine->progress();
+    std::unique_lock lock(c->rx_lock);
+    for (int round = 0; round < 2; ++round) {
+        if (c->broken) return -ECONNRESET;
+        if (c->state.load(std::memory_order_acquire) == ConnState::final) return -ESTALE;
+        iovec v[kMaxSlice];
+        if (c->rx_off < c->switch_off) {
+            // Bytes still due on the companion socket: before the peer's
+            // switch point, or the peer has not switched at all.
+            if (!check_kernel) return -EAGAIN;
+            std::uint64_t due = c->switch_off - c->rx_off;
+            int k = slice(iov, iovcnt, skip, std::min<std::uint64_t>(total - skip, due), v, kMaxSlice);
+            ssize_t n = kernel_recv(s, c, v, k, (flags & MSG_PEEK) | MSG_DONTWAIT);
+            if (n != 0 || c->switch_off != kNoOffset) return n;
+            // Kernel EOF with no switch point known: the peer may have
+            // moved to the fabric and closed; its messages precede its FIN.
+            lock.unlock();
+            s.engine->progress_blocking();
+            lock.lock();
+            if (c->switch_off == kNoOffset) return 0;
+            continue;
+        }
+        if (c->peer_end != kNoOffset && c->rx_off >= c->peer_end && !c->ring_bytes() &&
+            !c->zc.active) {
+            // The peer's fabric stream is over and read: the kernel's turn.
+            const bool final = c->settle_left_locked();
+            if (!c->rearm) {
+                if (final) return -ESTALE;  // the kernel alone, blocking as asked
+            } else if (c->rearm_due.load(std::memory_order_acquire)) {
+                s.engine->want_flush(c);  // kernel mode again, with both locks
+            }
+            // Until then: counted (an upgrade later starts at rx_off), and
+            // never blocking in the kernel (the fabric may come back).
+            if (!check_kernel) return -EAGAIN;
+            int k = slice(iov, iovcnt, skip, total - skip, v, kMaxSlice);
+            return kernel_recv(s, c, v, k, (flags & MSG_PEEK) | MSG_DONTWAIT);
+        }
+        if (std::uint64_t avail = c->ring_bytes()) {
+            int k = slice(iov, iovcnt, skip, std::min<std::uint64_t>(total - skip, avail), v,
+                          kMaxSlice);
+            std::size_t n = sliced(v, k);
+            if (!guarded([&] { ring_copy_out(c, c->ring_head, v, k); }))
+                return -EFAULT;  // nothing consumed
+            if (!(flags & MSG_PEEK)) {
+                c->ring_head += n;
+                c->rx_off += n;
+                c->unreturned.fetch_add(std::uint32_t(n), std::memory_order_relaxed);
+                c->show_flow(true);
+                lock.unlock();
+                s.engine->maybe_return_credits(c);
+            }
+            return ssize_t(n);
+        }
+        if (c->zc.active && c->rx_off == c->zc.off + c->zc.done)
+            return skip == total ? 0 : read_advert(s, c, lock, iov, iovcnt, skip, total, flags);
+        if (c->fin_off != kNoOffset && c->rx_off >= c->fin_off)
+            // A reset after the peer's FIN is the next send's to report.
+            return c->reset_after_fin.load(std::memory_order_acquire) ? 0 : -c->take_reset();
+        if (!check_kernel) return -EAGAIN;
+        // Nothing on the fabric. A companion at EOF without a fabric FIN
+        // means the peer process is gone: deliver what arrived, then EOF.
+        char probe;
+        ssize_t n =
+            s.on_kfd([&](int f) { return sys.recv(f, &probe, 1, MSG_PEEK | MSG_DONTWAIT); });
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+            // The kernel reset the connection (the peer's exit closed its
+            // socket with bytes of ours unread there): the probe took the
+            // error, which the kernel reports once; it is ours to report.
+            if (n < 0 && errno == ECONNRESET) c->note_reset();
+            if (round == 1) {
+                // The peer is gone or closed without a word: sending to it
+                // fails from now on, as after a reset.
+                if (!s.engine->peer_alive(c->peer)) s.engine->peer_died(c);
+                if (int e = c->take_reset()) return -e;
+                return n == 0 ? 0 : -errno;
+            }
+            lock.unlock();
+            s.engine->progress_blocking();
+            lock.lock();
+            continue;
+        }
+        return -EAGAIN;
+    }
+    return -EAGAIN;
+}
+
+ssize_t recv_sink(const SocketSide &s, Conn *c, const iovec &piece, std::uint64_t deadline,
+                  std::int64_t tmo, SpinSlot &slot) noexcept {
+    const auto len = std::uint32_t(std::min<std::size_t>(piece.iov_len, kMaxSink));
+    // A bad buffer: the usual way reports EFAULT when bytes come.
+    if (!writable(piece.iov_base, len)) return -EALREADY;
+    if (s.engine->advertise_sink(c, piece.iov_base, len) != 0) return -EALREADY;
+    const std::uint64_t spin_until =
+        slot.start(monotonic_ns(), std::uint64_t(settings().spin_us) * 1000);
+    // Waiting for the peer's word: it claimed the sink (one host) or was
+    // asked to end it (registered); only that word, or its loss, ends it.
+    bool asked = false;
+    std::uint64_t asked_at = 0;
+    bool interrupted = false;
+    // Every way out: the sink is over (deregistered), its bytes counted.
+    auto over = [&]() -> ssize_t {
+        const std::uint32_t got = s.engine->finish_sink(c);
+        return got ? ssize_t(got) : interrupted ? -EINTR : -EAGAIN;
+    };
+    for (;;) {
+        s.engine->progress();
+        bool ended, other;
+        {
+            std::lock_guard lock(c->rx_lock);
+            ended = c->sink.done || c->sink.over || !c->sink.active;
+            other = sink_event_locked(c);
+        }
+        if (ended) return over();
+        if (asked) {
+            if (s.engine->sink_writer_lost(c, asked_at)) return over();
+            (void)sleep_once(s.engine, c, -1, 0, sink_over, c, 10);
+            continue;
+        }
+        const std::uint64_t now = monotonic_ns();
+        // The companion socket too: its EOF or error (the peer died) is
+        // for the usual way to sort out.
+        bool end = other || (deadline && now >= deadline);
+        if (!end && now >= spin_until) {
+            slot.release();
+            pollfd p{s.kfd(), POLLIN | POLLRDHUP, 0};
+            end = sys.poll(&p, 1, 0) > 0;
+            if (!end) {
+                int w = sleep_once(s.engine, c, s.kfd(), POLLIN | POLLRDHUP, sink_over, c,
+                                   ms_until(deadline));
+                end = interrupted = w == -EINTR && !keep_going_after_eintr(tmo);
+            }
+        }
+        if (!end) continue;
+        if (s.engine->cancel_sink(c) == 0) return over();
+        asked = true;
+        asked_at = monotonic_ns();
+    }
+}
+
+}  // namespace sd::transport

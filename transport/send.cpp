@@ -1,0 +1,459 @@
+// The direct data path, sending: small writes inline in a message, large
+// ones straight into the peer's ring, blocking large ones read zero-copy
+// by the peer from the caller's buffer, and any into a buffer the peer's
+// recv advertised (its sink); credits, and the waits for them.
+#include "datapath.hpp"
+
+#include "log.hpp"
+#include "memguard.hpp"
+#include "protocol.hpp"
+#include "regcache.hpp"
+#include "settings.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <ctime>
+
+namespace sd::transport {
+namespace {
+
+// A sender waiting for `need` bytes of credit.
+struct CreditWait {
+    Conn *c;
+    std::int64_t need;
+};
+
+bool enough_credit(void *ctx) noexcept {
+    auto *w = static_cast<CreditWait *>(ctx);
+    if (leave_requested(w->c)) return true;
+    std::lock_guard lock(w->c->rx_lock);
+    return w->c->credits.load(std::memory_order_relaxed) >= w->need || w->c->gone();
+}
+
+// A zero-copy send waits for its reader; it gives way (cancels, the rest
+// goes buffered) when its own side has unread bytes piling up: the peer
+// may itself be blocked sending to us, and would never read.
+bool zcopy_should_yield(Conn *c) noexcept {
+    if (leave_requested(c)) return true;
+    std::lock_guard lock(c->rx_lock);
+    return c->zc.active || c->ring_bytes() >= c->ring_cap / 2;
+}
+
+bool zcopy_answered(void *ctx) noexcept {
+    auto *c = static_cast<Conn *>(ctx);
+    return c->zc_answer_off.load(std::memory_order_acquire) != kNoOffset || c->gone() ||
+           zcopy_should_yield(c);
+}
+
+// How long a read zero-copy advertisement waits for a reader whose read
+// counter does not move.
+constexpr std::uint64_t kReaderPatienceNs = 2'000'000;
+
+// How long a non-blocking send waits for room in the peer's message queue
+// (its control thread is kicked after 1 ms to make it): a peer that cannot
+// run at all (stopped) must not hold it.
+constexpr std::uint64_t kQueueWaitNs = 10'000'000;
+
+// Watches the peer's read counter (its process page) during an
+// advertisement: a reader copying our buffer, or bytes before it, is not
+// kept waiting for; one that has done nothing for kReaderPatienceNs is.
+class ReaderWatch {
+  public:
+    ReaderWatch(Engine *e, const Conn *c, std::uint64_t now) noexcept
+        : engine_(e), conn_(c), read_(e->peer_read(c)), moved_(now) {}
+    bool idle(std::uint64_t now) noexcept {
+        const std::uint64_t r = engine_->peer_read(conn_);
+        if (r != read_) {
+            read_ = r;
+            moved_ = now;
+        }
+        return now - moved_ >= kReaderPatienceNs;
+    }
+    // When to look again: the patience's end, or `deadline` if sooner.
+    std::uint64_t due(std::uint64_t deadline) const noexcept {
+        const std::uint64_t end = moved_ + kReaderPatienceNs;
+        return deadline && deadline < end ? deadline : end;
+    }
+
+  private:
+    Engine *engine_;
+    const Conn *conn_;
+    std::uint64_t read_;
+    std::uint64_t moved_;
+};
+
+// Read zero-copy, send side: advertises `len` bytes and waits until they
+// were read, at most until `deadline` (0: none; SO_SNDTIMEO: then the
+// advertisement is cancelled and the caller goes on buffered). Bytes taken
+// or -errno; `*cut`: -EINTR if a signal cut the send short, else 0.
+long send_zcopy(const SocketSide &s, Conn *c, const char *buf, std::uint32_t len,
+                std::uint64_t deadline, int *cut) noexcept {
+    RegCache::Ref reg;
+    const std::uint64_t off = c->tx_off;
+    if (int rc = s.engine->advertise(c, buf, len, &reg)) return rc;
+    bool cancelled = false;
+    // A cancellation for the caller (timeout, signal): when it was asked,
+    // and when the reader's control thread was last kicked for its answer.
+    std::uint64_t asked = 0, kicked = 0;
+    long result = 0;
+    // The reader copies our buffer now: spin for about as long as that
+    // takes (len / 4 ns: 4 GB/s), not only the usual spin, so that the
+    // answer does not find us asleep (a wake-up costs more than the spin).
+    SpinSlot slot;
+    const std::uint64_t spin_until =
+        slot.start(monotonic_ns(), std::uint64_t(settings().spin_us) * 1000 +
+                                       std::min<std::uint64_t>(len / 4, 2'000'000));
+    // A reader that does not come: the kernel's send buffer would have
+    // taken these bytes without it, and a program may well wait for this
+    // send before it tells its peer to read. So the advertisement lasts
+    // while the reader reads (its read counter moves); once it has been
+    // still for kReaderPatienceNs the advertisement is cancelled and the
+    // rest goes buffered, as far as the window takes it.
+    ReaderWatch reader(s.engine, c, monotonic_ns());
+    for (;;) {
+        s.engine->progress();
+        if (c->zc_answer_off.load(std::memory_order_acquire) == off) {
+            result = long(c->zc_answer_len.load(std::memory_order_relaxed));
+            break;
+        }
+        s.engine->maybe_return_credits(c);
+        if (c->gone() || !s.engine->peer_alive(c->peer)) {
+            // The reader is gone. What it read of the buffer was sent, as
+            // by a TCP send cut short (its counters say how much: every
+            // fabric byte of ours before the advertisement was read
+            // first); if nothing, the send fails.
+            const std::uint64_t read = s.engine->peer_read(c);
+            const std::uint64_t before =
+                c->stat->tx_fabric.load(std::memory_order_relaxed) - c->tx_fabric_base;
+            result = read != kNoOffset && read > before
+                         ? long(std::min<std::uint64_t>(read - before, len))
+                         : -EPIPE;
+            break;
+        }
+        if (!cancelled && zcopy_should_yield(c)) {
+            cancelled = s.engine->cancel_advert(c, off) == 0;
+            continue;
+        }
+        std::uint64_t now = monotonic_ns();
+        if (!cancelled && reader.idle(now)) {
+            cancelled = s.engine->cancel_advert(c, off) == 0;
+            asked = now;
+            continue;
+        }
+        if (deadline && now >= deadline && !cancelled) {
+            // SO_SNDTIMEO: what was read counts; the rest goes buffered,
+            // as far as the window takes it (the kernel's send buffer
+            // would have taken it too), or the send times out there.
+            cancelled = s.engine->cancel_advert(c, off) == 0;
+            asked = now;
+            continue;
+        }
+        // No answer yet: the reader may be busy outside the library, so
+        // its control thread answers the cancellation.
+        const std::uint64_t kick_at = asked ? s.engine->kick_overdue(c->peer, asked, &kicked) : 0;
+        if (now < spin_until) continue;
+        slot.release();
+        int w = sleep_once(s.engine, c, -1, 0, zcopy_answered, c,
+                           kick_at     ? ms_until(kick_at)
+                           : cancelled ? -1
+                                       : ms_until(reader.due(deadline)));
+        if (w == -EINTR && !cancelled &&
+            !keep_going_after_eintr(s.sndtimeo_ns.load(std::memory_order_relaxed))) {
+            // As a TCP send hit by a signal: what was taken counts, the
+            // rest is not sent. The reader may be copying right now, so the
+            // answer (how much) must come before we return.
+            *cut = -EINTR;
+            cancelled = s.engine->cancel_advert(c, off) == 0;
+            asked = monotonic_ns();
+        }
+    }
+    s.engine->release_advert(reg);
+    if (result > 0) {
+        c->tx_off += std::uint64_t(result);
+        bump(c->stat->tx_fabric, std::uint64_t(result));
+        bump(c->stat->tx_zcopy, std::uint64_t(result));
+    }
+    return result;
+}
+
+// Until `need` bytes of credit are there: 0, -EAGAIN (deadline),
+// -EINTR, -EPIPE, or -ESTALE (the connection leaves the fabric).
+int wait_credit(const SocketSide &s, Conn *c, std::uint64_t deadline,
+                std::int64_t need = 1) noexcept {
+    SpinSlot slot;
+    const std::uint64_t spin_until =
+        slot.start(monotonic_ns(), std::uint64_t(settings().spin_us) * 1000);
+    CreditWait want{c, need};
+    for (;;) {
+        s.engine->progress();
+        // A leave first: it needs the send lock we hold, and the peer
+        // waiting for our answer returns no credits meanwhile.
+        if (leave_requested(c)) return -ESTALE;
+        if (c->credits.load(std::memory_order_acquire) >= need) return 0;
+        // Credits our reader owes the peer go out too: if both sides wait
+        // for credits, each must return what it has consumed.
+        s.engine->maybe_return_credits(c);
+        if (c->gone()) return -EPIPE;
+        if (!s.engine->peer_alive(c->peer)) return -EPIPE;
+        std::uint64_t now = monotonic_ns();
+        if (deadline && now >= deadline) return -EAGAIN;
+        if (now < spin_until) continue;
+        slot.release();
+        int w = sleep_once(s.engine, c, -1, 0, enough_credit, &want, ms_until(deadline));
+        if (w == -EINTR && !keep_going_after_eintr(s.sndtimeo_ns.load(std::memory_order_relaxed)))
+            return -EINTR;
+    }
+}
+
+// The credits, after a progress pass (try-lock) if they are short of
+// `need`.
+std::int64_t credit_after_progress(const SocketSide &s, Conn *c, std::size_t need) noexcept {
+    std::int64_t credit = c->credits.load(std::memory_order_acquire);
+    if (credit >= std::int64_t(need)) return credit;
+    // Credits the reader returned may wait in our queue: only a progress
+    // pass takes them in, and a sender that neither polls nor reads (it
+    // retries after a sleep) would otherwise never see them.
+    s.engine->progress();
+    return c->credits.load(std::memory_order_acquire);
+}
+
+// What a failed post tells the application: -EPIPE (or the reset's
+// error once, after a reset) when the peer closed meanwhile; 0 when
+// this send is the one a closed peer takes (first_send_to_closed).
+int send_failed(const SocketSide &s, Conn *c, int rc) noexcept {
+    // A write into the peer's ring failed while the peer lives: it closed
+    // (its ring is out of reach), and its CLOSE, posted before, waits in
+    // our queue.
+    if (rc == -EIO) {
+        s.engine->progress_blocking();
+        if (c->gone()) rc = -EPIPE;
+    }
+    if (rc == -EPIPE && !c->tx_fin) {
+        if (int e = c->take_reset()) rc = -e;
+        // Its CLOSE came only now: this is the send that TCP takes (0).
+        else if (s.first_send_to_closed(c)) rc = 0;
+    }
+    return rc;
+}
+
+int post_data(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, std::uint32_t len,
+              std::uint64_t deadline) noexcept {
+    // Protocol choice, in one place: large pieces are written straight into
+    // the peer's ring (one copy), small ones travel inline in the message.
+    int rc = len > s.engine->chunk()
+                 ? s.engine->post_ring(c, iov, iovcnt, len, deadline)
+                 : s.engine->post(c, MsgType::data, iov, iovcnt, len, c->tx_off, deadline);
+    if (rc) return rc;
+    s.engine->sent_into_ring(c, len);
+    return 0;
+}
+
+}  // namespace
+
+int flush_locked(const SocketSide &s, Conn *c, bool blocking, std::uint64_t deadline) noexcept {
+    while (c->staged) {
+        if (c->credits.load(std::memory_order_acquire) < std::int64_t(c->staged)) {
+            if (!blocking) {
+                s.engine->want_flush(c);
+                return -EAGAIN;
+            }
+            // All of the stage goes in one message: wait for that much.
+            if (int w = wait_credit(s, c, deadline, std::int64_t(c->staged))) {
+                if (w == -EAGAIN || w == -EINTR) s.engine->want_flush(c);
+                return w;
+            }
+            continue;
+        }
+        if (int rc = s.engine->post_stage_locked(c, deadline)) {
+            if (rc == -EAGAIN) s.engine->want_flush(c);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+ssize_t direct_send(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, std::size_t total,
+                    int flags, bool *left) noexcept {
+    if (leave_requested(c)) {
+        *left = true;
+        return -ESTALE;
+    }
+    if (c->gone() || wr_shut(c, s.kernel_wr_shut)) {
+        SD_LOG(debug, "fd %d: send refused: %s", s.kfd(),
+               wr_shut(c, s.kernel_wr_shut) ? "shut down for writing"
+               : c->broken                  ? "connection broken"
+                                            : "peer closed");
+        if (int e = wr_shut(c, s.kernel_wr_shut) ? 0 : c->take_reset())
+            return e == EPIPE ? epipe(flags) : -e;
+        if (s.first_send_to_closed(c)) return ssize_t(total);  // to nobody, as TCP's
+        return epipe(flags);
+    }
+    if (!c->tx_fabric) {
+        c->tx_fabric = true;
+        SD_LOG(debug, "fd %d: send switch point at offset %llu", s.kfd(),
+               (unsigned long long)c->tx_off);
+    }
+    const bool nb = s.nonblock.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
+    const std::int64_t tmo = s.sndtimeo_ns.load(std::memory_order_relaxed);
+    const std::uint64_t deadline = tmo ? monotonic_ns() + std::uint64_t(tmo) : 0;
+    // Messages wait for room in the peer's queue until this: a full queue
+    // is a full window to a non-blocking send (EAGAIN), if only briefly.
+    const std::uint64_t post_by = nb ? monotonic_ns() + kQueueWaitNs : deadline;
+    const std::uint32_t chunk = s.engine->chunk();
+
+    // MSG_MORE and TCP_CORK hold nothing back: a byte send() accepted must
+    // be in the peer's ring (or on its way there in the provider's queue)
+    // before send returns, or it would die with this process, where the
+    // kernel's corked bytes survive it. Combining would save messages only.
+    // Write zero-copy: the peer's recv waits on its own buffer for these
+    // bytes; the rest (if any) goes the usual way. To a peer that
+    // advertises, a large send looks at the fabric first: an advertisement
+    // that came while the caller was busy (copying what it read, or
+    // sleeping) would otherwise be found only after our own bytes had
+    // crossed it. Before the first one is seen, a process that advertises
+    // itself looks too: its peers most likely run with its settings, and a
+    // pure sender would otherwise never take in an advertisement at all.
+    if (!c->staged && total > chunk &&
+        (c->psink_seen.load(std::memory_order_relaxed) || s.engine->sink_ok()))
+        s.engine->progress();
+    if (!c->staged && c->psink_valid.load(std::memory_order_acquire)) {
+        long r = s.engine->take_sink(c, iov, iovcnt, total);
+        if (r == -EPIPE) return epipe(flags);
+        if (r < 0) return r;
+        if (std::size_t(r) == total) return r;
+        if (r > 0) {
+            iovec rest[kMaxSlice];
+            int k = slice(iov, iovcnt, std::size_t(r), total - std::size_t(r), rest, kMaxSlice);
+            ssize_t more_sent = direct_send(s, c, rest, k, sliced(rest, k), flags, left);
+            return more_sent > 0 ? r + more_sent : r;
+        }
+    }
+    if (!c->staged && total <= chunk && credit_after_progress(s, c, total) >= std::int64_t(total)) {
+        // The common small write: straight from the caller's buffer.
+        iovec v[3];
+        int k = slice(iov, iovcnt, 0, total, v, 3);
+        if (sliced(v, k) == total) {
+            if (!readable_iov(v, k, total)) return -EFAULT;
+            int rc = post_data(s, c, v, k, std::uint32_t(total), post_by);
+            if (rc == 0) {
+                s.engine->ring(c->peer);
+                return ssize_t(total);
+            }
+            rc = send_failed(s, c, rc);
+            if (rc == 0) return ssize_t(total);  // to nobody, as TCP's
+            if (rc == -EPIPE) return epipe(flags);
+            if (rc != -EAGAIN) return rc;
+        }
+    }
+    if (int rc = flush_locked(s, c, !nb, deadline)) {
+        if (rc == -EPIPE) return epipe(flags);
+        *left = rc == -ESTALE;
+        return rc;
+    }
+
+    std::size_t sent = 0;
+    int rc = 0;
+    bool interrupted = false;  // by a signal, in read zero-copy: no more waiting
+    // Read zero-copy only for blocking sends (the peer reads them straight
+    // from the caller's buffer while we wait, at most until SO_SNDTIMEO's
+    // deadline); which pieces: transport/protocol.hpp.
+    bool zc_ok = !nb && s.engine->can_read() && total > settings().chunk;
+    while (sent < total) {
+        if (leave_requested(c)) {
+            rc = -ESTALE;
+            break;
+        }
+        // The peer's recv advertised its buffer meanwhile: straight into it.
+        if (c->psink_valid.load(std::memory_order_acquire) && !c->staged) {
+            iovec rest[kMaxSlice];
+            int k = slice(iov, iovcnt, sent, total - sent, rest, kMaxSlice);
+            long r = s.engine->take_sink(c, rest, k, sliced(rest, k));
+            if (r < 0) {
+                rc = int(r);
+                break;
+            }
+            if (r > 0) {
+                sent += std::size_t(r);
+                continue;
+            }
+        }
+        if (zc_ok) {
+            // The rest of the iov piece we are in.
+            iovec piece{};
+            slice(iov, iovcnt, sent, total - sent, &piece, 1);
+            // Not to a peer of another uid: its read would go through the
+            // provider's SAR buffers (two copies, no gain), and with ring
+            // writes going through them the other way an echo between
+            // users hung in 2 of 10 runs (none in 10 without zero-copy).
+            if (use_zcopy(piece.iov_len) && !(c->peer && c->peer->cross)) {
+                const char *p = static_cast<const char *>(piece.iov_base);
+                std::uint32_t len = std::uint32_t(std::min<std::size_t>(piece.iov_len, 1u << 30));
+                if (!readable(p, len)) {
+                    rc = -EFAULT;
+                    break;
+                }
+                int cut = 0;
+                long r = send_zcopy(s, c, p, len, deadline, &cut);
+                if (r < 0) {
+                    rc = int(r);
+                    break;
+                }
+                sent += std::size_t(r);
+                if (cut) {
+                    // A signal: what was read counts; if nothing was, what
+                    // the window takes now without waiting, as the
+                    // kernel's send buffer would have; else EINTR.
+                    if (r > 0) break;
+                    interrupted = true;
+                    zc_ok = false;
+                    continue;
+                }
+                // Cut short (the peer had to be let through): the rest of
+                // this send goes buffered.
+                if (std::uint32_t(r) < len) zc_ok = false;
+                continue;
+            }
+        }
+        std::int64_t credit = credit_after_progress(s, c, 1);
+        if (credit <= 0) {
+            s.engine->ring(c->peer);
+            if (nb || interrupted) {
+                rc = interrupted ? -EINTR : -EAGAIN;
+                break;
+            }
+            if ((rc = wait_credit(s, c, deadline))) break;
+            continue;
+        }
+        std::size_t left = total - sent;
+        bool rma = c->peer_ring_addr && use_ring(left, credit);
+        std::size_t n = rma ? std::min<std::size_t>({left, std::size_t(credit), c->peer_ring_cap / 2})
+                            : std::min<std::size_t>({left, chunk, std::size_t(credit)});
+        iovec v[4];
+        // At most three pieces fit beside an inline header; four in a write.
+        int k = slice(iov, iovcnt, sent, n, v, rma ? 4 : 3);
+        n = sliced(v, k);
+        if (!readable_iov(v, k, n)) {
+            rc = -EFAULT;
+            break;
+        }
+        if ((rc = post_data(s, c, v, k, std::uint32_t(n), post_by))) {
+            rc = send_failed(s, c, rc);
+            if (rc == 0) sent = total;  // the rest to nobody, as TCP's
+            break;
+        }
+        sent += n;
+    }
+    if (sent) s.engine->ring(c->peer);
+    *left = rc == -ESTALE;
+    // EAGAIN with credits left: the peer's queue stayed full (post_by).
+    // Readiness still says writable, but an edge-triggered waiter is told
+    // only of credits coming back, which may never happen: a new edge, so
+    // that it tries again.
+    if (rc == -EAGAIN && c->credits.load(std::memory_order_acquire) > 0)
+        c->tx_seq.fetch_add(1, std::memory_order_release);
+    if (sent) return ssize_t(sent);
+    if (rc == -EPIPE) return epipe(flags);
+    return rc;
+}
+
+}  // namespace sd::transport
