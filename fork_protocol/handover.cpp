@@ -409,7 +409,7 @@ Stream *adopt_inherited(int fd) noexcept {
         s->refs.fetch_add(1, std::memory_order_relaxed);  // the caller's
         if (sh) {
             // As a fork child holds it: counted, upgraded by the last
-            // holder left (Stream::adopt_share).
+            // holder left (adopt_share, share.cpp).
             SD_LOG(info, "fd %d: inherited through exec, shared through fork: upgraded once "
                          "its other holders let go", fd);
             s->acceptor = e->acceptor;
