@@ -140,9 +140,9 @@ class Stream {
     void accepted() noexcept;
     // The fork protocol (fork_protocol/, the layer above) acts on a Stream
     // through free functions in sd::forking; this layer reaches them only
-    // through fork_hooks (fork_hooks.hpp), checking inline first the state
-    // a fork leaves, so that a socket that never went through fork makes
-    // no call.
+    // through fork_hooks (fork_hooks.hpp). Where the I/O path asks, the
+    // state a fork leaves (orphan, holders) is checked inline first, so a
+    // socket that never went through fork makes no call through the table.
     // This process uses a socket that was direct in another (inherited
     // through fork): that owner moves it back to the kernel first. False
     // if it could not: its I/O then fails with EIO, or as after a reset
@@ -154,9 +154,9 @@ class Stream {
         return !orphan.load(std::memory_order_acquire) ||
                fork_hooks.claim_inherited(*this, proof, why);
     }
-    // In a fork child, before the fork protocol's own reset of the stream:
-    // the parent's threads are not ours, so neither are the locks they held,
-    // the calls they were in, or their references (stream.cpp).
+    // In a fork child (the fork protocol's fork_child calls it first): the
+    // parent's threads are not ours, so neither are the locks they held, the
+    // calls they were in, or their references (stream.cpp).
     void forget_parent_threads() noexcept;
     // The socket goes back to the kernel for good, for `why`
     // (for_good.cpp): a direct connection leaves the fabric, one not
