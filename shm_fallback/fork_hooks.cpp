@@ -22,9 +22,17 @@ Stream *nothing_to_adopt(int) noexcept { return nullptr; }
 }  // namespace
 
 constinit ForkHooks fork_hooks{
-    nothing_to_claim, no_orphan,           no_share,          no_share_to_drop,
-    no_holders,       no_rejoin,           nothing_kept_at_fork, nothing_inherited,
-    nothing_before_exec, nothing_handed_over, nothing_to_adopt,
+    .claim_inherited = nothing_to_claim,
+    .orphan_error = no_orphan,
+    .adopt_share = no_share,
+    .drop_share = no_share_to_drop,
+    .left_holders = no_holders,
+    .rejoin_locked = no_rejoin,
+    .fork_prepare = nothing_kept_at_fork,
+    .fork_child = nothing_inherited,
+    .before_exec = nothing_before_exec,
+    .inherit_waiting = nothing_handed_over,
+    .adopt_inherited = nothing_to_adopt,
 };
 
 void set_fork_hooks(const ForkHooks &h) noexcept { fork_hooks = h; }
