@@ -3,7 +3,7 @@
 // to the kernel (claim_inherited); and a socket a new program started by
 // exec inherits, a program that may not run the library, goes back to the
 // kernel for good first (before_exec).
-#include "shm_fallback/stream.hpp"
+#include "claim.hpp"
 
 #include "transport/log.hpp"
 #include "transport/sys.hpp"
@@ -14,23 +14,29 @@
 #include <mutex>
 #include <sys/socket.h>
 
-namespace sd::fallback {
+namespace sd::forking {
 
+using fallback::Phase;
+using fallback::Sharers;
+using fallback::sharers_left;
+using fallback::sharers_stick;
+using fallback::Stream;
 using transport::Conn;
 using transport::ConnState;
 using transport::epipe;
 using transport::sys;
 
-bool Stream::claim_inherited(int proof, transport::Reason why) noexcept {
-    if (!orphan.load(std::memory_order_acquire)) return true;
-    std::lock_guard lock(pend_lock);
-    if (!orphan.load(std::memory_order_relaxed)) return true;
-    if (orphan_lost.load(std::memory_order_relaxed) != kNotLost) return false;
-    Sharers *h = holders.load(std::memory_order_relaxed);
+bool claim_inherited(Stream &s, int proof, transport::Reason why) noexcept {
+    if (!s.orphan.load(std::memory_order_acquire)) return true;
+    std::lock_guard lock(s.pend_lock);
+    if (!s.orphan.load(std::memory_order_relaxed)) return true;
+    if (s.orphan_lost.load(std::memory_order_relaxed) != Stream::kNotLost) return false;
+    Sharers *h = s.holders.load(std::memory_order_relaxed);
     // Left already (its owner closed its copy, or another holder claimed
     // it): the counts say where the kernel took over.
-    int rc = h && sharers_left(h) ? 0
-                                  : transport::ask_owner_to_leave(owner, proof >= 0 ? proof : kfd(), why);
+    int rc = h && sharers_left(h)
+                 ? 0
+                 : transport::ask_owner_to_leave(s.owner, proof >= 0 ? proof : s.kfd(), why);
     if (rc == -ESRCH || rc == -ECONNRESET) {
         // The owner died before it moved the connection to the kernel
         // (or its peer died with bytes unread there): the bytes it held
@@ -40,12 +46,12 @@ bool Stream::claim_inherited(int proof, transport::Reason why) noexcept {
         // sends the RST and keeps the descriptor), so the peer's kernel
         // side ends as ours does.
         SD_LOG(error, "fd %d: inherited from pid %d while on the fabric, and %s before moving it "
-                      "back to the kernel: the connection is reset", kfd(), owner,
+                      "back to the kernel: the connection is reset", s.kfd(), s.owner,
                rc == -ESRCH ? "that process died" : "the peer died with bytes unread there");
         sockaddr unspec{};
         unspec.sa_family = AF_UNSPEC;
-        (void)sys.connect(kfd(), &unspec, sizeof unspec);
-        orphan_lost.store(kLostUntold, std::memory_order_release);
+        (void)sys.connect(s.kfd(), &unspec, sizeof unspec);
+        s.orphan_lost.store(Stream::kLostUntold, std::memory_order_release);
         return false;
     }
     if (rc != 0) {
@@ -53,69 +59,72 @@ bool Stream::claim_inherited(int proof, transport::Reason why) noexcept {
         if (!said.exchange(true))
             SD_LOG(error, "fd %d: inherited from pid %d while on the fabric, and that process "
                           "could not move it back to the kernel (%s): its I/O fails with EIO here",
-                   kfd(), owner, std::strerror(-rc));
+                   s.kfd(), s.owner, std::strerror(-rc));
         return false;
     }
-    SD_LOG(info, "fd %d: inherited from pid %d, which moved it back to the kernel", kfd(), owner);
+    SD_LOG(info, "fd %d: inherited from pid %d, which moved it back to the kernel", s.kfd(),
+           s.owner);
     if (h && sharers_left(h)) {
         // Counted from now on, like a socket shared before its upgrade:
         // the last holder left upgrades it again.
-        holders.store(nullptr, std::memory_order_relaxed);
-        share.store(h, std::memory_order_release);
+        s.holders.store(nullptr, std::memory_order_relaxed);
+        s.share.store(h, std::memory_order_release);
     } else if (h) {
         // Its owner's connection was off the fabric without adding its
         // offsets: nobody knows where the kernel took over, so no holder
         // may ever upgrade it from the counts.
         sharers_stick(h);
-        holders.store(nullptr, std::memory_order_relaxed);
-        share.store(h, std::memory_order_release);
+        s.holders.store(nullptr, std::memory_order_relaxed);
+        s.share.store(h, std::memory_order_release);
     }
-    orphan.store(false, std::memory_order_release);
+    s.orphan.store(false, std::memory_order_release);
     return true;
 }
 
-ssize_t Stream::orphan_error(bool out, int flags) noexcept {
+ssize_t orphan_error(Stream &s, bool out, int flags) noexcept {
     // Lost with its owner: the reset once (as a TCP socket's pending
     // error), then EOF for reads and EPIPE for writes. Otherwise the owner
     // lives and could not leave (its peer did not answer): EIO.
-    int told = kLostUntold;
-    if (orphan_lost.compare_exchange_strong(told, kLostTold, std::memory_order_acq_rel))
+    int told = Stream::kLostUntold;
+    if (s.orphan_lost.compare_exchange_strong(told, Stream::kLostTold, std::memory_order_acq_rel))
         return -ECONNRESET;
-    if (told == kNotLost) return -EIO;
+    if (told == Stream::kNotLost) return -EIO;
     return out ? epipe(flags) : 0;
 }
 
-void Stream::before_exec(bool vforked, int kept) noexcept {
-    Phase p = phase.load(std::memory_order_acquire);
+void before_exec(Stream &s, bool vforked, int kept) noexcept {
+    Phase p = s.phase.load(std::memory_order_acquire);
     if (p == Phase::fresh || p == Phase::listener) return;
-    if (orphan.load(std::memory_order_acquire)) {
-        (void)claim_inherited(kept, transport::Reason::exec);
+    if (s.orphan.load(std::memory_order_acquire)) {
+        (void)claim_inherited(s, kept, transport::Reason::exec);
         return;
     }
-    Conn *c = conn.load(std::memory_order_acquire);
-    SD_LOG(debug, "fd %d before exec: phase %d, %s, state %d", kfd(), int(p),
+    Conn *c = s.conn.load(std::memory_order_acquire);
+    SD_LOG(debug, "fd %d before exec: phase %d, %s, state %d", s.kfd(), int(p),
            c ? "a connection" : "no connection", c ? int(c->state.load()) : -1);
     // Never used here: the peer may wait for an upgrade that cannot come.
     if (!c && (p == Phase::deferred || p == Phase::connecting))
-        transport::mark_unattached(kfd(), transport::Reason::exec);
-    if (!c || !engine) return;  // the kernel has it, and counts (if shared) stay ours
+        transport::mark_unattached(s.kfd(), transport::Reason::exec);
+    if (!c || !s.engine) return;  // the kernel has it, and counts (if shared) stay ours
     ConnState st = c->state.load(std::memory_order_acquire);
     if (st == ConnState::direct || st == ConnState::leaving) {
         // In a vfork child, the process that owns the engine acts.
-        if (vforked) (void)transport::ask_owner_to_leave(engine->pid(), kept, transport::Reason::exec);
-        else if (const int rc = engine->leave(c, transport::Reason::exec); rc < 0)
+        if (vforked)
+            (void)transport::ask_owner_to_leave(s.engine->pid(), kept, transport::Reason::exec);
+        else if (const int rc = s.engine->leave(c, transport::Reason::exec); rc < 0)
             SD_LOG(error, "fd %d: before exec, the connection could not leave the fabric: %s",
-                   kfd(), std::strerror(-rc));
+                   s.kfd(), std::strerror(-rc));
     } else if (st != ConnState::final) {
-        engine->hold(c, transport::Reason::exec);  // no upgrade from now on: the new program may not know of it
+        // No upgrade from now on: the new program may not know of it.
+        s.engine->hold(c, transport::Reason::exec);
         // An upgrade under way that still ended direct leaves before the
         // new program starts (the peer would write into memory the exec
         // replaces).
-        if (engine->settle_upgrade(c))
-            if (const int rc = engine->leave(c, transport::Reason::exec); rc < 0)
+        if (s.engine->settle_upgrade(c))
+            if (const int rc = s.engine->leave(c, transport::Reason::exec); rc < 0)
                 SD_LOG(error, "fd %d: before exec, the connection could not leave the fabric: %s",
-                       kfd(), std::strerror(-rc));
+                       s.kfd(), std::strerror(-rc));
     }
 }
 
-}  // namespace sd::fallback
+}  // namespace sd::forking

@@ -1,5 +1,10 @@
 #include "fork.hpp"
 
+#include "claim.hpp"
+#include "handover.hpp"
+#include "share.hpp"
+
+#include "shm_fallback/fork_hooks.hpp"
 #include "shm_fallback/readiness.hpp"
 #include "shm_fallback/table.hpp"
 #include "transport/engine.hpp"
@@ -26,6 +31,23 @@ void in_child() noexcept {
 
 }  // namespace
 
-void install() noexcept { pthread_atfork(prepare, in_parent, in_child); }
+void install() noexcept {
+    // Before the first socket: shm_fallback calls the fork protocol only
+    // through this table.
+    fallback::set_fork_hooks({
+        .claim_inherited = claim_inherited,
+        .orphan_error = orphan_error,
+        .adopt_share = adopt_share,
+        .drop_share = drop_share,
+        .left_holders = left_holders,
+        .rejoin_locked = rejoin_locked,
+        .fork_prepare = fork_prepare,
+        .fork_child = fork_child,
+        .before_exec = before_exec,
+        .inherit_waiting = inherit_waiting,
+        .adopt_inherited = adopt_inherited,
+    });
+    pthread_atfork(prepare, in_parent, in_child);
+}
 
 }  // namespace sd::forking

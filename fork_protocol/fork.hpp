@@ -9,7 +9,8 @@
 
 namespace sd::forking {
 
-// Registers the pthread_atfork handlers (library constructor).
+// Installs the fork protocol's hooks into shm_fallback (fork_hooks.hpp)
+// and registers the pthread_atfork handlers (library constructor).
 void install() noexcept;
 
 }  // namespace sd::forking

@@ -8,6 +8,8 @@
 // counts), then tracks it from those offsets like a fresh connection.
 #include "handover.hpp"
 
+#include "claim.hpp"
+
 #include "shm_fallback/table.hpp"
 
 #include "transport/log.hpp"
@@ -31,7 +33,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-namespace sd::fallback {
+namespace sd::forking {
+
+// The layer below's vocabulary: the Stream, the socket table, the sharers
+// arena and prefixes.
+using namespace fallback;
 
 const char kInheritVar[] = "SDIRECT_INHERIT";
 
@@ -116,25 +122,36 @@ bool kernel_position(int fd, std::uint64_t &written, std::uint64_t &read) noexce
     return false;
 }
 
-bool Stream::hand_over_for_exec(std::uint64_t &tx, std::uint64_t &rx, int &slot) noexcept {
+namespace {
+
+// An exec in place whose new image runs the library: the socket goes back
+// to the kernel for this image, and `tx`/`rx` are the offsets the new image
+// goes on from; or, for a socket shared through fork, `slot` is its place
+// in the sharers arena, which the new image maps again (-1 otherwise).
+// False when it cannot be handed over (shared and the arena cannot be
+// passed, unless the others let go within 100 ms; half-closed; the peer's
+// bytes in a prefix); before_exec then applies.
+bool hand_over_for_exec(Stream &s, std::uint64_t &tx, std::uint64_t &rx, int &slot) noexcept {
     slot = -1;
-    Phase p = phase.load(std::memory_order_acquire);
+    Phase p = s.phase.load(std::memory_order_acquire);
     if (p == Phase::fresh || p == Phase::listener) return false;
     // Direct in the process we were forked from (a server that forks a
     // handler on a connection it has served): that owner leaves the
     // fabric for sharing, its offsets added to the holders' counts, and
     // its peer waits rearmed; from then on it is a socket shared through
     // fork, which is ours alone once the owner closed its copy.
-    if (orphan.load(std::memory_order_acquire) && !claim_inherited(-1, transport::Reason::shared))
+    if (s.orphan.load(std::memory_order_acquire) &&
+        !claim_inherited(s, -1, transport::Reason::shared))
         return false;
     // One whose forked holders may live on (we forked while direct, or
     // while its connection was not direct yet: held, with nobody counting
     // the holders' bytes), a half-closed one: the kernel keeps them.
-    if (orphan.load(std::memory_order_acquire) || holders.load(std::memory_order_acquire) ||
-        (forked && !share.load(std::memory_order_acquire)) ||
-        rd_shut.load(std::memory_order_acquire) || kernel_wr_shut.load(std::memory_order_acquire))
+    if (s.orphan.load(std::memory_order_acquire) || s.holders.load(std::memory_order_acquire) ||
+        (s.forked && !s.share.load(std::memory_order_acquire)) ||
+        s.rd_shut.load(std::memory_order_acquire) ||
+        s.kernel_wr_shut.load(std::memory_order_acquire))
         return false;
-    if (Sharers *sh = share.load(std::memory_order_acquire)) {
+    if (Sharers *sh = s.share.load(std::memory_order_acquire)) {
         if (sharers_stuck(sh)) return false;
         // Shared through fork, no connection: the new image holds it in
         // the same slot (the pid is the holder), counting as we do, and
@@ -142,9 +159,9 @@ bool Stream::hand_over_for_exec(std::uint64_t &tx, std::uint64_t &rx, int &slot)
         // (should the exec fail, this image goes on as before).
         int fd;
         std::uint32_t index;
-        if (!conn.load(std::memory_order_acquire) && sharers_handle(sh, &fd, &index)) {
-            std::lock_guard lock(pend_lock);
-            if (Prefix *pf = prefix.load(std::memory_order_acquire); pf && prefix_left(pf))
+        if (!s.conn.load(std::memory_order_acquire) && sharers_handle(sh, &fd, &index)) {
+            std::lock_guard lock(s.pend_lock);
+            if (Prefix *pf = s.prefix.load(std::memory_order_acquire); pf && prefix_left(pf))
                 return false;
             slot = int(index);
             tx = rx = 0;
@@ -159,41 +176,39 @@ bool Stream::hand_over_for_exec(std::uint64_t &tx, std::uint64_t &rx, int &slot)
         }
         if (!alone) return false;
     }
-    for (int i = 0; i < 10000 && phase.load(std::memory_order_acquire) == Phase::attaching; ++i) {
+    for (int i = 0; i < 10000 && s.phase.load(std::memory_order_acquire) == Phase::attaching; ++i) {
         timespec nap{0, 100000};
         nanosleep(&nap, nullptr);
     }
     {
-        std::lock_guard lock(pend_lock);
+        std::lock_guard lock(s.pend_lock);
         // Bytes of the peer's that every holder reads before the kernel
         // socket (prefix.cpp) would be lost to the new image: kept here.
         // An empty reserve (a fork while direct) is no matter: alone now,
         // nobody fills it.
-        if (Prefix *pf = prefix.load(std::memory_order_acquire); pf && prefix_left(pf))
+        if (Prefix *pf = s.prefix.load(std::memory_order_acquire); pf && prefix_left(pf))
             return false;
-        if (Sharers *sh = share.exchange(nullptr, std::memory_order_acq_rel)) {
-            pre_tx = sharers_sent(sh);
-            pre_rx = sharers_received(sh);
+        if (Sharers *sh = s.share.exchange(nullptr, std::memory_order_acq_rel)) {
+            s.pre_tx = sharers_sent(sh);
+            s.pre_rx = sharers_received(sh);
             sharers_leave(sh);
-            forked = false;
+            s.forked = false;
         }
-        if (!conn.load(std::memory_order_acquire)) {
+        if (!s.conn.load(std::memory_order_acquire)) {
             // Counted on the kernel so far (pending, earning, or never
             // used): those counts are the offsets. Nothing attaches it in
             // this image any more, should the exec fail.
-            pending.store(false, std::memory_order_release);
-            earn_ns = 0;
-            phase.store(Phase::attached, std::memory_order_release);
-            tx = pre_tx;
-            rx = pre_rx;
+            s.pending.store(false, std::memory_order_release);
+            s.earn_ns = 0;
+            s.phase.store(Phase::attached, std::memory_order_release);
+            tx = s.pre_tx;
+            rx = s.pre_rx;
             return true;
         }
     }
-    transport::Conn *c = conn.load(std::memory_order_acquire);
-    return engine && engine->hand_over_for_exec(c, tx, rx) == 0;
+    transport::Conn *c = s.conn.load(std::memory_order_acquire);
+    return s.engine && s.engine->hand_over_for_exec(c, tx, rx) == 0;
 }
-
-namespace {
 
 // SDIRECT_EXEC_STDIO as the new image will read it (from `envp`).
 bool stdio_allowed(char *const envp[]) noexcept {
@@ -236,7 +251,7 @@ std::size_t table_hand_over_for_exec(char *const envp[], char *out, std::size_t 
             // On a standard fd in the new program: stdio may bypass us.
             bool std_fd = false;
             for (int k = 0; k < n; ++k) std_fd |= kept[k] == kept[i] && kept_fd[k] <= 2;
-            d->ok = (stdio || !std_fd) && s->hand_over_for_exec(d->tx, d->rx, d->slot) &&
+            d->ok = (stdio || !std_fd) && hand_over_for_exec(*s, d->tx, d->rx, d->slot) &&
                     (d->slot >= 0 || kernel_position(kept_fd[i], d->ktx, d->krx));
             shares |= d->ok && d->slot >= 0;
             if (!d->ok)
@@ -394,7 +409,7 @@ Stream *adopt_inherited(int fd) noexcept {
         s->refs.fetch_add(1, std::memory_order_relaxed);  // the caller's
         if (sh) {
             // As a fork child holds it: counted, upgraded by the last
-            // holder left (Stream::adopt_share).
+            // holder left (adopt_share, share.cpp).
             SD_LOG(info, "fd %d: inherited through exec, shared through fork: upgraded once "
                          "its other holders let go", fd);
             s->acceptor = e->acceptor;
@@ -411,4 +426,4 @@ Stream *adopt_inherited(int fd) noexcept {
     return s;
 }
 
-}  // namespace sd::fallback
+}  // namespace sd::forking

@@ -12,6 +12,10 @@
 #include <cstdint>
 
 namespace sd::fallback {
+class Stream;
+}
+
+namespace sd::forking {
 
 // The variable's name ("SDIRECT_INHERIT").
 extern const char kInheritVar[];
@@ -39,9 +43,14 @@ void hand_over_failed() noexcept;
 // was written for this process.
 void inherit_init() noexcept;
 
-// adopt_inherited and inherit_waiting (the new image's side, which the
-// table calls when it finds no stream at an fd) are declared in
-// shm_fallback/table.hpp.
+// Sockets handed over wait to be tracked at their first use (cheap when
+// nothing was handed over).
+bool inherit_waiting() noexcept;
+// The table found no stream at `fd` (shm_fallback's acquire, through
+// fork_hooks): one handed over to this image by an exec in place is
+// tracked now, with the table's reference and one for the caller; else
+// nullptr.
+fallback::Stream *adopt_inherited(int fd) noexcept;
 
 // The kernel socket's own position: bytes written into it and bytes read
 // from it, up to constants of the connection (retransmissions, FINs and
@@ -49,4 +58,4 @@ void inherit_init() noexcept;
 // kernel does not say (no tcp_info fields).
 bool kernel_position(int fd, std::uint64_t &written, std::uint64_t &read) noexcept;
 
-}  // namespace sd::fallback
+}  // namespace sd::forking

@@ -29,7 +29,7 @@ __attribute__((constructor(101))) void sdirect_start() {
     sd::transport::load_protocols();
     sd::transport::load_rules();
     sd::fallback::table_init();
-    sd::fallback::inherit_init();
+    sd::forking::inherit_init();
     sd::forking::install();
 }
 

@@ -61,18 +61,18 @@ class ExecEnv {
         }
         own_ = true;
         sd::fallback::table_exec_drop_uninherited();
-        if (!sd::fallback::env_preloads_library(envp)) {
+        if (!sd::forking::env_preloads_library(envp)) {
             sd::fallback::table_before_exec();
             return;
         }
-        const std::size_t n = sd::fallback::table_hand_over_for_exec(envp, var_, sizeof var_);
-        const std::size_t name = std::strlen(sd::fallback::kInheritVar);
+        const std::size_t n = sd::forking::table_hand_over_for_exec(envp, var_, sizeof var_);
+        const std::size_t name = std::strlen(sd::forking::kInheritVar);
         std::size_t count = 0;
         for (char *const *e = envp; e && *e; ++e) ++count;
         // An old one is never passed on, whether or not there is a new one.
         list_.reserve(count + 2);
         for (char *const *e = envp; e && *e; ++e)
-            if (std::strncmp(*e, sd::fallback::kInheritVar, name) != 0 || (*e)[name] != '=')
+            if (std::strncmp(*e, sd::forking::kInheritVar, name) != 0 || (*e)[name] != '=')
                 list_.push_back(*e);
         if (n) list_.push_back(var_);
         list_.push_back(nullptr);
@@ -81,7 +81,7 @@ class ExecEnv {
     }
     // Only reached when the exec failed.
     ~ExecEnv() {
-        if (handed_) sd::fallback::hand_over_failed();
+        if (handed_) sd::forking::hand_over_failed();
         if (own_) sd::fallback::table_exec_failed();
     }
     ExecEnv(const ExecEnv &) = delete;

@@ -4,6 +4,7 @@
 // *64 names glibc redirects them to under _FILE_OFFSET_BITS=64.
 #undef _FILE_OFFSET_BITS
 #include "shim.hpp"
+#include "fork_protocol/for_good.hpp"
 #include "transport/memguard.hpp"
 #include "transport/wait.hpp"
 
@@ -69,7 +70,7 @@ void pass_fds(const msghdr *m) noexcept {
         for (int at = 0; at < n; at += 64) {
             const int k = std::min(64, n - at);
             std::memcpy(fds, data + sizeof(int) * std::size_t(at), sizeof(int) * std::size_t(k));
-            sd::fallback::table_to_kernel_for_good(fds, k, sd::transport::Reason::passed);
+            sd::forking::table_to_kernel_for_good(fds, k, sd::transport::Reason::passed);
         }
     }
 }

@@ -11,6 +11,7 @@
 // drop changes them with the setgid/setuid that follows. glibc has no
 // seccomp() wrapper; the raw syscall is beyond any interposer.
 #include "shim.hpp"
+#include "fork_protocol/for_good.hpp"
 
 #include <cstdarg>
 #include <dlfcn.h>
@@ -60,7 +61,7 @@ __attribute__((constructor(102))) void resolve_priv() {
 }
 
 void retire() noexcept {
-    if (!table_frozen()) sd::fallback::table_retire();
+    if (!table_frozen()) sd::forking::table_retire();
 }
 
 // -1 ("leave it") or the id in force changes nothing.

@@ -16,6 +16,7 @@
 #include <csignal>
 #include <fcntl.h>
 #include <cstring>
+#include <new>
 #include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
@@ -94,6 +95,15 @@ void Stream::reset(int f, int dom, bool nb) noexcept {
     held_fd.store(-1, std::memory_order_relaxed);
     fd_users.store(0, std::memory_order_relaxed);
     refs.store(1, std::memory_order_release);
+}
+
+void Stream::forget_parent_threads() noexcept {
+    new (&pend_lock) std::mutex();
+    kernel_waiters = 0;  // the threads blocked in the parent are not here
+    new (&alias_lock) std::mutex();
+    refs.store(fds.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    calls.store(0, std::memory_order_relaxed);  // the parent's threads are not ours
+    next_free = nullptr;
 }
 
 void Stream::accepted() noexcept {

@@ -5,6 +5,7 @@
 // companion socket up to the peer's switch point and then reads the ring.
 // Every method returns a value or -errno; only the shims touch errno.
 #pragma once
+#include "fork_hooks.hpp"
 #include "prefix.hpp"
 #include "sharers.hpp"
 #include "transport/conn.hpp"
@@ -71,7 +72,7 @@ class Stream {
     // A send found the peer closed and was taken, as TCP takes the one
     // that draws the peer's reset: the next ones fail.
     std::atomic<bool> drew_reset{false};
-    // On TCP for good (fork_protocol/for_good.cpp, or a rule): no holder left after a
+    // On TCP for good (for_good.cpp, or a rule): no holder left after a
     // fork brings it to the fabric either.
     std::atomic<bool> for_good{false};
     // Our FIN went on the fabric after the peer's had come (TCP_INFO: the
@@ -137,41 +138,29 @@ class Stream {
     // accept() returned it: attached at its first I/O, so that a server
     // that hands it to a child (accept, fork, close) upgrades in the child.
     void accepted() noexcept;
-    // The fork protocol's members are defined in fork_protocol/: share.cpp
-    // (fork_prepare, fork_child, adopt_share, drop_share, left_holders,
-    // rejoin_locked), claim.cpp (claim_inherited, orphan_error,
-    // before_exec), handover.cpp (hand_over_for_exec) and for_good.cpp
-    // (to_kernel_for_good).
-    // fork: in the parent before it (no upgrade of a shared socket), and
-    // in the child after it (the parent's connection state is not ours).
-    void fork_prepare(unsigned mark) noexcept;
-    void fork_child(unsigned mark, int parent) noexcept;
+    // The fork protocol (fork_protocol/, the layer above) acts on a Stream
+    // through free functions in sd::forking; this layer reaches them only
+    // through fork_hooks (fork_hooks.hpp). Where the I/O path asks, the
+    // state a fork leaves (orphan, holders) is checked inline first, so a
+    // socket that never went through fork makes no call through the table.
     // This process uses a socket that was direct in another (inherited
     // through fork): that owner moves it back to the kernel first. False
     // if it could not: its I/O then fails with EIO, or as after a reset
     // (orphan_error) where the owner died first or its peer died with
     // bytes unread there.
     // `proof`: an fd of the socket (default: ours).
-    bool claim_inherited(int proof = -1, transport::Reason why = transport::Reason::shared) noexcept;
-    // exec, posix_spawn, system, popen are about to start a program that
-    // may not run the library, and it will hold this socket (`kept`: an
-    // fd of it here): the socket goes back to the kernel for good. `vforked`: called in a vfork child,
-    // whose memory is its parent's (only the owner's control thread acts).
-    void before_exec(bool vforked, int kept) noexcept;
-    // What an I/O call on an orphan whose claim failed returns.
-    ssize_t orphan_error(bool out, int flags) noexcept;
-    // An exec in place whose new image runs the library
-    // (fork_protocol/handover.cpp): the socket goes back to the kernel for
-    // this image, and `tx`/`rx` are the offsets the new image goes on from; or, for a socket shared
-    // through fork, `slot` is its place in the sharers arena, which the
-    // new image maps again (-1 otherwise). False when it cannot be handed
-    // over (shared and the arena cannot be passed, unless the others let
-    // go within 100 ms; half-closed; the peer's bytes in a prefix);
-    // before_exec then applies.
-    bool hand_over_for_exec(std::uint64_t &tx, std::uint64_t &rx, int &slot) noexcept;
+    bool claim_inherited(int proof = -1,
+                         transport::Reason why = transport::Reason::shared) noexcept {
+        return !orphan.load(std::memory_order_acquire) ||
+               fork_hooks.claim_inherited(*this, proof, why);
+    }
+    // In a fork child (the fork protocol's fork_child calls it first): the
+    // parent's threads are not ours, so neither are the locks they held, the
+    // calls they were in, or their references (stream.cpp).
+    void forget_parent_threads() noexcept;
     // The socket goes back to the kernel for good, for `why`
-    // (fork_protocol/for_good.cpp): a direct connection leaves the fabric,
-    // one not direct yet (or not attached yet) never upgrades.
+    // (for_good.cpp): a direct connection leaves the fabric, one not
+    // direct yet (or not attached yet) never upgrades.
     void to_kernel_for_good(transport::Reason why) noexcept;
     // recv family; `flags` as for recvmsg. Bytes, 0 at EOF, or -errno.
     // A reset told to the application (from the fabric or from the kernel
@@ -215,6 +204,8 @@ class Stream {
     }
     // FIONREAD
     int readable_bytes() noexcept;
+    // The kernel socket's fd as last set (see `fd`).
+    int kfd() const noexcept { return fd.load(std::memory_order_relaxed); }
     // Pushes combined bytes out (TCP_CORK removed, TCP_NODELAY set).
     void flush() noexcept;
     // The last fd of this socket is being closed: the peer learns it now.
@@ -260,26 +251,28 @@ class Stream {
     static bool closed_send(void *self, transport::Conn *c) noexcept;
     std::mutex alias_lock;
     std::vector<int> aliases;  // fd numbers besides `fd` (dup)
-    int kfd() const noexcept { return fd.load(std::memory_order_relaxed); }
     transport::Conn *attached_conn() noexcept;
     // No connection, but its kernel I/O is counted for a later attach
     // (pending the engine, or shared through fork).
     bool counting() const noexcept {
         return pending.load(std::memory_order_acquire) || share.load(std::memory_order_acquire);
     }
-    // The only holder left (pend_lock held): takes the shared counts as
-    // its own and attaches at the next call. False while others hold it.
-    bool adopt_share(Sharers *sh) noexcept;
-    // Gives the return to direct mode up: the socket stays on TCP.
-    void drop_share() noexcept;
-    // Our connection left the fabric because a process we forked uses the
-    // socket (final, reason shared): its holders count together, as for a
-    // socket shared before its upgrade. The holders, or nullptr.
-    Sharers *left_holders(transport::Conn *c) const noexcept;
-    // This process holds it alone now (tx_lock and pend_lock held): the
-    // connection waits in kernel mode for the peer again, from the
-    // holders' counts. True when it is no longer counted for the holders.
-    bool rejoin_locked(transport::Conn *c, Sharers *h) noexcept;
+    // The fork protocol's side of a socket shared through fork, through
+    // fork_hooks (what each does: fork_hooks.hpp, fork_protocol/share.cpp
+    // and claim.cpp).
+    ssize_t orphan_error(bool out, int flags) noexcept {
+        return fork_hooks.orphan_error(*this, out, flags);
+    }
+    bool adopt_share(Sharers *sh) noexcept { return fork_hooks.adopt_share(*this, sh); }
+    void drop_share() noexcept { fork_hooks.drop_share(*this); }
+    // Only a socket that went through fork has holders.
+    Sharers *left_holders(transport::Conn *c) const noexcept {
+        return holders.load(std::memory_order_acquire) ? fork_hooks.left_holders(*this, c)
+                                                       : nullptr;
+    }
+    bool rejoin_locked(transport::Conn *c, Sharers *h) noexcept {
+        return fork_hooks.rejoin_locked(*this, c, h);
+    }
     // Pending, shared, or left for sharing (reads only): -EALREADY when
     // the connection got attached (or this process became the only
     // holder) meanwhile; `done` then says how many bytes already went

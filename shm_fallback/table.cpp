@@ -62,7 +62,7 @@ Stream *acquire(int fd) noexcept {
         Stream *s = slots[fd].load(std::memory_order_acquire);
         // A socket handed over by the image before an exec: tracked from
         // its first use here.
-        if (!s) return inherit_waiting() ? adopt_inherited(fd) : nullptr;
+        if (!s) return fork_hooks.inherit_waiting() ? fork_hooks.adopt_inherited(fd) : nullptr;
         int r = s->refs.load(std::memory_order_relaxed);
         while (r > 0 && !s->refs.compare_exchange_weak(r, r + 1, std::memory_order_acq_rel)) {
         }
@@ -130,7 +130,7 @@ void each_stream(Fn fn) noexcept {
 void table_fork_prepare() noexcept {
     fork_pass += 2;
     forking_pid = int(getpid());
-    each_stream([](Stream *s) { s->fork_prepare(fork_pass); });
+    each_stream([](Stream *s) { fork_hooks.fork_prepare(*s, fork_pass); });
     pool_lock.lock();
 }
 
@@ -140,7 +140,7 @@ void table_after_fork_child() noexcept {
     self_pid = int(getpid());
     new (&pool_lock) std::mutex();
     // Inherited connections: the parent's engine state is not ours.
-    each_stream([](Stream *s) { s->fork_child(fork_pass + 1, forking_pid); });
+    each_stream([](Stream *s) { fork_hooks.fork_child(*s, fork_pass + 1, forking_pid); });
 }
 
 bool foreign_process() noexcept { return int(getpid()) != self_pid; }
@@ -194,7 +194,7 @@ void leave_for_exec(const ino_t *kept, const int *kept_fd, int nkept) noexcept {
         const ino_t *at = std::lower_bound(kept, kept + nkept, ino_t(s->ino));
         if (s->fd.load(std::memory_order_relaxed) == fd && s->ino && at != kept + nkept &&
             *at == ino_t(s->ino))
-            s->before_exec(vforked, kept_fd[at - kept]);
+            fork_hooks.before_exec(*s, vforked, kept_fd[at - kept]);
         release(s);
     }
 }
@@ -243,7 +243,8 @@ void table_before_spawn(const SpawnAction *actions, int nactions) noexcept {
         for (int fd = 0; fd < nslots; ++fd) {
             Stream *s = acquire(fd);
             if (!s) continue;
-            if (s->fd.load(std::memory_order_relaxed) == fd && s->ino) s->before_exec(vforked, fd);
+            if (s->fd.load(std::memory_order_relaxed) == fd && s->ino)
+                fork_hooks.before_exec(*s, vforked, fd);
             release(s);
         }
         return;

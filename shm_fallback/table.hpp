@@ -13,7 +13,9 @@ void table_init() noexcept;
 // One past the largest fd number the table can hold.
 int table_size() noexcept;
 
-// The stream at fd with a reference held, or nullptr.
+// The stream at fd with a reference held, or nullptr. A socket an exec
+// in place handed over to this image is tracked at its first lookup
+// (fork_hooks' adopt_inherited: fork_protocol/handover.cpp).
 Stream *acquire(int fd) noexcept;
 void release(Stream *s) noexcept;
 
@@ -28,16 +30,17 @@ Stream *unmap(int fd) noexcept;
 // caller then closes the kernel fd and releases the stream.
 Stream *close_prepare(int fd) noexcept;
 
-// fork: before it, mark every connected socket shared (Stream::fork_prepare)
-// and take the pool lock; after it, in the parent, drop the lock; in the
-// child, leave every inherited stream to the kernel (Stream::fork_child)
-// and reset the lock.
+// fork: before it, mark every connected socket shared (the fork
+// protocol's fork_prepare, through fork_hooks) and take the pool lock;
+// after it, in the parent, drop the lock; in the child, leave every
+// inherited stream to the kernel (fork_child, through fork_hooks) and
+// reset the lock.
 void table_fork_prepare() noexcept;
 void table_unlock_after_fork() noexcept;
 void table_after_fork_child() noexcept;
 
 // exec: every socket the new program inherits goes back to the kernel
-// first (Stream::before_exec). Called in a vfork child too (recognised by
+// first (the fork protocol's before_exec, through fork_hooks). Called in a vfork child too (recognised by
 // its pid), where only owners' control threads act.
 void table_before_exec() noexcept;
 // A posix_spawn file action, as far as it decides which fds the new
@@ -53,7 +56,7 @@ struct SpawnAction {
 };
 // posix_spawn, system, popen: a child starts with this process's fds
 // without FD_CLOEXEC, then applies `actions` in order; the sockets it
-// holds after them go back to the kernel (Stream::before_exec), the
+// holds after them go back to the kernel (before_exec, as above), the
 // others stay as they are (direct ones stay direct). `nactions` < 0: the
 // actions are not known, so every socket counts as the child's.
 void table_before_spawn(const SpawnAction *actions, int nactions) noexcept;
@@ -63,13 +66,6 @@ void table_before_spawn(const SpawnAction *actions, int nactions) noexcept;
 // may upgrade them once alone. table_exec_failed() takes them back.
 void table_exec_drop_uninherited() noexcept;
 void table_exec_failed() noexcept;
-// The sockets at `fds` (or every socket, nfds < 0) go back to the kernel
-// for good (Stream::to_kernel_for_good). Not in a vfork child.
-void table_to_kernel_for_good(const int *fds, int nfds, transport::Reason why) noexcept;
-// The process changes its privileges or enters a sandbox: every socket
-// goes back to the kernel for good, and the process never upgrades again
-// (transport::retired); the peers' pages and regions are unmapped.
-void table_retire() noexcept;
 
 // The sockets a new program would inherit: their inode numbers and fd
 // numbers (fds without FD_CLOEXEC), those at fds above `after`, in fd
@@ -77,13 +73,6 @@ void table_retire() noexcept;
 int inherited_sockets(ino_t *out, int *out_fd, int max, int after = -1) noexcept;
 // Some stream is mapped at `fd` (no reference taken, no adoption).
 bool slot_taken(int fd) noexcept;
-
-// The table found no stream at `fd`: one handed over to this image by an
-// exec in place is tracked now, with the table's reference and one for
-// the caller; else nullptr. Cheap when nothing was handed over.
-// (The exec hand-over, both images' sides: fork_protocol/handover.cpp.)
-Stream *adopt_inherited(int fd) noexcept;
-bool inherit_waiting() noexcept;
 
 // A vfork child: its memory (this table, every stream) is its parent's,
 // so it must change none of it. One getpid() call.

@@ -1,0 +1,63 @@
+// A socket that goes back to the kernel for good: connect(AF_UNSPEC)
+// disconnects it, a stdio stream uses it (glibc's stdio reads and writes
+// through calls nobody can interpose), it is passed to another process, or
+// the process changes its privileges (the table-wide forms:
+// fork_protocol/for_good.cpp). What fork left on it (an owner elsewhere, a
+// share) is settled through the fork protocol's hooks (fork_hooks.hpp).
+#include "stream.hpp"
+
+#include "transport/log.hpp"
+
+#include <cstring>
+#include <ctime>
+
+namespace sd::fallback {
+
+using transport::Conn;
+using transport::ConnState;
+using transport::Reason;
+
+void Stream::to_kernel_for_good(Reason why) noexcept {
+    Phase p = phase.load(std::memory_order_acquire);
+    if (p == Phase::fresh || p == Phase::listener) return;
+    for_good.store(true, std::memory_order_release);
+    // Direct in the process we inherited it from: that one leaves, for good.
+    (void)claim_inherited(-1, why);
+    // Another thread's first call is attaching it: let it finish.
+    for (int i = 0; i < 10000 && phase.load(std::memory_order_acquire) == Phase::attaching; ++i) {
+        timespec nap{0, 100000};
+        nanosleep(&nap, nullptr);
+    }
+    // Not attached yet: it never will be. Its peer may wait for an upgrade
+    // that cannot come: our entry tells it why.
+    for (Phase from : {Phase::connecting, Phase::deferred}) {
+        Phase expect = from;
+        if (phase.compare_exchange_strong(expect, Phase::attached, std::memory_order_acq_rel) &&
+            !conn.load(std::memory_order_acquire))
+            transport::mark_unattached(kfd(), why);
+    }
+    {
+        std::lock_guard lock(pend_lock);
+        pending.store(false, std::memory_order_release);  // the builder attaches nothing
+        earn_ns = 0;                                       // nor asks for it
+    }
+    drop_share();  // shared through fork: no holder brings it to the fabric
+    Conn *c = conn.load(std::memory_order_acquire);
+    if (!c || !engine) return;
+    ConnState st = c->state.load(std::memory_order_acquire);
+    if (st != ConnState::direct && st != ConnState::leaving) {
+        engine->stay_on_kernel(c, why);
+        // An upgrade under way that still ended direct leaves like one
+        // that was direct.
+        (void)engine->settle_upgrade(c);
+        st = c->state.load(std::memory_order_acquire);
+    }
+    if (st == ConnState::direct || st == ConnState::leaving) {
+        const int rc = engine->leave(c, why);
+        if (rc < 0)
+            SD_LOG(error, "fd %d could not leave the fabric (%s): %s", kfd(),
+                   transport::reason_name(why), std::strerror(-rc));
+    }
+}
+
+}  // namespace sd::fallback
