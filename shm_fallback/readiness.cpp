@@ -181,11 +181,13 @@ struct EpollSet {
     // thread at a time (`kernel_sleeper`, under `lock`), which owns `held`
     // (the streams whose asks it holds back) until it clears the flag.
     // `wake_fd`: an eventfd registered in the set with `wake_data`, made
-    // at the first such sleep; `signalled`: written since the sleeper
-    // last drained it.
+    // at the first such sleep (-2: could not be); `signalled`: written
+    // since the sleeper last drained it. `tagged`: the kernel's events of
+    // the set may hold wake-ups, ours or (after fork) another process's.
     std::atomic<int> wake_fd{-1};
-    std::uint64_t wake_data = 0;
+    std::atomic<std::uint64_t> wake_data{0};
     std::atomic<bool> signalled{false};
+    std::atomic<bool> tagged{false};
     bool kernel_sleeper = false;
     std::vector<Stream *> held;
     ~EpollSet() {
@@ -769,7 +771,7 @@ int keep_events(EpollSet *set, epoll_event *out, int k, int *hints, bool *woken)
     for (int i = 0; i < k; ++i) {
         std::uint64_t d = out[i].data.u64;
         if ((d & kTagMask) == kWakeTag) {
-            *woken |= d == set->wake_data;
+            *woken |= d == set->wake_data.load(std::memory_order_relaxed);
             continue;
         }
         if ((d & kTagMask) != kTag) {
@@ -823,7 +825,8 @@ int wake_fd_of(EpollSet *set, int epfd) noexcept {
         sys.close(fd);
         fd = -1;
     }
-    set->wake_data = ev.data.u64;
+    set->wake_data.store(ev.data.u64, std::memory_order_relaxed);
+    if (fd >= 0) set->tagged.store(true, std::memory_order_release);
     set->wake_fd.store(fd < 0 ? -2 : fd, std::memory_order_release);  // -2: do not try again
     return fd;
 }
@@ -895,7 +898,7 @@ int epoll_in_kernel(EpollSet *set, int epfd, epoll_event *out, int max, int time
 // sleeps in the kernel on it (until that thread drains it): not an event.
 int plain_wait(EpollSet *set, int epfd, epoll_event *out, int max, int timeout_ms,
                const sigset_t *mask) noexcept {
-    const bool tagged = set && max > 0 && set->wake_fd.load(std::memory_order_acquire) >= 0;
+    const bool tagged = set && max > 0 && set->tagged.load(std::memory_order_acquire);
     const std::uint64_t deadline = deadline_of(timeout_ms);
     for (int left = timeout_ms;;) {
         const int k = mask ? sys.epoll_pwait(epfd, out, max, left, mask)
