@@ -65,10 +65,11 @@ TEST_CASE("thresholds: zcopy from SDIRECT_ZCOPY_MIN for a send that may wait, ri
     // The credit cuts the piece: 16383 bytes now are below the threshold.
     CHECK(choose_protocol(p, 1 << 20, 16383, false) == Protocol::buffered);
     CHECK(choose_protocol(p, 1 << 20, 16384, false) == Protocol::ring);
-    // The whole send must reach the threshold too, not only the piece.
+    // The thresholds are the settings': other values, other boundaries.
     ProtocolPolicy low = p;
     low.rma_min = 5000;
-    CHECK(choose_protocol(low, 6000, 6000, false) == Protocol::ring);
+    CHECK(choose_protocol(low, 6000, 5000, false) == Protocol::ring);
+    CHECK(choose_protocol(low, 6000, 4999, false) == Protocol::buffered);
     CHECK(choose_protocol(low, 4999, kPlenty, false) == Protocol::buffered);
     // SDIRECT_ZCOPY_MIN=0: never zero-copy.
     ProtocolPolicy off = p;
