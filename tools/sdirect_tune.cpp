@@ -12,6 +12,8 @@
 // library's statistics file then proves the connection ran direct and by
 // which protocol its bytes went. Per size: the median of the repeats; the
 // best protocol is the one with the highest median.
+#include "transport/protocol.hpp"
+
 #include <algorithm>
 #include <arpa/inet.h>
 #include <cerrno>
@@ -35,7 +37,10 @@
 
 namespace {
 
-constexpr const char *kProtocols[] = {"buffered", "ring", "zcopy"};
+using sd::transport::Protocol;
+using sd::transport::protocol_name;
+
+constexpr Protocol kProtocols[] = {Protocol::buffered, Protocol::ring, Protocol::zcopy};
 
 struct Options {
     std::string out;
@@ -333,7 +338,8 @@ int main(int argc, char **argv) {
 
     std::map<std::uint64_t, std::map<std::string, std::vector<double>>> runs;
     for (int r = 0; r < opt.repeats; ++r)
-        for (const char *p : kProtocols) {
+        for (Protocol proto : kProtocols) {
+            const char *p = protocol_name(proto);
             std::string error;
             auto result = run_copy(self, opt, p, &error);
             if (!error.empty()) {
@@ -350,24 +356,21 @@ int main(int argc, char **argv) {
     strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", gmtime(&t));
     table << "# sdirect-tune " << when << ": stream MB/s (10^6 B/s) per protocol, median of "
           << opt.repeats << " run(s), " << opt.seconds << " s per size\n";
-    table << "# size best=protocol buffered=MBPS ring=MBPS zcopy=MBPS\n";
+    table << sd::transport::kTuneColumns << '\n';
     for (auto &[size, by] : runs) {
-        std::string best;
+        Protocol best = Protocol::buffered;
         double top = -1;
-        std::ostringstream cols;
-        for (const char *p : kProtocols) {
-            auto it = by.find(p);
+        double mbps[3] = {-1, -1, -1};
+        for (Protocol p : kProtocols) {
+            auto it = by.find(protocol_name(p));
             if (it == by.end() || it->second.empty()) continue;
-            const double m = median(it->second);
-            char v[32];
-            std::snprintf(v, sizeof v, "%.0f", m);
-            cols << ' ' << p << '=' << v;
-            if (m > top) {
-                top = m;
+            mbps[int(p)] = median(it->second);
+            if (mbps[int(p)] > top) {
+                top = mbps[int(p)];
                 best = p;
             }
         }
-        table << size << " best=" << best << cols.str() << '\n';
+        table << sd::transport::format_tune_line(size, best, mbps) << '\n';
     }
     std::fputs(table.str().c_str(), stdout);
     if (opt.out == "-") return 0;

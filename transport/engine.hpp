@@ -516,8 +516,6 @@ class Engine {
     std::uint32_t next_slot_ = 0;
     Peer peers_[1024];
     std::uint32_t npeers_ = 0;
-
-    friend struct EngineAccess;
 };
 
 }  // namespace sd::transport

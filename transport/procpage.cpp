@@ -17,7 +17,6 @@ const char *mode_name(Mode m) noexcept {
     switch (m) {
     case Mode::kernel: return "kernel";
     case Mode::direct: return "direct";
-    case Mode::shared: return "shared";
     }
     return "?";
 }

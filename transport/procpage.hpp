@@ -20,7 +20,7 @@ inline constexpr std::uint32_t kPageMagic = 0x53445047;  // "SDPG"
 inline constexpr std::uint32_t kPageVersion = 7;
 inline constexpr std::uint32_t kSlots = 4096;
 
-enum class Mode : std::uint32_t { kernel = 0, direct = 1, shared = 2 };
+enum class Mode : std::uint32_t { kernel = 0, direct = 1 };
 
 // Why a connection is not (or no longer) in direct mode.
 enum class Reason : std::uint32_t {

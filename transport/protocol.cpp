@@ -17,8 +17,16 @@ Selection how = Selection::thresholds;
 Protocol forced = Protocol::buffered;
 TuneTable table;
 
-// Smallest piece that is not a single inline message.
-std::size_t beyond_inline() noexcept { return std::size_t(settings().chunk) + 1; }
+ProtocolPolicy policy() noexcept {
+    ProtocolPolicy p;
+    p.how = how;
+    p.forced = forced;
+    p.table = &table;
+    p.chunk = std::size_t(settings().chunk);
+    p.rma_min = settings().rma_min;
+    p.zcopy_min = settings().zcopy_min;
+    return p;
+}
 
 }  // namespace
 
@@ -110,26 +118,46 @@ void load_protocols() noexcept {
 
 Selection selection() noexcept { return how; }
 
-bool use_zcopy(std::size_t len) noexcept {
-    if (len < beyond_inline()) return false;
-    switch (how) {
-    case Selection::forced: return forced == Protocol::zcopy;
-    case Selection::table: return tune_lookup(table, len) == Protocol::zcopy;
-    case Selection::thresholds: break;
+Protocol choose_protocol(const ProtocolPolicy &p, std::size_t len, std::int64_t credit,
+                         bool zcopy_ok) noexcept {
+    if (zcopy_ok && len > p.chunk) {
+        bool zcopy = false;
+        switch (p.how) {
+        case Selection::forced: zcopy = p.forced == Protocol::zcopy; break;
+        case Selection::table: zcopy = tune_lookup(*p.table, len) == Protocol::zcopy; break;
+        case Selection::thresholds: zcopy = p.zcopy_min && len >= p.zcopy_min; break;
+        }
+        if (zcopy) return Protocol::zcopy;
     }
-    const std::uint32_t min = settings().zcopy_min;
-    return min && len >= min;
+    const std::size_t n = credit > 0 ? std::min<std::size_t>(len, std::size_t(credit)) : 0;
+    if (n <= p.chunk) return Protocol::buffered;
+    bool ring = false;
+    switch (p.how) {
+    case Selection::forced: ring = p.forced != Protocol::buffered; break;
+    case Selection::table: ring = tune_lookup(*p.table, n) != Protocol::buffered; break;
+    case Selection::thresholds: ring = len >= p.rma_min && n >= p.rma_min; break;
+    }
+    return ring ? Protocol::ring : Protocol::buffered;
+}
+
+bool use_zcopy(std::size_t len) noexcept {
+    return choose_protocol(policy(), len, 0, true) == Protocol::zcopy;
 }
 
 bool use_ring(std::size_t len, std::int64_t credit) noexcept {
-    const std::size_t n = credit > 0 ? std::min<std::size_t>(len, std::size_t(credit)) : 0;
-    if (n < beyond_inline()) return false;
-    switch (how) {
-    case Selection::forced: return forced != Protocol::buffered;
-    case Selection::table: return tune_lookup(table, n) != Protocol::buffered;
-    case Selection::thresholds: break;
+    return choose_protocol(policy(), len, credit, false) == Protocol::ring;
+}
+
+std::string format_tune_line(std::uint64_t size, Protocol best, const double (&mbps)[3]) {
+    std::string line = std::to_string(size) + " best=" + protocol_name(best);
+    for (Protocol p : {Protocol::buffered, Protocol::ring, Protocol::zcopy}) {
+        const double m = mbps[int(p)];
+        if (m < 0) continue;
+        char v[32];
+        std::snprintf(v, sizeof v, "%.0f", m);
+        line += std::string(" ") + protocol_name(p) + "=" + v;
     }
-    return len >= settings().rma_min && n >= settings().rma_min;
+    return line;
 }
 
 }  // namespace sd::transport

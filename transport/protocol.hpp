@@ -42,6 +42,25 @@ bool use_zcopy(std::size_t len) noexcept;
 // the peer's ring rather than inline?
 bool use_ring(std::size_t len, std::int64_t credit) noexcept;
 
+struct TuneTable;
+// Everything the choice depends on: the selection and, from the settings,
+// the largest inline message and the thresholds (0: that protocol off).
+struct ProtocolPolicy {
+    Selection how = Selection::thresholds;
+    Protocol forced = Protocol::buffered;  // Selection::forced
+    const TuneTable *table = nullptr;      // Selection::table
+    std::size_t chunk = 0;                 // SDIRECT_CHUNK
+    std::uint32_t rma_min = 0;             // SDIRECT_RMA_MIN
+    std::uint32_t zcopy_min = 0;           // SDIRECT_ZCOPY_MIN
+};
+// The protocol for the next `len` bytes of a send, `credit` of which the
+// window takes now; `zcopy_ok`: they are one contiguous piece of a send
+// that may wait for its reader, so read zero-copy may be chosen (it needs
+// no credit). Nothing larger than one inline message goes but buffered.
+// use_zcopy and use_ring are this, with the policy load_protocols() set.
+Protocol choose_protocol(const ProtocolPolicy &p, std::size_t len, std::int64_t credit,
+                         bool zcopy_ok) noexcept;
+
 // The tune file: one line per measured size, "SIZE best=PROTOCOL" followed
 // by the measurements ("buffered=MBPS ring=MBPS zcopy=MBPS"); '#' starts
 // a comment. A size's class reaches up to the next measured size.
@@ -54,6 +73,12 @@ struct TuneTable {
 // Parses the text of a tune file: the number of sizes read, or -1 (with
 // `*error` saying which line) if a line is malformed.
 int parse_tune(const std::string &text, TuneTable *out, std::string *error);
+// The line sdirect-tune writes for `size` (parse_tune reads it back):
+// its best protocol, then each protocol's median MB/s, those with
+// mbps[p] < 0 (not measured) left out.
+std::string format_tune_line(std::uint64_t size, Protocol best, const double (&mbps)[3]);
+// The comment line naming the columns, written at the top of the file.
+inline constexpr const char *kTuneColumns = "# size best=protocol buffered=MBPS ring=MBPS zcopy=MBPS";
 // The table's protocol for `len` bytes (the class of the largest measured
 // size not above len; below the first: buffered).
 Protocol tune_lookup(const TuneTable &t, std::size_t len) noexcept;
