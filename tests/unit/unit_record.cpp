@@ -5,6 +5,7 @@
 #include "transport/procpage.hpp"
 
 #include <arpa/inet.h>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -69,7 +70,9 @@ TEST_CASE("the signal-safe record names every address as inet_ntop does") {
         char got[200];
         format_endpoints(got, sizeof got, *s);
         INFO(a);
-        CHECK(std::string(got) == "[" + std::string(want) + "]:1 > [" + want + "]:2");
+        char expect[2 * INET6_ADDRSTRLEN + 16];
+        std::snprintf(expect, sizeof expect, "[%s]:1 > [%s]:2", want, want);
+        CHECK(std::string(got) == expect);
     }
     char tiny[8];
     CHECK(format_endpoints(tiny, sizeof tiny, *s) == 7);
