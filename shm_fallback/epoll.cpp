@@ -104,8 +104,6 @@ void entry_drop(Entry &e) noexcept {
 // the set only after our reference is dropped.
 std::mutex sets_lock;
 
-// The kernel registration of a socket that now answers from our state:
-// only its peer's end (EPOLLRDHUP, edge) with our tag.
 // `fd` refers to `s` right now.
 bool fd_is(int fd, Stream *s) noexcept {
     Stream *now = acquire(fd);
@@ -113,6 +111,8 @@ bool fd_is(int fd, Stream *s) noexcept {
     return now == s;
 }
 
+// The kernel registration of a socket that now answers from our state:
+// only its peer's end (EPOLLRDHUP, edge) with our tag.
 bool trim(EpollSet *set, Entry &e) noexcept {
     // The registered fd was closed while a dup keeps the file (and the
     // kernel's registration) alive: nobody can change that registration
