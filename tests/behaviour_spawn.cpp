@@ -11,7 +11,6 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 
 using namespace sdt;
 
@@ -66,10 +65,7 @@ bool vfork_is_fork() {
 }
 
 // Direct until the child started, then on the kernel for good (exec).
-// A fork child (vfork under TSan) shares the socket instead: the
-// connection leaves the fabric while both hold it and, once the child
-// has exec'd and exited, the parent alone upgrades it again.
-void check_left_for_child(const Pair &pair, const Placement &pl, bool forked) {
+void check_left_for_child(Pair &pair, const Placement &pl) {
     if (pl.expect(true) != Expect::direct) {
         check_modes(pair.server, pl.expect(true));
         check_modes(pair.client, pl.expect(false));
@@ -78,22 +74,21 @@ void check_left_for_child(const Pair &pair, const Placement &pl, bool forked) {
     for (const Proc *p : {&pair.client, &pair.server}) {
         const StatLine s = only_conn_stat(*p);
         INFO(p->name << ": " << s.text);
-        CHECK(s.num("leaves") == 1);
-        CHECK(s.num("tx_fabric") + s.num("rx_fabric") > 0);
-        if (forked) {
-            CHECK(s.mode == "direct");
-            CHECK(s.num("upgrades") == 2);
-            continue;
-        }
         CHECK(s.mode == "kernel");
         CHECK(s.reason == "exec");
         CHECK(s.num("upgrades") == 1);
+        CHECK(s.num("leaves") == 1);
+        CHECK(s.num("tx_fabric") + s.num("rx_fabric") > 0);
     }
 }
 
-std::function<void(Pair &, const Placement &)> left_for_child(const char *via) {
-    const bool forked = std::strcmp(via, "vfork") == 0 && vfork_is_fork();
-    return [forked](Pair &pair, const Placement &pl) { check_left_for_child(pair, pl, forked); };
+// The child of `via` is a vfork child here (not under ThreadSanitizer,
+// which turns vfork into fork: its child's exec then takes only the
+// child's copy of the socket, a different case, said and left out).
+bool real_child(const char *via) {
+    if (std::strcmp(via, "vfork") != 0 || !vfork_is_fork()) return true;
+    WARN("vfork runs as fork under ThreadSanitizer: the vfork case is not tested in this build");
+    return false;
 }
 
 }  // namespace
@@ -122,23 +117,25 @@ TEST_CASE("an inheritable socket a child of posix_spawn, system, popen or vfork 
           "[spawn]") {
     for (const char *via : {"spawn", "system", "popen", "vfork"}) {
         INFO("via " << via);
-        if (!run_pair(spawn_spec(via, "writes"), left_for_child(via))) return;
+        if (!real_child(via)) continue;
+        if (!run_pair(spawn_spec(via, "writes"), check_left_for_child)) return;
     }
 }
 
-TEST_CASE("a child that inherits 300 other sockets too gets the one it writes to on the kernel: "
-          "its bytes arrive exactly",
+TEST_CASE("a child that inherits 300 other sockets too gets the one it writes to on the kernel, "
+          "and its bytes arrive exactly",
           "[spawn]") {
     for (const char *via : {"vfork", "spawn", "system"}) {
         INFO("via " << via);
+        if (!real_child(via)) continue;
         PairSpec spec = spawn_spec(via, "writes");
         spec.client_args = {"--ballast", "300"};
-        if (!run_pair(spec, left_for_child(via))) return;
+        if (!run_pair(spec, check_left_for_child)) return;
     }
 }
 
 TEST_CASE("a close-on-exec socket that a copied action list dup2's into the child, actions the "
-          "library never saw, goes to the kernel first: the child's bytes arrive exactly",
+          "library never saw, goes to the kernel first, and the child's bytes arrive exactly",
           "[spawn]") {
-    run_pair(spawn_spec("spawn", "copied"), left_for_child("spawn"));
+    run_pair(spawn_spec("spawn", "copied"), check_left_for_child);
 }
