@@ -11,7 +11,9 @@
 #include <fcntl.h>
 #include <spawn.h>
 #include <netinet/in.h>
+#include <csignal>
 #include <sys/uio.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <string>
 #include <vector>
@@ -574,5 +576,19 @@ int pattern_file(std::uint64_t seed, std::uint64_t size) {
 }
 
 off_t file_position(int f) { return lseek(f, 0, SEEK_CUR); }
+
+void reap(pid_t pid, const char *what, int sig) {
+    int status = 0;
+    pid_t got = 0;
+    for (int i = 0; i < 2500 && (got = waitpid(pid, &status, WNOHANG)) == 0; ++i) sleep_us(10000);
+    if (got != pid) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        fail("%s (pid %d) did not end within 25 s", what, int(pid));
+    }
+    const bool ok = sig ? WIFSIGNALED(status) && WTERMSIG(status) == sig
+                        : WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (!ok) fail("%s (pid %d) ended with status 0x%x", what, int(pid), unsigned(status));
+}
 
 }  // namespace peer

@@ -24,6 +24,9 @@ void note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *errno_name(int err);
 std::uint64_t now_ns();
 void sleep_us(std::uint64_t us);
+// Waits up to 25 s for a child (its watchdog ends it after 20), which must
+// have exited 0 or, with sig, died of that signal; fails otherwise.
+void reap(pid_t pid, const char *what, int sig = 0);
 // Re-arms the watchdog: SIGALRM's default action ends a stuck process.
 void arm_watchdog(unsigned seconds);
 

@@ -87,22 +87,6 @@ pid_t fork_child(Body body) {
     return pid;
 }
 
-// Waits up to 25 s for the child (its watchdog ends it after 20), which
-// must have exited 0 or, with sig, died of that signal.
-void reap(pid_t pid, const char *what, int sig = 0) {
-    int status = 0;
-    pid_t got = 0;
-    for (int i = 0; i < 2500 && (got = waitpid(pid, &status, WNOHANG)) == 0; ++i) sleep_us(10000);
-    if (got != pid) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &status, 0);
-        fail("%s (pid %d) did not end within 25 s", what, int(pid));
-    }
-    const bool ok = sig ? WIFSIGNALED(status) && WTERMSIG(status) == sig
-                        : WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    if (!ok) fail("%s (pid %d) ended with status 0x%x", what, int(pid), unsigned(status));
-}
-
 void send_stream_at(int fd, std::uint64_t seed, std::uint64_t off, std::uint64_t size) {
     std::vector<std::uint8_t> buf(65536);
     for (std::uint64_t done = 0; done < size;) {

@@ -39,19 +39,6 @@ void check_status(int status, const char *what) {
         fail("%s: the child ended with status 0x%x", what, unsigned(status));
 }
 
-// Waits up to 25 s for a child of posix_spawn or vfork (its watchdog ends it after 20).
-void reap_child(pid_t pid) {
-    int status = 0;
-    pid_t got = 0;
-    for (int i = 0; i < 2500 && (got = waitpid(pid, &status, WNOHANG)) == 0; ++i) sleep_us(10000);
-    if (got != pid) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &status, 0);
-        fail("the spawned child (pid %d) did not end within 25 s", int(pid));
-    }
-    check_status(status, "the spawned child");
-}
-
 // Both ways, checked: an echo round and 1 MiB each way.
 void exchange(int fd, const Options &opt, std::uint64_t first) {
     echo_round(fd, fd, 65536, seed_of(opt, first));
@@ -159,7 +146,7 @@ void drive_spawn_child(int *fd, const Options &opt) {
         posix_spawn_file_actions_destroy(&fa);
         if (null_fd >= 0) close(null_fd);
         if (rc != 0) fail("posix_spawn: %s", errno_name(rc));
-        reap_child(pid);
+        reap(pid, "the spawned child");
     } else if (via == "vfork") {
         std::vector<char *> argv;
         for (std::string &a : args) argv.push_back(a.data());
@@ -171,7 +158,7 @@ void drive_spawn_child(int *fd, const Options &opt) {
             execve(self.c_str(), argv.data(), environ);
             _exit(127);
         }
-        reap_child(pid);
+        reap(pid, "the spawned child");
     } else {
         // Through the shell: arguments without spaces or quotes.
         std::string command;
