@@ -12,6 +12,7 @@
 // process none of whose connections ever earns never builds its engine.
 // Both ends follow the same rule; the one that asks later finds the
 // other's half in the registry and initiates.
+#include "kernel_sleep.hpp"
 #include "stream.hpp"
 #include "table.hpp"
 
@@ -39,13 +40,25 @@ void Stream::start_earning() noexcept {
     earn_ns = transport::monotonic_ns() +
               std::uint64_t(transport::settings().upgrade_after_ms) * 1000000ull;
     earn_calls = 0;
+    ask_held = false;
     phase.store(Phase::attached, std::memory_order_release);
 }
 
 void Stream::ask_upgrade_locked() noexcept {
     if (++earn_calls < kEarnCalls || transport::monotonic_ns() < earn_ns) return;
-    if (kernel_waiters) return;  // the blocked recv asks when it returns
+    if (kernel_waiters) {
+        // A blocked recv asks when it returns; a readiness wait asleep in
+        // the kernel is woken to make the ask.
+        ask_held = true;
+        if (wait_holds) kernel_waits_wake();
+        return;
+    }
+    ask_now_locked();
+}
+
+void Stream::ask_now_locked() noexcept {
     earn_ns = 0;
+    ask_held = false;
     transport::Engine *e = transport::Engine::ready();  // the first asks for the build
     if (!e) {
         refs.fetch_add(1, std::memory_order_relaxed);  // the builder's, until it is done
@@ -60,6 +73,25 @@ void Stream::ask_upgrade_locked() noexcept {
                              pre_rx),
                    std::memory_order_release);
     pending.store(false, std::memory_order_release);
+}
+
+bool Stream::hold_for_kernel_wait() noexcept {
+    std::lock_guard lock(pend_lock);
+    // Asked already (the builder may attach it at any time), shared
+    // through fork, or an ask due: our state has to be watched.
+    if (!pending.load(std::memory_order_relaxed) || !earn_ns || ask_held ||
+        share.load(std::memory_order_relaxed) || conn.load(std::memory_order_relaxed))
+        return false;
+    ++kernel_waiters;
+    ++wait_holds;
+    return true;
+}
+
+void Stream::end_kernel_wait() noexcept {
+    std::lock_guard lock(pend_lock);
+    --kernel_waiters;
+    --wait_holds;
+    if (!kernel_waiters && ask_held && earn_ns) ask_now_locked();
 }
 
 void Stream::finish_pending() noexcept {

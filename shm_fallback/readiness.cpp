@@ -1,5 +1,6 @@
 #include "readiness.hpp"
 
+#include "kernel_sleep.hpp"
 #include "table.hpp"
 #include "transport/settings.hpp"
 #include "transport/sys.hpp"
@@ -12,7 +13,9 @@
 #include <cstdlib>
 #include <mutex>
 #include <sys/mman.h>
+#include <sys/eventfd.h>
 #include <sys/resource.h>
+#include <unistd.h>
 #include <vector>
 
 namespace sd::fallback {
@@ -174,6 +177,22 @@ struct EpollSet {
     std::vector<Entry> entries;
     std::size_t cursor = 0;  // fairness when maxevents is small
     std::atomic<unsigned> turn{0};  // odd: the kernel's events go first
+    // Sleeping in the kernel's epoll_wait (kernel_sleep.hpp): at most one
+    // thread at a time (`kernel_sleeper`, under `lock`), which owns `held`
+    // (the streams whose asks it holds back) until it clears the flag.
+    // `wake_fd`: an eventfd registered in the set with `wake_data`, made
+    // at the first such sleep (-2: could not be); `signalled`: written
+    // since the sleeper last drained it. `tagged`: the kernel's events of
+    // the set may hold wake-ups, ours or (after fork) another process's.
+    std::atomic<int> wake_fd{-1};
+    std::atomic<std::uint64_t> wake_data{0};
+    std::atomic<bool> signalled{false};
+    std::atomic<bool> tagged{false};
+    bool kernel_sleeper = false;
+    std::vector<Stream *> held;
+    ~EpollSet() {
+        if (wake_fd >= 0) sys.close(wake_fd);
+    }
 };
 
 std::atomic<EpollSet *> *sets = nullptr;
@@ -337,6 +356,15 @@ void settle(EpollSet *set) noexcept {
     }
 }
 
+// Entries of sockets closed since (set->lock held).
+void drop_closed(EpollSet *set) noexcept {
+    std::erase_if(set->entries, [](Entry &e) {
+        if (!e.s || e.s->fds.load(std::memory_order_acquire) > 0) return false;
+        entry_drop(e);
+        return true;
+    });
+}
+
 // Drops from out[0..*n) the events whose data is `data`; returns how many.
 int drop_data(epoll_event *out, int *n, std::uint64_t data) noexcept {
     epoll_event *end = std::remove_if(out, out + *n, [&](const epoll_event &k) {
@@ -354,12 +382,8 @@ int drop_data(epoll_event *out, int *n, std::uint64_t data) noexcept {
 // goes, so no socket is reported twice in one call.
 void scan(EpollSet *set, epoll_event *out, int *n, int max, int *kernel) noexcept {
     std::lock_guard lock(set->lock);
+    drop_closed(set);
     auto &v = set->entries;
-    std::erase_if(v, [](Entry &e) {
-        if (!e.s || e.s->fds.load(std::memory_order_acquire) > 0) return false;
-        entry_drop(e);
-        return true;
-    });
     const std::size_t size = v.size();
     for (std::size_t k = 0; k < size && *n < max; ++k) {
         Entry &e = v[(set->cursor + k) % size];
@@ -563,6 +587,26 @@ int poll_fds(pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask) noexce
         }
         return r < 0 ? -errno : r;
     }
+    // None of ours needs our state (and no epoll set of ours is among
+    // them): the kernel's own poll, as often as a wake-up for us ends it.
+    bool inner = false;
+    for (nfds_t i = 0; i < n && !inner; ++i) inner = eps[i] != nullptr;
+    const std::uint64_t deadline = deadline_of(timeout_ms);
+    for (int left = timeout_ms, last = 1; !inner;) {
+        bool again = false;
+        r = poll_in_kernel(fds, n, ours.get(), left, mask, &again);
+        if (r == kNotHere) {
+            timeout_ms = left;  // the rest is our wait's
+            break;
+        }
+        if (!again || (left == 0 && last == 0)) {
+            for (nfds_t i = 0; i < n; ++i)
+                if (ours[i]) release(ours[i]);
+            return again ? 0 : r;
+        }
+        last = left;
+        left = ms_left(deadline, timeout_ms);
+    }
     Scratch<pollfd, 64> k(n);
     Scratch<bool, 64> user(n);
     Scratch<short, 64> bits(n);
@@ -701,6 +745,8 @@ int epoll_control(int epfd, int op, int fd, epoll_event *ev) noexcept {
             entry_drop(*it);
             v.erase(it);
         }
+        // A thread asleep in the kernel on this set looks at it again.
+        if (set->kernel_sleeper) kernel_sleep_signal(set->wake_fd, &set->signalled);
     }
     if (s) release(s);
     if (inner) set_release(inner);
@@ -716,16 +762,18 @@ struct EpollCtx {
     EpollSet *set;
 };
 
-// The kernel's ready events of the set, without waiting. Our tags are
-// hints, not events: they are applied (to a socket still in the set) and
-// dropped. Events kept, or -errno.
-int kernel_events(EpollSet *set, epoll_event *out, int max, int *hints) noexcept {
-    if (max <= 0) return 0;
-    int k = sys.epoll_wait(set->epfd, out, max, 0);
-    if (k < 0) return -errno;
+// The application's events among the kernel's k in out[]. Our tags are
+// not events: a hint is applied (to a socket still in the set) and
+// counted in *hints; a wake-up of this set's kernel sleeper only sets
+// *woken. Events kept.
+int keep_events(EpollSet *set, epoll_event *out, int k, int *hints, bool *woken) noexcept {
     int kept = 0;
     for (int i = 0; i < k; ++i) {
         std::uint64_t d = out[i].data.u64;
+        if ((d & kTagMask) == kWakeTag) {
+            *woken |= d == set->wake_data.load(std::memory_order_relaxed);
+            continue;
+        }
         if ((d & kTagMask) != kTag) {
             out[kept++] = out[i];
             continue;
@@ -742,6 +790,17 @@ int kernel_events(EpollSet *set, epoll_event *out, int max, int *hints) noexcept
     return kept;
 }
 
+// The kernel's ready events of the set, without waiting, or -errno. A
+// wake-up of the thread asleep in the kernel on this set is its own to
+// drain (it is awake already).
+int kernel_events(EpollSet *set, int epfd, epoll_event *out, int max, int *hints) noexcept {
+    if (max <= 0) return 0;
+    int k = sys.epoll_wait(epfd, out, max, 0);
+    if (k < 0) return -errno;
+    bool woken = false;
+    return keep_events(set, out, k, hints, &woken);
+}
+
 bool epoll_peek(void *ctx) noexcept { return inner_ready(static_cast<EpollCtx *>(ctx)->set, 0); }
 
 bool has_entries(EpollSet *set) noexcept {
@@ -751,11 +810,134 @@ bool has_entries(EpollSet *set) noexcept {
 
 bool got_entries(void *ctx) noexcept { return has_entries(static_cast<EpollSet *>(ctx)); }
 
+// The set's wake-up eventfd, registered in it at the first kernel sleep;
+// -1 when none could be made (the set then always takes our wait).
+int wake_fd_of(EpollSet *set, int epfd) noexcept {
+    int fd = set->wake_fd.load(std::memory_order_acquire);
+    if (fd != -1) return fd < 0 ? -1 : fd;
+    std::lock_guard lock(set->lock);
+    if ((fd = set->wake_fd.load(std::memory_order_relaxed)) != -1) return fd < 0 ? -1 : fd;
+    fd = transport::out_of_the_way(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = kWakeTag | (std::uint64_t(getpid()) & ~kTagMask);
+    if (fd >= 0 && sys.epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+        sys.close(fd);
+        fd = -1;
+    }
+    set->wake_data.store(ev.data.u64, std::memory_order_relaxed);
+    if (fd >= 0) set->tagged.store(true, std::memory_order_release);
+    set->wake_fd.store(fd < 0 ? -2 : fd, std::memory_order_release);  // -2: do not try again
+    return fd;
+}
+
+// The kernel's own epoll_wait on the set, when none of our sockets in it
+// needs our state (kernel_sleep.hpp): the application's events (or
+// -errno), or kNotHere. `again`: woken with nothing for the application.
+int epoll_in_kernel(EpollSet *set, int epfd, epoll_event *out, int max, int timeout_ms,
+                    const sigset_t *mask, bool *again) noexcept {
+    *again = false;
+    if (transport::Engine *e = transport::Engine::current(); e && e->flush_pending())
+        return kNotHere;  // bytes owed by a leave wait for progress passes
+    const int wfd = wake_fd_of(set, epfd);
+    if (wfd < 0) return kNotHere;
+    KernelSleep me;
+    me.efd = wfd;
+    me.signalled = &set->signalled;
+    // On the list before any ask is held back: an ask held from now on
+    // finds us there.
+    kernel_sleep_enter(me);
+    bool owner = false, ok = false;
+    {
+        std::lock_guard lock(set->lock);
+        if (!set->kernel_sleeper) {
+            owner = ok = set->kernel_sleeper = true;
+            drop_closed(set);
+            for (Entry &e : set->entries) {
+                bool held = false;
+                // A trimmed entry answers from our state; an inner set
+                // may hold anything.
+                ok = e.s && !e.trimmed && kernel_may_answer(e.s, &held);
+                if (held) set->held.push_back(e.s);
+                if (!ok) break;
+            }
+        }
+    }
+    int r = kNotHere;
+    bool woken = false;
+    if (ok) {
+        const int k = mask ? sys.epoll_pwait(epfd, out, max, timeout_ms, mask)
+                           : sys.epoll_wait(epfd, out, max, timeout_ms);
+        if (k < 0) {
+            r = -errno;
+        } else {
+            int hints = 0;
+            r = keep_events(set, out, k, &hints, &woken);
+            *again = k > 0 && r == 0;
+        }
+    }
+    // The asks held back are made now, before another sleeper can take
+    // `held` over.
+    if (owner)
+        for (Stream *s : set->held) kernel_wait_done(s);
+    // Off the list first: no wake-up writes the eventfd after that but
+    // epoll_ctl's, under the set's lock while we are its sleeper. So the
+    // drain below leaves it unreadable until the next sleep.
+    kernel_sleep_leave(me);
+    if (owner) {
+        std::lock_guard lock(set->lock);
+        set->held.clear();
+        set->kernel_sleeper = false;
+        if (set->signalled.exchange(false, std::memory_order_acq_rel) || woken) drain_fd(wfd);
+    }
+    return r;
+}
+
+// The kernel's epoll_wait for a set we need not look into. A set whose
+// wake-up eventfd is registered may report it while another thread
+// sleeps in the kernel on it (until that thread drains it): not an event.
+int plain_wait(EpollSet *set, int epfd, epoll_event *out, int max, int timeout_ms,
+               const sigset_t *mask) noexcept {
+    const bool tagged = set && max > 0 && set->tagged.load(std::memory_order_acquire);
+    const std::uint64_t deadline = deadline_of(timeout_ms);
+    for (int left = timeout_ms;;) {
+        const int k = mask ? sys.epoll_pwait(epfd, out, max, left, mask)
+                           : sys.epoll_wait(epfd, out, max, left);
+        if (k < 0) return -errno;
+        if (!tagged || k == 0) return k;
+        int hints = 0;
+        bool woken = false;
+        if (const int kept = keep_events(set, out, k, &hints, &woken); kept > 0) return kept;
+        if ((left = ms_left(deadline, timeout_ms)) == 0) return 0;
+    }
+}
+
 }  // namespace
 
 int epoll_wait_fds(int epfd, epoll_event *out, int max, int timeout_ms,
                    const sigset_t *mask) noexcept {
     EpollSet *set = set_acquire(epfd);
+    // A set with nothing of ours in a process without an engine goes
+    // straight to the kernel below, without a wake-up fd of ours.
+    if (set && max > 0 && (has_entries(set) || transport::Engine::current())) {
+        // Nothing in the set needs our state: the kernel's own wait, as
+        // often as a wake-up for us (not for the application) ends it.
+        const std::uint64_t deadline = deadline_of(timeout_ms);
+        for (int left = timeout_ms, last = 1;;) {
+            bool again = false;
+            const int r = epoll_in_kernel(set, epfd, out, max, left, mask, &again);
+            if (r == kNotHere) {
+                timeout_ms = left;  // the rest is our wait's
+                break;
+            }
+            if (!again || (left == 0 && last == 0)) {
+                set_release(set);
+                return again ? 0 : r;
+            }
+            last = left;
+            left = ms_left(deadline, timeout_ms);
+        }
+    }
     bool shadowed = false;
     if (set) {
         std::lock_guard lock(set->lock);
@@ -768,10 +950,11 @@ int epoll_wait_fds(int epfd, epoll_event *out, int max, int timeout_ms,
         // where epoll_ctl's wake-up reaches us, without spinning.
         const std::uint64_t deadline = deadline_of(timeout_ms);
         for (;;) {
-            int r = sys.epoll_wait(epfd, out, max, 0);
+            int hints = 0;
+            int r = kernel_events(set, epfd, out, max, &hints);
             if (r != 0) {
                 set_release(set);
-                return r < 0 ? -errno : r;
+                return r;
             }
             int left = ms_left(deadline, timeout_ms);
             if (has_entries(set)) {
@@ -790,10 +973,9 @@ int epoll_wait_fds(int epfd, epoll_event *out, int max, int timeout_ms,
         return 0;
     }
     if (!shadowed || max <= 0) {
+        const int r = plain_wait(set, epfd, out, max, timeout_ms, mask);
         if (set) set_release(set);
-        int r = mask ? sys.epoll_pwait(epfd, out, max, timeout_ms, mask)
-                     : sys.epoll_wait(epfd, out, max, timeout_ms);
-        return r < 0 ? -errno : r;
+        return r;
     }
     pollfd kfd{epfd, POLLIN, 0};
     EpollCtx ctx{set};
@@ -807,13 +989,13 @@ int epoll_wait_fds(int epfd, epoll_event *out, int max, int timeout_ms,
                 int n = 0, hints = 0, kernel = 0;
                 settle(set);
                 if (kernel_first) {
-                    n = kernel_events(set, out, max, &hints);
+                    n = kernel_events(set, epfd, out, max, &hints);
                     if (n < 0) return n;
                     kernel = n;
                 }
                 scan(set, out, &n, max, &kernel);
                 if (ask_kernel && !kernel_first && n < max) {
-                    int k = kernel_events(set, out + n, max - n, &hints);
+                    int k = kernel_events(set, epfd, out + n, max - n, &hints);
                     if (k < 0) return n ? n : k;
                     n += k;
                 }
@@ -827,14 +1009,22 @@ int epoll_wait_fds(int epfd, epoll_event *out, int max, int timeout_ms,
 }
 
 void epoll_after_fork_child() noexcept {
+    kernel_sleeps_after_fork_child();
     // The child's shadows describe the parent's connections: forget them
-    // (the sets are left as the kernel has them).
+    // (the sets are left as the kernel has them). A set's wake-up eventfd
+    // stays registered while the parent holds it (the epoll instance is
+    // shared): the child drops its copy, makes its own at its first
+    // kernel sleep, and tells the two apart by the pid in their data.
     if (!sets) return;
     new (&sets_lock) std::mutex();
     for (int fd = 0; fd < nsets; ++fd)
         if (EpollSet *set = sets[fd].load(std::memory_order_relaxed)) {
             new (&set->lock) std::mutex();
             set->entries.clear();
+            set->held.clear();  // the parent's references (fork_child recounted them)
+            set->kernel_sleeper = false;
+            set->signalled.store(false, std::memory_order_relaxed);
+            if (int w = set->wake_fd.exchange(-1, std::memory_order_relaxed); w >= 0) sys.close(w);
         }
 }
 

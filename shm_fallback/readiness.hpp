@@ -4,7 +4,10 @@
 // and a connection still reading bytes due on the kernel, answers from the
 // kernel. Waiting spins for SDIRECT_SPIN_US, then sleeps in the kernel on
 // the application's fds, the companions' death hints, the doorbell and
-// the thread's bell.
+// the thread's bell. A wait none of whose sockets can need our state
+// (each is on the kernel and its ask for its upgrade is held back while
+// the wait sleeps, or it is on the kernel for good) is the kernel's own
+// poll or epoll_wait, plus a wake-up fd (kernel_sleep.hpp).
 //
 // epoll: the application's epoll fd stays a real kernel epoll fd holding
 // every registration. We shadow the registrations of our sockets; once a
@@ -35,7 +38,8 @@ int epoll_wait_fds(int epfd, epoll_event *out, int max, int timeout_ms,
 // close/dup of an epoll fd.
 void epoll_fd_closed(int fd) noexcept;
 void epoll_fd_dup(int fd, int nfd) noexcept;
-// After fork, in the child: shadows refer to the parent's connections.
+// After fork, in the child: shadows refer to the parent's connections,
+// and the waits asleep in the kernel are the parent's threads'.
 void epoll_after_fork_child() noexcept;
 
 // The timeout arguments as milliseconds (rounded up; -1 = forever).

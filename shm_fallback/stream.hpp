@@ -92,10 +92,16 @@ class Stream {
     // ns). 0: it asked already, or never will (under pend_lock).
     std::uint64_t earn_ns = 0;
     std::uint32_t earn_calls = 0;  // its kernel I/O calls that moved bytes so far
-    // Threads blocked in the kernel's recv of a connection that has not
-    // asked for its upgrade (pend_lock): while one is, nobody asks, since
-    // that thread would sleep through the peer's switch to the fabric.
+    // Threads asleep in the kernel on a connection that has not asked for
+    // its upgrade (pend_lock): in its recv, or in a readiness wait that
+    // sleeps in the kernel's poll or epoll_wait (`wait_holds` of them).
+    // While one is, nobody asks, since that thread would sleep through
+    // the peer's switch to the fabric; `ask_held`: an ask was held back,
+    // and the last of them to return makes it (a readiness wait is woken
+    // for that).
     std::uint32_t kernel_waiters = 0;
+    std::uint32_t wait_holds = 0;
+    bool ask_held = false;
     bool acceptor = false;
     std::uint64_t pre_tx = 0;
     std::uint64_t pre_rx = 0;
@@ -234,6 +240,13 @@ class Stream {
     // Connected, and the connection has not earned its upgrade yet: it
     // runs on the kernel, counted, until ask_upgrade_locked() says it has.
     void start_earning() noexcept;
+    // A readiness wait is about to sleep in the kernel on this socket
+    // (earn.cpp): true, with its ask held back until end_kernel_wait(),
+    // when it is on the kernel and has not asked for its upgrade (nothing
+    // but a call of this process can then bring it to the fabric); false
+    // when the wait must look at our state.
+    bool hold_for_kernel_wait() noexcept;
+    void end_kernel_wait() noexcept;
 
   private:
     // Calls inside a syscall on the fd number they read from `fd`, one
@@ -284,6 +297,8 @@ class Stream {
     // build starts if it is the first) and the connection attached, now
     // or by the builder.
     void ask_upgrade_locked() noexcept;
+    // The ask itself, thresholds passed and nobody asleep in the kernel.
+    void ask_now_locked() noexcept;
     // Our connection left the fabric for sharing: `n` bytes read on the
     // kernel since count for the holders.
     void count_after_leave(std::uint64_t n) noexcept;

@@ -252,3 +252,49 @@ TEST_CASE("an epoll registration belongs to the open file: it outlives a closed 
           "[epoll]") {
     run_parts("epoll-close", {"dup", "original"});
 }
+
+// ---- epoll_wait asleep across an upgrade ---------------------------------------------
+// Under the earn policy a wait on sockets still earning their upgrade is
+// the kernel's own epoll_wait (the peer checks the system call the thread
+// sleeps in); the upgrades below happen while it sleeps.
+
+TEST_CASE("a thread asleep in epoll_wait on a connection still earning its upgrade sleeps in "
+          "the kernel's epoll_wait, and gets the readiness of an answer sent after the "
+          "connection went direct, and every byte",
+          "[epoll]") {
+    PairSpec spec = scenario("epoll-earn-sleep", "epoll");
+    // Longer than the settle (100 ms of ping-pong): still earning when the
+    // scenario starts.
+    spec.env = {"SDIRECT_UPGRADE_AFTER_MS=1000"};
+    spec.timeout = 90;
+    if (config() == Config::direct) spec.client_args = {"--await-direct", "1"};
+    run_pair(spec, [](Pair &pair, const Placement &pl) {
+        if (!pl.client_preload || !pl.server_preload) return;
+        // On TCP first, direct after: bytes both ways on each.
+        check_earned_then_direct(pair);
+    });
+}
+
+TEST_CASE("a thread asleep in the kernel's epoll_wait on an earning connection is woken for a "
+          "direct socket another thread adds to the set, and gets its readiness and bytes",
+          "[epoll]") {
+    PairSpec spec = scenario("epoll-add-direct", "epoll");
+    spec.args.insert(spec.args.end(), {"--conns", "2", "--parallel", "1"});
+    spec.env = {"SDIRECT_UPGRADE_AFTER_MS=1000"};
+    spec.timeout = 90;
+    if (config() == Config::direct) spec.client_args = {"--await-direct", "1"};
+    run_pair(spec, [](Pair &pair, const Placement &pl) {
+        if (!pl.client_preload || !pl.server_preload) return;
+        for (const Proc *p : {&pair.client, &pair.server}) {
+            const std::vector<StatLine> stats = conn_stats(*p);
+            INFO(describe(*p));
+            INFO("statistics file:\n" << read_text(p->stats));
+            REQUIRE(stats.size() == 2);
+            for (const StatLine &st : stats) {
+                CHECK(st.mode == "direct");
+                CHECK(st.num("rx_fabric") > 0);
+                CHECK(st.num("tx_fabric") > 0);
+            }
+        }
+    });
+}

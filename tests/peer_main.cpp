@@ -107,6 +107,8 @@ constexpr Entry drivers[] = {
     {"epoll-nested", drive_epoll_nested},
     {"epoll-thread-ctl", drive_epoll_thread_ctl},
     {"epoll-close", drive_epoll_close},
+    {"epoll-earn-sleep", drive_epoll_earn_sleep},
+    {"epoll-add-direct", drive_epoll_add_direct},
     {"nonblock-io", drive_nonblock_io},
     {"thread-recv", drive_thread_recv},
     {"earn-blocked-reader", drive_earn_blocked_reader},

@@ -1,10 +1,13 @@
 #include "sys.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdarg>
 #include <dlfcn.h>
 #include <cstdio>
 #include <cstdlib>
+#include <fcntl.h>
+#include <sys/resource.h>
 
 namespace sd::transport {
 
@@ -162,6 +165,18 @@ ssize_t kernel_writev(int fd, const iovec *iov, int iovcnt, int flags) noexcept 
     mh.msg_iov = const_cast<iovec *>(iov);
     mh.msg_iovlen = std::size_t(iovcnt);
     return sys.sendmsg(fd, &mh, flags);
+}
+
+int out_of_the_way(int fd) noexcept {
+    if (fd < 0) return fd;
+    rlimit rl{};
+    getrlimit(RLIMIT_NOFILE, &rl);
+    const rlim_t lim = rl.rlim_cur == RLIM_INFINITY ? (1u << 20) : rl.rlim_cur;
+    if (lim <= 64) return fd;
+    const int high = sys.fcntl(fd, F_DUPFD_CLOEXEC, int(std::min<rlim_t>(lim, 1u << 20) * 3 / 4));
+    if (high < 0) return fd;
+    sys.close(fd);
+    return high;
 }
 
 }  // namespace sd::transport

@@ -82,4 +82,10 @@ inline bool guarded() noexcept { return guard_depth != 0; }
 ssize_t kernel_readv(int fd, const iovec *iov, int iovcnt, int flags) noexcept;
 ssize_t kernel_writev(int fd, const iovec *iov, int iovcnt, int flags) noexcept;
 
+// An fd of the library's own moved out of the way of the numbers the
+// application is given next (dup'd to 3/4 of RLIMIT_NOFILE or above,
+// close-on-exec; `fd` closed): a number it closed must stay closed for
+// it, not come back as ours. `fd` itself if it cannot be moved.
+int out_of_the_way(int fd) noexcept;
+
 }  // namespace sd::transport

@@ -27,7 +27,7 @@ struct ThreadBell {
         if (fd >= 0) sys.close(fd);
     }
     int get() noexcept {
-        if (fd < 0) fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (fd < 0) fd = out_of_the_way(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
         return fd;
     }
 };
@@ -102,6 +102,8 @@ void wake_pollers() noexcept {
     std::lock_guard lock(pollers_lock);
     for (Waiter &w : pollers) (void)sys.write(w.efd, &one, sizeof one);
 }
+
+int thread_bell() noexcept { return bell.get(); }
 
 int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int timeout_ms,
                  bool (*ready)(void *), void *ctx) noexcept {

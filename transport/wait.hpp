@@ -30,6 +30,9 @@ int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int tim
                  bool (*ready)(void *), void *ctx) noexcept;
 // Wakes every thread in sleep_on_fds (called on each delivery).
 void wake_pollers() noexcept;
+// The calling thread's bell (an eventfd, non-blocking), made at its first
+// use; -1 if none could be made. A wait may sleep on it and drain it.
+int thread_bell() noexcept;
 
 // Spinning pays only while a CPU is free for it and the answer comes
 // within the spin. So a waiter spins only while it holds the spin slot of
