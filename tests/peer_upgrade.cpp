@@ -136,6 +136,14 @@ int run_stopped(const Options &opt) {
     // Stopped the way a busy host or a debugger stops it: its control
     // thread too, in the middle of our upgrade request.
     kill(child, SIGSTOP);
+    // The client is stopped once every thread of it is: the one that takes
+    // the signal may be in an uninterruptible sleep (a page read, an fd
+    // table growing), and until it leaves it the others run on, its
+    // control thread included, which would answer our request in time.
+    int st = 0;
+    while (waitpid(child, &st, WUNTRACED) < 0 && errno == EINTR) {
+    }
+    if (!WIFSTOPPED(st)) fail("client did not stop (status %#x)", st);
     int fd = accept_retry(l);
     report_conn(fd, "server");
     const std::uint64_t t0 = now_ns();
