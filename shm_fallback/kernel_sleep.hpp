@@ -11,7 +11,7 @@
 // to the fabric. A socket on the kernel for good needs nothing of ours
 // either. Anything else (a direct or shared socket, one that asked, bytes
 // read before its kernel socket, an epoll set with shadows inside) and
-// the wait is the library's (readiness.cpp).
+// the wait is the library's (poll.cpp, epoll.cpp).
 //
 // Every such wait sleeps on one more fd, written to wake it: the thread's
 // bell for poll, select and their variants; for epoll, an eventfd of the

@@ -1,0 +1,651 @@
+// epoll over sockets whose bytes may travel on the fabric (readiness.hpp):
+// the sets' shadows of our sockets, epoll_ctl, epoll_wait, and the sets
+// after fork.
+#include "readiness.hpp"
+#include "readiness_impl.hpp"
+
+#include "kernel_sleep.hpp"
+#include "table.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <mutex>
+#include <new>
+#include <sys/mman.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
+#include <unistd.h>
+#include <vector>
+
+namespace sd::fallback {
+
+using transport::Conn;
+using namespace detail;
+
+// ---- epoll shadows ----------------------------------------------------------------
+
+namespace {
+
+constexpr std::uint64_t kTag = 0x5d1eull << 48;
+constexpr std::uint64_t kTagMask = 0xffffull << 48;
+
+struct Entry {
+    int fd = -1;
+    Stream *s = nullptr;       // a socket of ours (reference held) ...
+    EpollSet *inner = nullptr; // ... or an epoll set inside this one (reference held)
+    epoll_event ev{};          // as the application registered it
+    bool trimmed = false;      // kernel registration is the death hint only
+    bool armed = true;         // EPOLLONESHOT has not fired
+    std::uint32_t seen_rx = ~0u, seen_tx = ~0u;  // EPOLLET: what was reported
+};
+
+}  // namespace
+
+namespace detail {
+
+struct EpollSet {
+    std::atomic<int> refs{1};
+    int epfd = -1;
+    std::mutex lock;
+    std::vector<Entry> entries;
+    std::size_t cursor = 0;  // fairness when maxevents is small
+    std::atomic<unsigned> turn{0};  // odd: the kernel's events go first
+    // Sleeping in the kernel's epoll_wait (kernel_sleep.hpp): at most one
+    // thread at a time (`kernel_sleeper`, under `lock`), which owns `held`
+    // (the streams whose asks it holds back) until it clears the flag.
+    // `wake_fd`: an eventfd registered in the set with `wake_data`, made
+    // at the first such sleep (-2: could not be); `signalled`: written
+    // since the sleeper last drained it. `tagged`: the kernel's events of
+    // the set may hold wake-ups, ours or (after fork) another process's.
+    std::atomic<int> wake_fd{-1};
+    std::atomic<std::uint64_t> wake_data{0};
+    std::atomic<bool> signalled{false};
+    std::atomic<bool> tagged{false};
+    bool kernel_sleeper = false;
+    std::vector<Stream *> held;
+    ~EpollSet() {
+        if (wake_fd >= 0) sys.close(wake_fd);
+    }
+};
+
+}  // namespace detail
+
+namespace {
+
+std::atomic<EpollSet *> *sets = nullptr;
+int nsets = 0;
+std::once_flag sets_once;
+
+void sets_init() noexcept {
+    rlimit rl{};
+    getrlimit(RLIMIT_NOFILE, &rl);
+    rlim_t n = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > (1u << 20) ? (1u << 20) : rl.rlim_max;
+    if (n < 1024) n = 1024;
+    void *mem = mmap(nullptr, n * sizeof(std::atomic<EpollSet *>), PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (mem == MAP_FAILED) return;
+    sets = static_cast<std::atomic<EpollSet *> *>(mem);
+    nsets = int(n);
+}
+
+std::atomic<int> live_sets{0};
+
+void entry_drop(Entry &e) noexcept {
+    if (e.s) release(e.s);
+    if (e.inner) set_release(e.inner);
+    e.s = nullptr;
+    e.inner = nullptr;
+}
+
+// Sets are only ever looked up by the thread calling into the set, with a
+// reference taken under the table slot's value; a racing close may free
+// the set only after our reference is dropped.
+std::mutex sets_lock;
+
+// `fd` refers to `s` right now.
+bool fd_is(int fd, Stream *s) noexcept {
+    Stream *now = acquire(fd);
+    if (now) release(now);
+    return now == s;
+}
+
+// The kernel registration of a socket that now answers from our state:
+// only its peer's end (EPOLLRDHUP, edge) with our tag.
+bool trim(EpollSet *set, Entry &e) noexcept {
+    // The registered fd was closed while a dup keeps the file (and the
+    // kernel's registration) alive: nobody can change that registration
+    // any more; our state reports, as it would after a trim.
+    if (!fd_is(e.fd, e.s)) {
+        e.trimmed = true;
+        return true;
+    }
+    epoll_event kev{};
+    kev.events = EPOLLRDHUP | EPOLLET;
+    kev.data.u64 = kTag | reinterpret_cast<std::uintptr_t>(e.s);
+    if (e.ev.events & EPOLLEXCLUSIVE) {
+        // The kernel refuses MOD on exclusive entries (and EPOLLRDHUP with
+        // EPOLLEXCLUSIVE): register the hint afresh. The application's
+        // later MODs are refused by us, as the kernel would.
+        if (sys.epoll_ctl(set->epfd, EPOLL_CTL_DEL, e.fd, nullptr) != 0) return false;
+        if (sys.epoll_ctl(set->epfd, EPOLL_CTL_ADD, e.fd, &kev) != 0) return false;
+    } else if (sys.epoll_ctl(set->epfd, EPOLL_CTL_MOD, e.fd, &kev) != 0) {
+        return false;
+    }
+    e.trimmed = true;
+    return true;
+}
+
+// A socket our state answered goes back to the kernel (it left the
+// fabric): the application's own registration again.
+void untrim(EpollSet *set, Entry &e) noexcept {
+    if (!fd_is(e.fd, e.s)) return;  // nobody can change it any more
+    epoll_event kev = e.ev;
+    if (e.ev.events & EPOLLEXCLUSIVE) {
+        if (sys.epoll_ctl(set->epfd, EPOLL_CTL_DEL, e.fd, nullptr) != 0 ||
+            sys.epoll_ctl(set->epfd, EPOLL_CTL_ADD, e.fd, &kev) != 0)
+            return;
+    } else if (sys.epoll_ctl(set->epfd, EPOLL_CTL_MOD, e.fd, &kev) != 0) {
+        return;
+    }
+    e.trimmed = false;
+}
+
+// The events of one entry now, as epoll_wait would report them, or 0.
+// `commit`: the report happens (EPOLLET and EPOLLONESHOT state advance).
+std::uint32_t entry_events(EpollSet *set, Entry &e, bool commit, int depth) noexcept {
+    if (!e.armed) return 0;
+    if (e.inner) {
+        // An epoll fd is readable when one of its events is pending.
+        if (!(e.ev.events & EPOLLIN) || !inner_ready(e.inner, depth + 1)) return 0;
+        return EPOLLIN;
+    }
+    short bits = 0, ask = 0;
+    if (!user_view(e.s, bits, ask)) {
+        if (commit && e.trimmed) untrim(set, e);
+        // Bytes of the peer left to the holders at a fork come first, and
+        // the kernel socket knows nothing of them.
+        if (has_prefix(e.s) && (e.ev.events & EPOLLIN)) {
+            if (commit && (e.ev.events & EPOLLONESHOT)) e.armed = false;
+            return EPOLLIN;
+        }
+        return 0;  // the kernel reports it
+    }
+    // A report trims the kernel's registration first (or the kernel would
+    // report too); a mere look (nested sets, peeks) needs no trim.
+    if (commit && !e.trimmed && !trim(set, e)) return 0;
+    const std::uint32_t want = (e.ev.events & (EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLPRI |
+                                               EPOLLRDNORM | EPOLLWRNORM)) |
+                               EPOLLERR | EPOLLHUP;
+    std::uint32_t ev = std::uint32_t(std::uint16_t(bits)) & want;
+    if (!ev) return 0;
+    if (e.ev.events & EPOLLET) {
+        Conn *c = e.s->conn.load(std::memory_order_acquire);
+        std::uint32_t rx = c->rx_seq.load(std::memory_order_acquire);
+        std::uint32_t tx = c->tx_seq.load(std::memory_order_acquire);
+        if (rx == e.seen_rx && tx == e.seen_tx) return 0;  // nothing new since the last report
+        if (commit) {
+            e.seen_rx = rx;
+            e.seen_tx = tx;
+        }
+    }
+    if (commit && (e.ev.events & EPOLLONESHOT)) e.armed = false;
+    return ev;
+}
+
+// Trims the kernel's registration of every socket our state answers now,
+// before the kernel is asked: its own socket (idle, always writable)
+// would report for it otherwise.
+void settle(EpollSet *set) noexcept {
+    std::lock_guard lock(set->lock);
+    for (Entry &e : set->entries) {
+        short bits = 0, ask = 0;
+        if (!e.s || !e.armed) continue;
+        const bool ours = user_view(e.s, bits, ask);
+        if (ours && !e.trimmed) trim(set, e);
+        else if (!ours && e.trimmed && e.s->conn.load(std::memory_order_acquire)) untrim(set, e);
+    }
+}
+
+// Entries of sockets closed since (set->lock held).
+void drop_closed(EpollSet *set) noexcept {
+    std::erase_if(set->entries, [](Entry &e) {
+        if (!e.s || e.s->fds.load(std::memory_order_acquire) > 0) return false;
+        entry_drop(e);
+        return true;
+    });
+}
+
+// Drops from out[0..*n) the events whose data is `data`; returns how many.
+int drop_data(epoll_event *out, int *n, std::uint64_t data) noexcept {
+    epoll_event *end = std::remove_if(out, out + *n, [&](const epoll_event &k) {
+        return k.data.u64 == data;
+    });
+    int dropped = *n - int(end - out);
+    *n = int(end - out);
+    return dropped;
+}
+
+// Our sockets' events appended to out[*n..max); stale entries (socket
+// closed) go. out[0..*kernel) are the kernel's events of this round: a
+// socket that turned ours since settle() (its upgrade finished) may be
+// among them, from the registration trimmed only now; its kernel event
+// goes, so no socket is reported twice in one call.
+void scan(EpollSet *set, epoll_event *out, int *n, int max, int *kernel) noexcept {
+    std::lock_guard lock(set->lock);
+    drop_closed(set);
+    auto &v = set->entries;
+    const std::size_t size = v.size();
+    for (std::size_t k = 0; k < size && *n < max; ++k) {
+        Entry &e = v[(set->cursor + k) % size];
+        const bool was_trimmed = e.trimmed;
+        std::uint32_t ev = entry_events(set, e, true, 0);
+        if (e.trimmed && !was_trimmed && *kernel > 0) {
+            int dropped = drop_data(out, kernel, e.ev.data.u64);
+            if (dropped) {
+                std::copy(out + *kernel + dropped, out + *n, out + *kernel);
+                *n -= dropped;
+            }
+        }
+        if (ev) out[(*n)++] = {ev, e.ev.data};
+    }
+    if (size) set->cursor = (set->cursor + 1) % size;
+}
+
+}  // namespace
+
+// What poll.cpp shares of the sets (readiness_impl.hpp).
+namespace detail {
+
+void set_release(EpollSet *set) noexcept {
+    if (set->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    for (Entry &e : set->entries) entry_drop(e);
+    delete set;
+}
+
+EpollSet *set_acquire(int fd) noexcept {
+    if (!sets || fd < 0 || fd >= nsets || live_sets.load(std::memory_order_acquire) == 0)
+        return nullptr;
+    std::lock_guard lock(sets_lock);
+    EpollSet *set = sets[fd].load(std::memory_order_acquire);
+    if (set) set->refs.fetch_add(1, std::memory_order_relaxed);
+    return set;
+}
+
+bool inner_ready(EpollSet *set, int depth) noexcept {
+    if (depth > 4) return false;  // the kernel limits nesting too
+    std::lock_guard lock(set->lock);
+    for (Entry &e : set->entries)
+        if (entry_events(set, e, false, depth)) return true;
+    return false;
+}
+
+}  // namespace detail
+
+// ---- epoll ------------------------------------------------------------------------
+
+void epoll_created(int epfd) noexcept {
+    std::call_once(sets_once, sets_init);
+    if (!sets || epfd < 0 || epfd >= nsets) return;
+    auto *set = new (std::nothrow) EpollSet;
+    if (!set) return;
+    set->epfd = epfd;
+    std::lock_guard lock(sets_lock);
+    if (EpollSet *old = sets[epfd].exchange(set)) set_release(old);
+    live_sets.fetch_add(1, std::memory_order_release);
+}
+
+void epoll_fd_closed(int fd) noexcept {
+    if (!sets || fd < 0 || fd >= nsets || !sets[fd].load(std::memory_order_acquire)) return;
+    EpollSet *set;
+    {
+        std::lock_guard lock(sets_lock);
+        set = sets[fd].exchange(nullptr);
+    }
+    if (set) set_release(set);
+}
+
+void epoll_fd_dup(int fd, int nfd) noexcept {
+    EpollSet *set = set_acquire(fd);
+    if (!set) return;
+    if (nfd < 0 || nfd >= nsets) return set_release(set);
+    std::lock_guard lock(sets_lock);
+    if (EpollSet *old = sets[nfd].exchange(set)) set_release(old);
+}
+
+int epoll_control(int epfd, int op, int fd, epoll_event *ev) noexcept {
+    EpollSet *set = set_acquire(epfd);
+    Stream *s = set ? acquire(fd) : nullptr;
+    if (s) s->claim_inherited();  // watching it is using it
+    if (s && !s->conn.load(std::memory_order_acquire) &&
+        s->phase.load(std::memory_order_acquire) == Phase::listener) {
+        release(s);  // listeners stay with the kernel
+        s = nullptr;
+    }
+    EpollSet *inner = set && !s && fd != epfd ? set_acquire(fd) : nullptr;
+    if (!s && !inner) {
+        if (set) set_release(set);
+        return sys.epoll_ctl(epfd, op, fd, ev) == 0 ? 0 : -errno;
+    }
+    int r = 0;
+    {
+        std::lock_guard lock(set->lock);
+        auto &v = set->entries;
+        auto it = std::find_if(v.begin(), v.end(), [&](const Entry &e) {
+            return e.fd == fd && (s ? e.s == s : e.inner == inner);
+        });
+        // The kernel has the registration in every case (trimmed or not):
+        // its answer stands (EEXIST, ENOENT, EINVAL ...), except for MOD of
+        // an exclusive entry, which it refuses but would accept on the
+        // hint registration that replaced it.
+        if (op == EPOLL_CTL_MOD && it != v.end() && (it->ev.events & EPOLLEXCLUSIVE)) {
+            r = -EINVAL;
+        } else if (sys.epoll_ctl(epfd, op, fd, ev) != 0) {
+            r = -errno;
+        } else if (op == EPOLL_CTL_ADD) {
+            Entry e;
+            e.fd = fd;
+            e.s = s;
+            e.inner = inner;
+            e.ev = *ev;
+            v.push_back(e);
+            s = nullptr;  // the entry holds the references now
+            inner = nullptr;
+        } else if (op == EPOLL_CTL_MOD && it != v.end()) {
+            if (it->ev.events & EPOLLEXCLUSIVE) {
+                r = -EINVAL;
+            } else {
+                it->ev = *ev;
+                it->trimmed = false;
+                it->armed = true;
+                it->seen_rx = it->seen_tx = ~0u;
+            }
+        } else if (op == EPOLL_CTL_DEL && it != v.end()) {
+            entry_drop(*it);
+            v.erase(it);
+        }
+        // A thread asleep in the kernel on this set looks at it again.
+        if (set->kernel_sleeper) kernel_sleep_signal(set->wake_fd, &set->signalled);
+    }
+    if (s) release(s);
+    if (inner) set_release(inner);
+    set_release(set);
+    // A thread blocked in epoll_wait on this set looks again.
+    transport::wake_pollers();
+    return r;
+}
+
+namespace {
+
+struct EpollCtx {
+    EpollSet *set;
+};
+
+// The application's events among the kernel's k in out[]. Our tags are
+// not events: a hint is applied (to a socket still in the set) and
+// counted in *hints; a wake-up of this set's kernel sleeper only sets
+// *woken. Events kept.
+int keep_events(EpollSet *set, epoll_event *out, int k, int *hints, bool *woken) noexcept {
+    int kept = 0;
+    for (int i = 0; i < k; ++i) {
+        std::uint64_t d = out[i].data.u64;
+        if ((d & kTagMask) == kWakeTag) {
+            *woken |= d == set->wake_data.load(std::memory_order_relaxed);
+            continue;
+        }
+        if ((d & kTagMask) != kTag) {
+            out[kept++] = out[i];
+            continue;
+        }
+        ++*hints;
+        auto *hinted = reinterpret_cast<Stream *>(d & ~kTagMask);
+        bool ours = false;
+        {
+            std::lock_guard lock(set->lock);
+            for (const Entry &e : set->entries) ours |= e.s == hinted && e.trimmed;
+        }
+        if (ours) kernel_hint(hinted);
+    }
+    return kept;
+}
+
+// The kernel's ready events of the set, without waiting, or -errno. A
+// wake-up of the thread asleep in the kernel on this set is its own to
+// drain (it is awake already).
+int kernel_events(EpollSet *set, int epfd, epoll_event *out, int max, int *hints) noexcept {
+    if (max <= 0) return 0;
+    int k = sys.epoll_wait(epfd, out, max, 0);
+    if (k < 0) return -errno;
+    bool woken = false;
+    return keep_events(set, out, k, hints, &woken);
+}
+
+bool epoll_peek(void *ctx) noexcept { return inner_ready(static_cast<EpollCtx *>(ctx)->set, 0); }
+
+bool has_entries(EpollSet *set) noexcept {
+    std::lock_guard lock(set->lock);
+    return !set->entries.empty();
+}
+
+bool got_entries(void *ctx) noexcept { return has_entries(static_cast<EpollSet *>(ctx)); }
+
+// The set's wake-up eventfd, registered in it at the first kernel sleep;
+// -1 when none could be made (the set then always takes our wait).
+int wake_fd_of(EpollSet *set, int epfd) noexcept {
+    int fd = set->wake_fd.load(std::memory_order_acquire);
+    if (fd != -1) return fd < 0 ? -1 : fd;
+    std::lock_guard lock(set->lock);
+    if ((fd = set->wake_fd.load(std::memory_order_relaxed)) != -1) return fd < 0 ? -1 : fd;
+    fd = transport::out_of_the_way(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = kWakeTag | (std::uint64_t(getpid()) & ~kTagMask);
+    if (fd >= 0 && sys.epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+        sys.close(fd);
+        fd = -1;
+    }
+    set->wake_data.store(ev.data.u64, std::memory_order_relaxed);
+    if (fd >= 0) set->tagged.store(true, std::memory_order_release);
+    set->wake_fd.store(fd < 0 ? -2 : fd, std::memory_order_release);  // -2: do not try again
+    return fd;
+}
+
+// The kernel's own epoll_wait on the set, when none of our sockets in it
+// needs our state (kernel_sleep.hpp): the application's events (or
+// -errno), or kNotHere. `again`: woken with nothing for the application.
+int epoll_in_kernel(EpollSet *set, int epfd, epoll_event *out, int max, int timeout_ms,
+                    const sigset_t *mask, bool *again) noexcept {
+    *again = false;
+    if (transport::Engine *e = transport::Engine::current(); e && e->flush_pending())
+        return kNotHere;  // bytes owed by a leave wait for progress passes
+    const int wfd = wake_fd_of(set, epfd);
+    if (wfd < 0) return kNotHere;
+    KernelSleep me;
+    me.efd = wfd;
+    me.signalled = &set->signalled;
+    // On the list before any ask is held back: an ask held from now on
+    // finds us there.
+    kernel_sleep_enter(me);
+    bool owner = false, ok = false;
+    {
+        std::lock_guard lock(set->lock);
+        if (!set->kernel_sleeper) {
+            owner = ok = set->kernel_sleeper = true;
+            drop_closed(set);
+            for (Entry &e : set->entries) {
+                bool held = false;
+                // A trimmed entry answers from our state; an inner set
+                // may hold anything.
+                ok = e.s && !e.trimmed && kernel_may_answer(e.s, &held);
+                if (held) set->held.push_back(e.s);
+                if (!ok) break;
+            }
+        }
+    }
+    int r = kNotHere;
+    bool woken = false;
+    if (ok) {
+        const int k = mask ? sys.epoll_pwait(epfd, out, max, timeout_ms, mask)
+                           : sys.epoll_wait(epfd, out, max, timeout_ms);
+        if (k < 0) {
+            r = -errno;
+        } else {
+            int hints = 0;
+            r = keep_events(set, out, k, &hints, &woken);
+            *again = k > 0 && r == 0;
+        }
+    }
+    // The asks held back are made now, before another sleeper can take
+    // `held` over.
+    if (owner)
+        for (Stream *s : set->held) kernel_wait_done(s);
+    // Off the list first: no wake-up writes the eventfd after that but
+    // epoll_ctl's, under the set's lock while we are its sleeper. So the
+    // drain below leaves it unreadable until the next sleep.
+    kernel_sleep_leave(me);
+    if (owner) {
+        std::lock_guard lock(set->lock);
+        set->held.clear();
+        set->kernel_sleeper = false;
+        if (set->signalled.exchange(false, std::memory_order_acq_rel) || woken) drain_fd(wfd);
+    }
+    return r;
+}
+
+// The kernel's epoll_wait for a set we need not look into. A set whose
+// wake-up eventfd is registered may report it while another thread
+// sleeps in the kernel on it (until that thread drains it): not an event.
+int plain_wait(EpollSet *set, int epfd, epoll_event *out, int max, int timeout_ms,
+               const sigset_t *mask) noexcept {
+    const bool tagged = set && max > 0 && set->tagged.load(std::memory_order_acquire);
+    const std::uint64_t deadline = deadline_of(timeout_ms);
+    for (int left = timeout_ms;;) {
+        const int k = mask ? sys.epoll_pwait(epfd, out, max, left, mask)
+                           : sys.epoll_wait(epfd, out, max, left);
+        if (k < 0) return -errno;
+        if (!tagged || k == 0) return k;
+        int hints = 0;
+        bool woken = false;
+        if (const int kept = keep_events(set, out, k, &hints, &woken); kept > 0) return kept;
+        if ((left = ms_left(deadline, timeout_ms)) == 0) return 0;
+    }
+}
+
+}  // namespace
+
+int epoll_wait_fds(int epfd, epoll_event *out, int max, int timeout_ms,
+                   const sigset_t *mask) noexcept {
+    EpollSet *set = set_acquire(epfd);
+    // A set with nothing of ours in a process without an engine goes
+    // straight to the kernel below, without a wake-up fd of ours.
+    if (set && max > 0 && (has_entries(set) || transport::Engine::current())) {
+        // Nothing in the set needs our state: the kernel's own wait, as
+        // often as a wake-up for us (not for the application) ends it.
+        const std::uint64_t deadline = deadline_of(timeout_ms);
+        for (int left = timeout_ms, last = 1;;) {
+            bool again = false;
+            const int r = epoll_in_kernel(set, epfd, out, max, left, mask, &again);
+            if (r == kNotHere) {
+                timeout_ms = left;  // the rest is our wait's
+                break;
+            }
+            if (!again || (left == 0 && last == 0)) {
+                set_release(set);
+                return again ? 0 : r;
+            }
+            last = left;
+            left = ms_left(deadline, timeout_ms);
+        }
+    }
+    bool shadowed = false;
+    if (set) {
+        std::lock_guard lock(set->lock);
+        shadowed = !set->entries.empty();
+    }
+    transport::Engine *engine = transport::Engine::current();
+    if (!shadowed && set && max > 0 && engine && timeout_ms != 0) {
+        // Nothing of ours in the set yet, but another thread may add one
+        // while we wait (its data never wakes the kernel's epoll): sleep
+        // where epoll_ctl's wake-up reaches us, without spinning.
+        const std::uint64_t deadline = deadline_of(timeout_ms);
+        for (;;) {
+            int hints = 0;
+            int r = kernel_events(set, epfd, out, max, &hints);
+            if (r != 0) {
+                set_release(set);
+                return r;
+            }
+            int left = ms_left(deadline, timeout_ms);
+            if (has_entries(set)) {
+                set_release(set);
+                return epoll_wait_fds(epfd, out, max, left, mask);
+            }
+            if (left == 0) break;
+            pollfd k{epfd, POLLIN, 0};
+            int w = transport::sleep_on_fds(engine, &k, 1, mask, left, got_entries, set);
+            if (w == -EINTR || (w == -1 && errno == EINTR)) {
+                set_release(set);
+                return -EINTR;
+            }
+        }
+        set_release(set);
+        return 0;
+    }
+    if (!shadowed || max <= 0) {
+        const int r = plain_wait(set, epfd, out, max, timeout_ms, mask);
+        if (set) set_release(set);
+        return r;
+    }
+    pollfd kfd{epfd, POLLIN, 0};
+    EpollCtx ctx{set};
+    int r = wait_loop(
+        [&](bool ask_kernel) -> int {
+            // The kernel's events and ours take turns going first, so that
+            // a small maxevents serves every ready entry in turn.
+            const bool kernel_first =
+                ask_kernel && (set->turn.fetch_add(1, std::memory_order_relaxed) & 1);
+            for (;;) {
+                int n = 0, hints = 0, kernel = 0;
+                settle(set);
+                if (kernel_first) {
+                    n = kernel_events(set, epfd, out, max, &hints);
+                    if (n < 0) return n;
+                    kernel = n;
+                }
+                scan(set, out, &n, max, &kernel);
+                if (ask_kernel && !kernel_first && n < max) {
+                    int k = kernel_events(set, epfd, out + n, max - n, &hints);
+                    if (k < 0) return n ? n : k;
+                    n += k;
+                }
+                if (n > 0 || !hints) return n;
+                // Only hints: their sockets now report; look again.
+            }
+        },
+        &kfd, 1, timeout_ms, mask, epoll_peek, &ctx);
+    set_release(set);
+    return r;
+}
+
+void epoll_after_fork_child() noexcept {
+    kernel_sleeps_after_fork_child();
+    // The child's shadows describe the parent's connections: forget them
+    // (the sets are left as the kernel has them). A set's wake-up eventfd
+    // stays registered while the parent holds it (the epoll instance is
+    // shared): the child drops its copy, makes its own at its first
+    // kernel sleep, and tells the two apart by the pid in their data.
+    if (!sets) return;
+    new (&sets_lock) std::mutex();
+    for (int fd = 0; fd < nsets; ++fd)
+        if (EpollSet *set = sets[fd].load(std::memory_order_relaxed)) {
+            new (&set->lock) std::mutex();
+            set->entries.clear();
+            set->held.clear();  // the parent's references (fork_child recounted them)
+            set->kernel_sleeper = false;
+            set->signalled.store(false, std::memory_order_relaxed);
+            if (int w = set->wake_fd.exchange(-1, std::memory_order_relaxed); w >= 0) sys.close(w);
+        }
+}
+
+}  // namespace sd::fallback

@@ -1,0 +1,106 @@
+// What readiness.cpp, poll.cpp and epoll.cpp share (readiness.hpp is the
+// interface): our own state's view of a socket, deadlines, the epoll sets
+// poll looks into, and the wait loop of poll and epoll.
+#pragma once
+#include "stream.hpp"
+#include "transport/engine.hpp"
+#include "transport/settings.hpp"
+#include "transport/sys.hpp"
+#include "transport/wait.hpp"
+
+#include <cerrno>
+#include <csignal>
+#include <cstdint>
+#include <ctime>
+#include <poll.h>
+
+namespace sd::fallback::detail {
+
+using transport::monotonic_ns;
+using transport::sys;
+
+constexpr short kReadBits = POLLIN | POLLRDNORM;
+constexpr short kWriteBits = POLLOUT | POLLWRNORM;
+
+// Readiness from our own state, when the connection is direct and every
+// byte the kernel was due to carry has been read. `ask`: what to ask the
+// companion (POLLRDHUP while the fabric has not said EOF: a hint that the
+// peer died). False: the kernel knows better (not direct yet, or bytes
+// still due on the companion socket).
+bool user_view(Stream *s, short &bits, short &ask) noexcept;
+
+// The socket's prefix (prefix.hpp) holds bytes still to read: they come
+// before anything of its kernel socket's.
+bool has_prefix(Stream *s) noexcept;
+
+// The companion said its TCP peer is gone while the fabric is silent.
+void kernel_hint(Stream *s) noexcept;
+
+// The deadline of a wait of `timeout_ms` (0: none, for a timeout of 0 or
+// forever), and the milliseconds left until it as a timeout argument
+// (-1: forever).
+std::uint64_t deadline_of(int timeout_ms) noexcept;
+int ms_left(std::uint64_t deadline, int timeout_ms) noexcept;
+
+// An epoll set of ours, by epoll fd (epoll.cpp): a reference taken, or
+// null; released with set_release. `inner_ready`: one of its events is
+// pending (`depth`: how deep in nested sets it is).
+struct EpollSet;
+EpollSet *set_acquire(int fd) noexcept;
+void set_release(EpollSet *set) noexcept;
+bool inner_ready(EpollSet *set, int depth) noexcept;
+
+// ---- the wait loop shared by poll and epoll --------------------------------------
+
+// While spinning, the kernel is asked about the application's kernel fds
+// and the companions' death hints at most this often: a kernel poll of a
+// few sockets costs more than a whole look at our own state, and pgbench's
+// poll() over 8 direct sockets spent most of its CPU in it.
+inline constexpr std::uint64_t kAskKernelEveryNs = 20000;
+
+// Spins (SDIRECT_SPIN_US) then sleeps on `kfds` until `check(ask_kernel)`
+// finds something, the timeout passes or a signal arrives. `ask_kernel`:
+// this look includes the kernel's view (the first, every
+// kAskKernelEveryNs of a spin, and the first after each sleep).
+template <typename Check>
+int wait_loop(Check check, pollfd *kfds, nfds_t nk, int timeout_ms, const sigset_t *mask,
+              bool (*peek)(void *), void *ctx) noexcept {
+    transport::Engine *engine = transport::Engine::current();
+    const std::uint64_t deadline = deadline_of(timeout_ms);
+    const std::uint64_t spin_ns = std::uint64_t(transport::settings().spin_us) * 1000;
+    std::uint64_t spin_until = 0;
+    std::uint64_t ask_kernel_at = 0;
+    transport::SpinSlot slot;
+    for (;;) {
+        if (engine) engine->progress();
+        std::uint64_t now = monotonic_ns();
+        const bool ask_kernel = now >= ask_kernel_at;
+        if (ask_kernel) ask_kernel_at = now + kAskKernelEveryNs;
+        int n = check(ask_kernel);
+        if (n != 0 || timeout_ms == 0) return n;
+        if (deadline && now >= deadline) {
+            if (ask_kernel) return 0;
+            ask_kernel_at = 0;  // the last look before timing out asks the kernel too
+            continue;
+        }
+        if (!spin_until) spin_until = slot.start(now, spin_ns);
+        if (!mask && now < spin_until) continue;
+        slot.release();
+        int left = ms_left(deadline, timeout_ms);
+        if (!engine) {
+            // Connections wait for the engine being built: look again soon.
+            engine = transport::Engine::current();
+            if (left < 0 || left > 20) left = 20;
+        }
+        ask_kernel_at = 0;  // what woke us may be the kernel's
+        int r = engine ? transport::sleep_on_fds(engine, kfds, nk, mask, left, peek, ctx)
+                       : (mask ? [&] {
+                             timespec ts{left / 1000, long(left % 1000) * 1000000};
+                             return sys.ppoll(kfds, nk, left < 0 ? nullptr : &ts, mask);
+                         }()
+                               : sys.poll(kfds, nk, left));
+        if (r < 0 && (r == -1 ? errno : -r) == EINTR) return -EINTR;
+    }
+}
+
+}  // namespace sd::fallback::detail
