@@ -7,6 +7,8 @@
 #include "transport/engine.hpp"
 #include "transport/wait.hpp"
 
+#include <unistd.h>
+
 namespace sd::forking {
 
 using fallback::acquire;
@@ -34,6 +36,51 @@ void table_retire() noexcept {
     table_to_kernel_for_good(nullptr, -1, Reason::privilege);
     if (transport::Engine *e = transport::Engine::current()) e->forget_peers();
     transport::spin_table_detach();
+}
+
+namespace {
+
+// A socket of the table carries something of the fabric: a connection
+// (attached, published, direct, or one a parent's fork left), a share or
+// holders kept with other processes through fork, bytes a leave returned.
+// One that waits to earn its upgrade (pending, no engine to attach it to)
+// has only counted kernel bytes: it upgrades later as the new ids'.
+bool table_holds_fabric() noexcept {
+    const int end = fallback::table_size();
+    bool holds = false;
+    for (int fd = 0; fd < end && !holds; ++fd) {
+        Stream *s = acquire(fd);
+        if (!s) continue;
+        constexpr auto acq = std::memory_order_acquire;
+        holds = s->conn.load(acq) || s->orphan.load(acq) || s->holders.load(acq) ||
+                s->share.load(acq) || s->prefix.load(acq);
+        release(s);
+    }
+    return holds;
+}
+
+}  // namespace
+
+bool ids_change_afresh() noexcept {
+    if (fallback::foreign_process()) return false;
+    if (!transport::begin_afresh()) return false;
+    if (table_holds_fabric()) {
+        transport::cancel_afresh();
+        return false;
+    }
+    transport::drop_old_ids();
+    return true;
+}
+
+void ids_changed() noexcept {
+    uid_t ru, eu, su;
+    gid_t rg, eg, sg;
+    const bool settled = getresuid(&ru, &eu, &su) == 0 && getresgid(&rg, &eg, &sg) == 0 &&
+                         ru == eu && eu == su && rg == eg && eg == sg;
+    transport::end_afresh(settled);
+    // Ids mixed (a temporary seteuid): which uid's registry would be ours
+    // is not clear, so the process uses none, as before this rule.
+    if (!settled) table_retire();
 }
 
 }  // namespace sd::forking

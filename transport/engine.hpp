@@ -76,6 +76,22 @@ struct CtlMsg;  // control.hpp
 bool retired() noexcept;
 // False when it already was.
 bool set_retired() noexcept;
+// A process that changes its ids while it holds nothing of the fabric
+// goes on afresh as its new ids (afresh.cpp). begin_afresh: true when no
+// engine exists, is being built or failed here, and none is built from
+// now until end_afresh (or cancel_afresh); false when retired too.
+bool begin_afresh() noexcept;
+void cancel_afresh() noexcept;
+// After begin_afresh, before the ids change: every map of the old
+// registry's files and of fabric regions (a fork left them) becomes
+// private zeros, and control sockets bound in the old registry are closed.
+void drop_old_ids() noexcept;
+// After the call: `settled_ids` (real, effective and saved ids are one
+// uid and one gid) derives the registry and the spin file of the ids in
+// force; builds may start again.
+void end_afresh(bool settled_ids) noexcept;
+// An id change is under way: no engine build starts.
+bool builds_held() noexcept;
 // A receive ring of `cap` bytes, in a mapping of its own (ringmem.cpp).
 char *ring_alloc(std::uint32_t cap) noexcept;
 
@@ -109,6 +125,9 @@ class Engine {
     // Runs fn(ctx) on the builder thread once the build has finished (or
     // failed). False when no build is under way: call ready() again.
     static bool when_ready(void (*fn)(void *), void *ctx) noexcept;
+    // No engine here: none built, none being built, none failed (a failed
+    // build may have left files and maps behind).
+    static bool idle_process() noexcept;
     int init_for_thread() noexcept;
     // Before fork: waits (bounded) for a build under way, whose thread
     // would not exist in the child while its locks stayed taken there.

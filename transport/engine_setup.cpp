@@ -119,9 +119,10 @@ Engine *Engine::current() noexcept { return the_engine.load(std::memory_order_ac
 
 Engine *Engine::ready() noexcept {
     Engine *e = the_engine.load(std::memory_order_acquire);
-    if (e || unusable || !settings().enable || retired()) return e;
+    if (e || unusable || !settings().enable || retired() || builds_held()) return e;
     std::lock_guard lock(create_lock);
-    if ((e = the_engine.load(std::memory_order_acquire)) || unusable || starting || retired())
+    if ((e = the_engine.load(std::memory_order_acquire)) || unusable || starting || retired() ||
+        builds_held())
         return e;
     if (!exit_hook) {
         exit_hook = atexit(wait_for_build) == 0;
@@ -165,6 +166,11 @@ bool Engine::when_ready(void (*fn)(void *), void *ctx) noexcept {
         }
     }
     return false;
+}
+
+bool Engine::idle_process() noexcept {
+    std::lock_guard lock(create_lock);
+    return !the_engine.load(std::memory_order_acquire) && !unusable && !starting && !building;
 }
 
 int Engine::init_for_thread() noexcept { return init(); }
