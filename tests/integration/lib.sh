@@ -493,3 +493,37 @@ it_finish() {
     echo "FAIL $it_name ($it_label): $it_failures of $it_checks checks failed"
     exit 1
 }
+
+# it_as USER: sets it_as_words to the words that run a program as USER,
+# its uid, primary gid and groups, as systemd's User= does.
+it_as() {
+    it_as_words=(setpriv "--reuid=$(id -u "$1")" "--regid=$(id -g "$1")" --init-groups)
+}
+
+# it_shared_tmp: processes of other users may write their stats and logs
+# in $it_tmp (root's scratch folder otherwise).
+it_shared_tmp() {
+    chmod 0777 "$it_tmp"
+}
+
+# it_uids_of PID: the real uids of PID's children, sorted, one line.
+it_child_uids() {
+    ps -o uid= --ppid "$1" 2>/dev/null | tr -d ' ' | sort -u | tr '\n' ' '
+}
+
+# it_keeps_old_registry PID REGISTRY OLD: PID maps a file of REGISTRY or
+# the fabric region of process OLD (its parent, before a fork), or holds a
+# control socket bound in REGISTRY; prints what, status 0 if so.
+it_keeps_old_registry() {
+    local pid="$1" reg="$2" old="$3" ino found=1
+    if grep -E "($reg/|/dev/shm/sd$old-)" "/proc/$pid/maps" 2>/dev/null | head -n 1 | grep .; then
+        found=0
+    fi
+    for ino in $(awk -v r="$reg/ctl-" 'index($8, r) == 1 { print $7 }' /proc/net/unix 2>/dev/null); do
+        if ls -l "/proc/$pid/fd" 2>/dev/null | grep -q "socket:\[$ino\]"; then
+            echo "control socket inode $ino of $reg"
+            found=0
+        fi
+    done
+    return $found
+}
