@@ -29,12 +29,10 @@ head -c 1 /dev/urandom >"$www/one.bin"
 head -c 102400 /dev/urandom >"$www/100k.bin"
 head -c 4194304 /dev/urandom >"$www/4m.bin"
 chmod -R a+rX "$www"
-it_as www-data
-as_www=("${it_as_words[@]}")
 
 # round NAME CLIENT-AS CROSS
 round() {
-    local name="$1" cli_as="$2" cross="$3" port srv master rc w pre=() line
+    local name="$1" cli_as="$2" cross="$3" port srv master w line
     port="$(it_free_port)"
     mkdir -p "$it_tmp/$name-temp"
     cat >"$it_tmp/$name.conf" <<CONF
@@ -69,6 +67,7 @@ CONF
         return
     fi
     export SDIRECT_CROSS_USER="$cross"
+    it_stats_open "$name-server"
     it_start "$name-server" 60 "${ngx[@]}"
     srv=$it_pid
     if ! it_wait_listen "$port" "$srv"; then
@@ -102,35 +101,9 @@ CONF
         it_bad "$name: no pid file"
     fi
     if [[ "$cli_as" == www-data ]]; then
-        it_run "$name-client" 40 "${as_www[@]}" "$it_py" "$it_dir/http_fetch.py" "$port" "$www" \
-            empty.bin one.bin 100k.bin 4m.bin </dev/null >"$it_tmp/$name-client.log" 2>&1
-        rc=$?
-        if ((rc == 0)); then
-            while read -r line; do it_ok "$name: http_fetch.py as $cli_as: $line"; done <"$it_tmp/$name-client.log"
-        else
-            it_bad "$name: http_fetch.py as $cli_as: $(it_status "$rc"); $(tail -n 1 "$it_tmp/$name-client.log")"
-        fi
+        it_fetch_as "$name" www-data "$port" "$www" empty.bin one.bin 100k.bin 4m.bin
     else
-        # Across users, one curl process per connection, one after the
-        # other (4 connections from one process at once hang at times
-        # across users, nginx started as www-data without any id change
-        # too: a matter of SDIRECT_CROSS_USER's, not of this test's).
-        local k want got ok=0
-        want="$(sha256sum <"$www/4m.bin")"
-        for ((k = 1; k <= 4; k++)); do
-            rm -f "$it_tmp/$name-a.bin" "$it_tmp/$name-b.bin"
-            it_run "$name-client" 20 curl -sS --max-time 15 -o "$it_tmp/$name-a.bin" \
-                "http://127.0.0.1:$port/4m.bin" -o "$it_tmp/$name-b.bin" \
-                "http://127.0.0.1:$port/4m.bin" </dev/null >>"$it_tmp/$name-client.log" 2>&1
-            rc=$?
-            got="$(sha256sum <"$it_tmp/$name-a.bin" 2>/dev/null) $(sha256sum <"$it_tmp/$name-b.bin" 2>/dev/null)"
-            if ((rc == 0)) && [[ "$got" == "$want $want" ]]; then
-                ok=$((ok + 1))
-            else
-                it_bad "$name: curl $k as root: $(it_status "$rc"); bodies differ or missing"
-            fi
-        done
-        it_check $((ok != 4)) "$name: 4 curl processes as root, each 2 keep-alive GETs of 4 MiB: $ok intact"
+        it_curl_as "$name" root "$port" "$www/4m.bin"
     fi
     it_stop "$srv" TERM
     it_check "$it_stop_rc" "$name: nginx ended on SIGTERM: $it_stop_text"
