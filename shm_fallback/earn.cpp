@@ -45,6 +45,9 @@ void Stream::start_earning() noexcept {
 void Stream::ask_upgrade_locked() noexcept {
     if (++earn_calls < kEarnCalls || transport::monotonic_ns() < earn_ns) return;
     if (kernel_waiters) return;  // the blocked recv asks when it returns
+    // Another thread is changing the process's ids: no engine may be
+    // built now (transport/afresh.cpp); a later call asks.
+    if (transport::builds_held()) return;
     earn_ns = 0;
     transport::Engine *e = transport::Engine::ready();  // the first asks for the build
     if (!e) {
