@@ -1,10 +1,10 @@
 // Privilege changes and sandboxes: set*id, chroot, unshare, setns,
 // prctl(PR_SET_SECCOMP). A process that changes its uid or gid while it
-// holds nothing of the fabric (no engine built or building, so nothing
-// attached, published or mapped of its own; a fork child of a server
-// that listens as root, before it accepts) goes on as a fresh process of
-// its new ids: what a fork left of the old ids is dropped before the
-// call, the registry is derived again after it (transport/afresh.cpp).
+// holds nothing of the fabric (no engine, or one that never held a
+// connection or a peer, which is given up; a fork child of a server that
+// listens as root, before it accepts) goes on as a fresh process of its
+// new ids: what a fork left of the old ids is dropped before the call,
+// the registry is derived again after it (transport/afresh.cpp).
 // Otherwise, and for every sandbox, before the change takes effect every
 // connection goes back to the kernel for good and the process stops
 // using the fabric: another uid cannot reach its peers' memory (nor

@@ -1,7 +1,8 @@
 // A process that changes its ids before it holds anything of the fabric
 // (no engine built or being built, so no connection attached or
-// published and no peer attached) goes on as a fresh process of its new
-// ids instead of retiring (intercept/shim_priv.cpp decides, and
+// published and no peer attached; or an engine that never held either,
+// built by a listen, which is given up) goes on as a fresh process of
+// its new ids instead of retiring (intercept/shim_priv.cpp decides, and
 // fork_protocol/for_good.cpp looks at the sockets): the registry is
 // derived again for the uid now in force, and later connections upgrade
 // as that uid's do. The pre-fork server's pattern: a master that listens
@@ -16,6 +17,7 @@
 // new process reads them), the control socket is closed: a process of the
 // new uid would otherwise take the upgrade requests, and the sockets
 // passed with them, meant for the old uid's process.
+#include "control.hpp"
 #include "engine.hpp"
 #include "log.hpp"
 #include "settings.hpp"
@@ -27,12 +29,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
+#include <utility>
 
 namespace sd::transport {
 namespace {
@@ -130,10 +134,46 @@ void close_control_sockets(const char *dir) noexcept {
 
 bool builds_held() noexcept { return held_builds.load(std::memory_order_acquire) != 0; }
 
+bool Engine::forsake_if_unused() noexcept {
+    std::lock_guard lock(conn_lock_);
+    if (npeers_ || nretired_) return false;
+    for (const auto &c : conns_)
+        if (c.load(std::memory_order_acquire)) return false;
+    given_up_.store(true, std::memory_order_release);
+    return true;
+}
+
+void Engine::forsake_after() noexcept {
+    // Nobody finds it any more; the old ids may still remove its files.
+    char path[300];
+    std::snprintf(path, sizeof path, "%s/p%d", settings().registry, int(pid_));
+    (void)unlink(path);
+    ctl_path(path, sizeof path, pid_);
+    (void)unlink(path);
+    if (!std::strncmp(ep_.name, "fi_shm://", 9)) {
+        std::snprintf(path, sizeof path, "/dev/shm/%s", ep_.name + 9);
+        (void)unlink(path);
+    }
+    // The control thread looks at given_up_ whenever it wakes; a request
+    // it is answering meanwhile is refused within a second (no connection
+    // matches). Its socket is closed once it is gone, never under its poll.
+    const std::uint64_t one = 1;
+    if (watch_fd_ >= 0) (void)sys.write(watch_fd_, &one, sizeof one);
+    for (int i = 0; i < 3000 && !control_gone_.load(std::memory_order_acquire); ++i) {
+        timespec nap{0, 1000000};
+        nanosleep(&nap, nullptr);
+    }
+    if (control_gone_.load(std::memory_order_acquire) && ctl_fd_ >= 0)
+        sys.close(std::exchange(ctl_fd_, -1));
+    else
+        SD_LOG(error, "the control thread of a given-up engine did not end; its socket stays open");
+    SD_LOG(info, "ids change: the engine built before (no connection, no peer) is given up");
+}
+
 bool begin_afresh() noexcept {
     if (retired()) return false;
     held_builds.fetch_add(1, std::memory_order_acq_rel);
-    if (Engine::idle_process()) return true;
+    if (Engine::idle_process() || Engine::give_up_unused()) return true;
     held_builds.fetch_sub(1, std::memory_order_acq_rel);
     return false;
 }

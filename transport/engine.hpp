@@ -78,8 +78,9 @@ bool retired() noexcept;
 bool set_retired() noexcept;
 // A process that changes its ids while it holds nothing of the fabric
 // goes on afresh as its new ids (afresh.cpp). begin_afresh: true when no
-// engine exists, is being built or failed here, and none is built from
-// now until end_afresh (or cancel_afresh); false when retired too.
+// engine exists (or the one built never held a connection or a peer, and
+// is given up), none is being built or failed here, and none is built
+// from now until end_afresh (or cancel_afresh); false when retired too.
 bool begin_afresh() noexcept;
 void cancel_afresh() noexcept;
 // After begin_afresh, before the ids change: every map of the old
@@ -128,6 +129,13 @@ class Engine {
     // No engine here: none built, none being built, none failed (a failed
     // build may have left files and maps behind).
     static bool idle_process() noexcept;
+    // A change of ids (afresh.cpp) in a process whose engine never held a
+    // connection or a peer (a server that listened before it dropped its
+    // ids): the engine is given up as a fork child gives up its parent's.
+    // Its files leave the registry (the ids have not changed yet), its
+    // control thread ends, and the next build makes a new one. False (and
+    // nothing changed) when there is no engine or it held something.
+    static bool give_up_unused() noexcept;
     int init_for_thread() noexcept;
     // Before fork: waits (bounded) for a build under way, whose thread
     // would not exist in the child while its locks stayed taken there.
@@ -500,6 +508,15 @@ class Engine {
     // because of `r` (its peer reports peer_kernel). Replaces unpublish
     // for such ends.
     void mark_kernel(Conn *c, Reason r) noexcept;
+
+    // afresh.cpp: give_up_unused's steps. forsake_if_unused marks the
+    // engine given up (under conn_lock_: attach() then refuses) when it
+    // holds no connection and never attached a peer; forsake_after removes
+    // its files and ends its control thread.
+    bool forsake_if_unused() noexcept;
+    void forsake_after() noexcept;
+    std::atomic<bool> given_up_{false};
+    std::atomic<bool> control_gone_{false};
 
     pid_t pid_ = 0;
     std::uint64_t nonce_ = 0;

@@ -173,6 +173,19 @@ bool Engine::idle_process() noexcept {
     return !the_engine.load(std::memory_order_acquire) && !unusable && !starting && !building;
 }
 
+bool Engine::give_up_unused() noexcept {
+    if (!settle_before_fork()) return false;  // a build under way: its end first
+    Engine *e = nullptr;
+    {
+        std::lock_guard lock(create_lock);
+        e = the_engine.load(std::memory_order_acquire);
+        if (!e || unusable || starting || building || !e->forsake_if_unused()) return false;
+        the_engine.store(nullptr, std::memory_order_release);
+    }
+    e->forsake_after();  // the object stays: threads may still look at it
+    return true;
+}
+
 int Engine::init_for_thread() noexcept { return init(); }
 
 bool Engine::settle_before_fork() noexcept {

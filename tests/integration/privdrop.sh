@@ -10,6 +10,11 @@
 #     server's worker): direct with a nobody client, and the child keeps
 #     no map of root's registry or of the parent's region, nor its
 #     control socket.
+#   after-listen: a root server that listens (its engine is built there)
+#     and then becomes nobody itself, before any connection: the unused
+#     engine is given up, the server goes on as nobody, direct with a
+#     nobody client, and nothing of its old engine stays (files in root's
+#     registry and /dev/shm, maps, control socket).
 #   not-dumpable: as before-listen, but the server does not make itself
 #     dumpable again after the change (the kernel makes it not dumpable):
 #     the connection stays on TCP, reason not_dumpable on both ends
@@ -87,6 +92,20 @@ if echo_pair fork nobody --fork "$nobody"; then
     # The child builds its engine at its first connection: the client's
     # bytes may all have gone before the upgrade, the echo after it.
     it_expect_mode "$pair_port" fork-client direct none "tx_fabric+tx_kernel=$bytes" \
+        "tx_fabric+rx_fabric>0"
+fi
+
+if echo_pair after-listen nobody --after-listen "$nobody"; then
+    line="$(grep '^inherited' "$it_tmp/after-listen-server.log")"
+    if ((it_kernel)); then
+        it_log "old engine check skipped (SDIRECT_IT_KERNEL=1): $line"
+    else
+        [[ "$line" == "inherited ok" ]]
+        it_check $? "after-listen: nothing of the engine built as root stays: $line"
+    fi
+    it_expect_mode "$pair_port" after-listen-server direct none "rx_fabric+rx_kernel=$bytes" \
+        "tx_fabric+rx_fabric>0"
+    it_expect_mode "$pair_port" after-listen-client direct none "tx_fabric+tx_kernel=$bytes" \
         "tx_fabric+rx_fabric>0"
 fi
 

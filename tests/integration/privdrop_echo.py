@@ -11,6 +11,12 @@
 # child prints "inherited ok" when it maps no file of the old registry
 # (--old-registry) nor the parent's fabric region and holds no control
 # socket bound in the old registry, else what it keeps.
+# --after-listen UID: listens as it is (its fabric engine is built
+# there), waits --settle seconds, then becomes UID itself and serves, as a
+# daemon that binds its port as root does. Before it accepts it prints
+# "inherited ok" when it maps no file of the old registry nor its old
+# fabric region, holds no control socket bound in the old registry, and
+# the old registry and /dev/shm hold no file of its old engine.
 # --seteuid UID: only the effective uid changes (the ids are mixed
 # afterwards), before it listens.
 # After a change of uid the kernel makes a process not dumpable; like
@@ -25,8 +31,16 @@ import sys
 import time
 
 
-def inherited(old_registry, parent):
+def inherited(old_registry, parent, files=False):
     kept = []
+    if files:
+        for name in (f"p{parent}", f"ctl-{parent}"):
+            if os.path.exists(os.path.join(old_registry, name)):
+                kept.append(f"file {old_registry}/{name}")
+        for name in os.listdir("/dev/shm"):
+            st = os.stat(os.path.join("/dev/shm", name))
+            if name.startswith(f"sd{parent}-") and st.st_uid != os.getuid():
+                kept.append(f"region /dev/shm/{name} of uid {st.st_uid}")
     with open("/proc/self/maps") as f:
         for line in f:
             parts = line.split(None, 5)
@@ -82,6 +96,7 @@ def main():
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--before-listen", type=int)
     p.add_argument("--fork", type=int)
+    p.add_argument("--after-listen", type=int)
     p.add_argument("--seteuid", type=int)
     p.add_argument("--gid", type=int, default=65534)
     p.add_argument("--settle", type=float, default=1.0)
@@ -98,6 +113,10 @@ def main():
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind(("127.0.0.1", a.port))
     s.listen(4)
+    if a.after_listen is not None:
+        time.sleep(a.settle)
+        drop(a.after_listen, a.gid)
+        print(inherited(a.old_registry, os.getpid(), files=True), flush=True)
     if a.fork is None:
         serve(s)
         return 0
