@@ -40,11 +40,14 @@ void table_retire() noexcept {
 
 namespace {
 
-// A socket of the table carries something of the fabric: a connection
-// (attached, published, direct, or one a parent's fork left), a share or
-// holders kept with other processes through fork, bytes a leave returned.
-// One that waits to earn its upgrade (pending, no engine to attach it to)
-// has only counted kernel bytes: it upgrades later as the new ids'.
+// A socket of the table that is or was connected: its connection may be
+// attached, published or direct, or one a parent's fork left (orphan),
+// shared with other processes (share, holders), or waiting to earn its
+// upgrade. Served after the change, it would be another uid's than the
+// one the kernel names as its owner (the uid that made it), where a peer
+// of another user looks for it; so only a process whose sockets are all
+// listening or unconnected (a pre-fork server's worker: the listener it
+// inherited) goes on afresh.
 bool table_holds_fabric() noexcept {
     const int end = fallback::table_size();
     bool holds = false;
@@ -52,7 +55,9 @@ bool table_holds_fabric() noexcept {
         Stream *s = acquire(fd);
         if (!s) continue;
         constexpr auto acq = std::memory_order_acquire;
-        holds = s->conn.load(acq) || s->orphan.load(acq) || s->holders.load(acq) ||
+        const fallback::Phase p = s->phase.load(acq);
+        holds = (p != fallback::Phase::listener && p != fallback::Phase::fresh) ||
+                s->conn.load(acq) || s->orphan.load(acq) || s->holders.load(acq) ||
                 s->share.load(acq) || s->prefix.load(acq);
         release(s);
     }
@@ -62,12 +67,11 @@ bool table_holds_fabric() noexcept {
 }  // namespace
 
 bool ids_change_afresh() noexcept {
-    if (fallback::foreign_process()) return false;
-    if (!transport::begin_afresh()) return false;
-    if (table_holds_fabric()) {
-        transport::cancel_afresh();
-        return false;
-    }
+    if (fallback::foreign_process() || transport::retired()) return false;
+    // The sockets first: an engine is given up only for a process that
+    // goes on afresh (a retiring one marks its unattached connections in
+    // the registry through it).
+    if (table_holds_fabric() || !transport::begin_afresh()) return false;
     transport::drop_old_ids();
     return true;
 }

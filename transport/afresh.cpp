@@ -178,8 +178,6 @@ bool begin_afresh() noexcept {
     return false;
 }
 
-void cancel_afresh() noexcept { held_builds.fetch_sub(1, std::memory_order_acq_rel); }
-
 void drop_old_ids() noexcept {
     const char *dir = settings().registry;
     zero_maps(dir);

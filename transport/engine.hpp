@@ -80,9 +80,8 @@ bool set_retired() noexcept;
 // goes on afresh as its new ids (afresh.cpp). begin_afresh: true when no
 // engine exists (or the one built never held a connection or a peer, and
 // is given up), none is being built or failed here, and none is built
-// from now until end_afresh (or cancel_afresh); false when retired too.
+// from now until end_afresh; false when retired too.
 bool begin_afresh() noexcept;
-void cancel_afresh() noexcept;
 // After begin_afresh, before the ids change: every map of the old
 // registry's files and of fabric regions (a fork left them) becomes
 // private zeros, and control sockets bound in the old registry are closed.

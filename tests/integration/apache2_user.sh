@@ -39,7 +39,7 @@ chmod -R a+rX "$www"
 
 # round NAME MPM CLIENT-AS CROSS DUMPABLE
 round() {
-    local name="$1" mpm="$2" cli_as="$3" cross="$4" dumpable="$5" port srv conf mpm_conf core=""
+    local name="$1" mpm="$2" cli_as="$3" cross="$4" dumpable="$5" port srv conf mpm_conf core="" i
     if [[ ! -f "$modules/mod_mpm_$mpm.so" ]]; then
         it_bad "$name: $modules/mod_mpm_$mpm.so is missing (Debian package apache2)"
         return
@@ -85,7 +85,9 @@ CONF
     fi
     export SDIRECT_CROSS_USER="$cross"
     it_stats_open "$name-server"
-    it_start_apart "$name-server" 60 apache2 -f "$conf" -DFOREGROUND
+    # In a session of its own: apache2 stopping signals its whole process
+    # group, which would otherwise be the test's (and timeout's).
+    it_start "$name-server" 60 setsid apache2 -f "$conf" -DFOREGROUND
     srv=$it_pid
     if ! it_wait_listen "$port" "$srv"; then
         it_bad "$name: apache2 did not listen on 127.0.0.1:$port"
@@ -98,8 +100,24 @@ CONF
     else
         it_curl_as "$name" root "$port" "$www/4m.bin"
     fi
+    # The server's processes: the master (timeout's child, the same
+    # process through sdirect-run and setsid) and its children.
+    local master kids k left=""
+    master="$(ps -o pid= --ppid "$srv" | tr -d ' ')"
+    kids="$([[ -n "$master" ]] && ps -o pid= --ppid "$master")"
     it_stop "$srv" TERM
     it_check "$it_stop_rc" "$name: apache2 ended on SIGTERM: $it_stop_text"
+    # None may outlive it (their statistics are written as they exit);
+    # one that does is stopped here, by its pid.
+    for k in $kids; do
+        for ((i = 0; i < 100; i++)); do kill -0 "$k" 2>/dev/null || break; sleep 0.05; done
+        if kill -0 "$k" 2>/dev/null; then
+            left+=" $k"
+            kill -KILL "$k" 2>/dev/null
+        fi
+    done
+    [[ -z "$left" ]]
+    it_check $? "$name: every child of apache2 ended with it${left:+; still running 5 s later, killed:$left}"
     if grep -E '\[[a-z_]*:(alert|crit|emerg)\]' "$it_tmp/$name-error.log" >"$it_tmp/$name-alerts.log"; then
         it_bad "$name: apache2 error log: $(head -n 1 "$it_tmp/$name-alerts.log" | cut -c 1-200)"
     fi

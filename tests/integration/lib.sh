@@ -588,15 +588,3 @@ it_curl_as() {
     done
     it_check $((ok != 4)) "$name: 4 curl processes as $user, each 2 keep-alive GETs of $(basename "$file"): $ok of 4 intact"
 }
-
-# it_start_apart ROLE SECONDS CMD...: it_start for a server that signals
-# its whole process group when it stops (apache2 does): it runs in a
-# session of its own (setsid), so the signal never reaches the test.
-it_start_apart() {
-    local role="$1" secs="$2"
-    shift 2
-    it_prefix "$role" "$secs"
-    (cd "$it_tmp" && exec setsid "${it_cmd[@]}" "$@") </dev/null >"$it_tmp/$role.log" 2>&1 &
-    it_pid=$!
-    it_servers+=("$it_pid")
-}
