@@ -151,6 +151,9 @@ Settings values{};
 // the one nobody reads and then points `values.registry` at it.
 char registry_paths[2][256];
 int registry_turn = 0;
+// SDIRECT_REGISTRY as read at load: the environment may be written over
+// by then (a server's process title).
+const char *registry_setting = nullptr;
 char tune_path[512];
 
 const char *raw(Key key) noexcept {
@@ -205,7 +208,7 @@ int log_level(const char *text) noexcept {
 }  // namespace
 
 void derive_registry() noexcept {
-    const char *reg = raw(Key::registry);
+    const char *reg = registry_setting ? registry_setting : raw(Key::registry);
     char *out = registry_paths[registry_turn];
     registry_turn ^= 1;
     char base[sizeof registry_paths[0]];
@@ -232,8 +235,9 @@ void load_settings() noexcept {
     values.provider = copy(raw(Key::provider));
     // Decided here, before any thread exists; a name another user took
     // is passed over.
+    registry_setting = copy(raw(Key::registry));
     derive_registry();
-    const char *reg = raw(Key::registry);
+    const char *reg = registry_setting;
     values.window = integer(Key::window);
     values.chunk = integer(Key::chunk);
     if (values.chunk < 64) values.chunk = 64;
