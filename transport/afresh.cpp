@@ -10,9 +10,9 @@
 // before they accept anything.
 //
 // What such a process may still hold of its old ids is what a fork left
-// it: the maps of its parent's engine (the process page and the spin file
-// in the old registry, the parent's fabric region and its peers') and the
-// parent's control socket. A map is replaced by private zeros in place
+// it, or its own engine given up: the maps of that engine (the process
+// page and the spin file in the old registry, its fabric region and its
+// peers') and its control socket. A map is replaced by private zeros in place
 // (the provider's inherited objects may still point there; nothing of the
 // new process reads them), the control socket is closed: a process of the
 // new uid would otherwise take the upgrade requests, and the sockets
