@@ -14,5 +14,17 @@ void table_to_kernel_for_good(const int *fds, int nfds, transport::Reason why) n
 // goes back to the kernel for good, and the process never upgrades again
 // (transport::retired); the peers' pages and regions are unmapped.
 void table_retire() noexcept;
+// Before a call that changes the process's uid or gid: true when the
+// process holds nothing of the fabric (no socket that is or was
+// connected, only listening or unconnected ones; no engine, or an unused
+// one, given up), so that it goes on afresh as its new
+// ids; what a fork left of the old ids' maps and control sockets is
+// dropped first. The caller then makes the call and calls ids_changed().
+// False: the caller retires (table_retire) as for any privilege change.
+bool ids_change_afresh() noexcept;
+// After that call: with one uid and one gid in force (real, effective and
+// saved), the registry is that uid's from now on; with mixed ids, the
+// process retires.
+void ids_changed() noexcept;
 
 }  // namespace sd::forking

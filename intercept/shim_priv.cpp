@@ -1,15 +1,23 @@
 // Privilege changes and sandboxes: set*id, chroot, unshare, setns,
-// prctl(PR_SET_SECCOMP). Before the change takes effect
-// every connection goes back to the kernel for good and the process stops
-// using the fabric: another uid cannot reach its peers' memory (nor should
-// it keep maps of their pages), another root or namespace cannot reach the
-// registry, and a seccomp filter may forbid the calls an upgrade makes.
-// A call that changes nothing (the ids it sets are the ones in force) is
-// passed on alone. Supplementary groups (setgroups, initgroups) are not
-// watched: what the fabric needs is the same uid and gid on both sides
-// (process_vm_* checks those, the registry is per uid), and a privilege
-// drop changes them with the setgid/setuid that follows. glibc has no
-// seccomp() wrapper; the raw syscall is beyond any interposer.
+// prctl(PR_SET_SECCOMP). A process that changes its uid or gid while it
+// holds nothing of the fabric (no engine, or one that never held a
+// connection or a peer, which is given up; a fork child of a server that
+// listens as root, before it accepts) goes on as a fresh process of its
+// new ids: what a fork left of the old ids is dropped before the call,
+// the registry is derived again after it (transport/afresh.cpp).
+// Otherwise, and for every sandbox, before the change takes effect every
+// connection goes back to the kernel for good and the process stops
+// using the fabric: another uid cannot reach its peers' memory (nor
+// should it keep maps of their pages), another root or namespace cannot
+// reach the registry, and a seccomp filter may forbid the calls an
+// upgrade makes. A call that changes nothing (the ids it sets are the
+// ones in force) is passed on alone. Supplementary groups (setgroups, and
+// initgroups, which calls it inside libc) are not watched: what the
+// fabric needs is the same uid and gid on both sides (process_vm_*
+// checks those, the registry is per uid). glibc's setuid in a threaded
+// process changes every thread through its own signal; the public entry
+// is the one seen here. glibc has no seccomp() wrapper; the raw syscall
+// is beyond any interposer.
 #include "shim.hpp"
 #include "fork_protocol/for_good.hpp"
 
@@ -64,6 +72,22 @@ void retire() noexcept {
     if (!table_frozen()) sd::forking::table_retire();
 }
 
+// A call that changes ids (`changes`): afresh when the process holds
+// nothing of the fabric, else retired first.
+template <typename Call>
+int change_ids(bool changes, Call call) noexcept {
+    if (!changes || table_frozen()) return call();
+    if (!sd::forking::ids_change_afresh()) {
+        retire();
+        return call();
+    }
+    const int rc = call();
+    const int err = errno;
+    sd::forking::ids_changed();
+    errno = err;
+    return rc;
+}
+
 // -1 ("leave it") or the id in force changes nothing.
 bool same(unsigned want, unsigned now) noexcept { return want == unsigned(-1) || want == now; }
 
@@ -88,43 +112,45 @@ int missing() noexcept {
 
 SD_EXPORT int setuid(uid_t uid) noexcept {
     // As root it sets all three ids, else the effective one.
-    if (uids_change(uid, uid, uid)) retire();
-    return real.setuid ? real.setuid(uid) : missing();
+    return change_ids(uids_change(uid, uid, uid),
+                      [&]() noexcept { return real.setuid ? real.setuid(uid) : missing(); });
 }
 
 SD_EXPORT int setgid(gid_t gid) noexcept {
-    if (gids_change(gid, gid, gid)) retire();
-    return real.setgid ? real.setgid(gid) : missing();
+    return change_ids(gids_change(gid, gid, gid),
+                      [&]() noexcept { return real.setgid ? real.setgid(gid) : missing(); });
 }
 
 SD_EXPORT int seteuid(uid_t uid) noexcept {
-    if (uids_change(uid_t(-1), uid, uid_t(-1))) retire();
-    return real.seteuid ? real.seteuid(uid) : missing();
+    return change_ids(uids_change(uid_t(-1), uid, uid_t(-1)),
+                      [&]() noexcept { return real.seteuid ? real.seteuid(uid) : missing(); });
 }
 
 SD_EXPORT int setegid(gid_t gid) noexcept {
-    if (gids_change(gid_t(-1), gid, gid_t(-1))) retire();
-    return real.setegid ? real.setegid(gid) : missing();
+    return change_ids(gids_change(gid_t(-1), gid, gid_t(-1)),
+                      [&]() noexcept { return real.setegid ? real.setegid(gid) : missing(); });
 }
 
 SD_EXPORT int setreuid(uid_t r, uid_t e) noexcept {
-    if (uids_change(r, e, uid_t(-1))) retire();
-    return real.setreuid ? real.setreuid(r, e) : missing();
+    return change_ids(uids_change(r, e, uid_t(-1)),
+                      [&]() noexcept { return real.setreuid ? real.setreuid(r, e) : missing(); });
 }
 
 SD_EXPORT int setregid(gid_t r, gid_t e) noexcept {
-    if (gids_change(r, e, gid_t(-1))) retire();
-    return real.setregid ? real.setregid(r, e) : missing();
+    return change_ids(gids_change(r, e, gid_t(-1)),
+                      [&]() noexcept { return real.setregid ? real.setregid(r, e) : missing(); });
 }
 
 SD_EXPORT int setresuid(uid_t r, uid_t e, uid_t s) noexcept {
-    if (uids_change(r, e, s)) retire();
-    return real.setresuid ? real.setresuid(r, e, s) : missing();
+    return change_ids(uids_change(r, e, s), [&]() noexcept {
+        return real.setresuid ? real.setresuid(r, e, s) : missing();
+    });
 }
 
 SD_EXPORT int setresgid(gid_t r, gid_t e, gid_t s) noexcept {
-    if (gids_change(r, e, s)) retire();
-    return real.setresgid ? real.setresgid(r, e, s) : missing();
+    return change_ids(gids_change(r, e, s), [&]() noexcept {
+        return real.setresgid ? real.setresgid(r, e, s) : missing();
+    });
 }
 
 SD_EXPORT int chroot(const char *path) noexcept {

@@ -26,7 +26,7 @@ packages=(
     netpipe-tcp iperf3 iperf sockperf qperf netperf gnuplot-nox
     apache2-utils stress-ng
     iproute2 procps
-    redis-server redis-tools postgresql memcached nginx-light
+    redis-server redis-tools postgresql memcached nginx-light apache2 curl
     openssh-server openssh-client socat git
     python3
 )

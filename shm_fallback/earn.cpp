@@ -57,6 +57,9 @@ void Stream::ask_upgrade_locked() noexcept {
 }
 
 void Stream::ask_now_locked() noexcept {
+    // Another thread is changing the process's ids: no engine may be
+    // built now (transport/afresh.cpp); a later call asks.
+    if (transport::builds_held()) return;
     earn_ns = 0;
     ask_held = false;
     transport::Engine *e = transport::Engine::ready();  // the first asks for the build

@@ -30,6 +30,7 @@ Conn *Engine::attach(int fd, bool acceptor, std::uint32_t rcvbuf, std::uint64_t 
     Conn *c = nullptr;
     {
         std::lock_guard lock(conn_lock_);
+        if (given_up_.load(std::memory_order_relaxed)) return nullptr;  // afresh.cpp
         for (std::uint32_t n = 0; n < kSlots; ++n) {
             std::uint32_t i = (next_slot_ + n) % kSlots;
             if (conns_[i].load(std::memory_order_relaxed)) continue;

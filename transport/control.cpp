@@ -167,6 +167,11 @@ void Engine::control_loop() noexcept {
     constexpr int kWatch = 2 + int(sizeof peers_ / sizeof peers_[0]);
     pollfd fds[kWatch];
     for (;;) {
+        // Given up (afresh.cpp): the thread ends, and says so.
+        if (given_up_.load(std::memory_order_acquire)) {
+            control_gone_.store(true, std::memory_order_release);
+            return;
+        }
         const int n = gather_watch(fds, kWatch);
         if (sys.poll(fds, nfds_t(n), -1) < 0) {
             if (errno != EINTR) usleep(1000);
@@ -195,7 +200,7 @@ void Engine::control_loop() noexcept {
             SD_LOG(error, "control channel accept failed: %s", std::strerror(errno));
             return;
         }
-        handle_request(fd);
+        if (!given_up_.load(std::memory_order_acquire)) handle_request(fd);
         sys.close(fd);
     }
 }

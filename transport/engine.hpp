@@ -76,6 +76,22 @@ struct CtlMsg;  // control.hpp
 bool retired() noexcept;
 // False when it already was.
 bool set_retired() noexcept;
+// A process that changes its ids while it holds nothing of the fabric
+// goes on afresh as its new ids (afresh.cpp). begin_afresh: true when no
+// engine exists (or the one built never held a connection or a peer, and
+// is given up), none is being built or failed here, and none is built
+// from now until end_afresh; false when retired too.
+bool begin_afresh() noexcept;
+// After begin_afresh, before the ids change: every map of the old
+// registry's files and of fabric regions (a fork left them) becomes
+// private zeros, and control sockets bound in the old registry are closed.
+void drop_old_ids() noexcept;
+// After the call: `settled_ids` (real, effective and saved ids are one
+// uid and one gid) derives the registry and the spin file of the ids in
+// force; builds may start again.
+void end_afresh(bool settled_ids) noexcept;
+// An id change is under way: no engine build starts.
+bool builds_held() noexcept;
 // A receive ring of `cap` bytes, in a mapping of its own (ringmem.cpp).
 char *ring_alloc(std::uint32_t cap) noexcept;
 
@@ -109,6 +125,16 @@ class Engine {
     // Runs fn(ctx) on the builder thread once the build has finished (or
     // failed). False when no build is under way: call ready() again.
     static bool when_ready(void (*fn)(void *), void *ctx) noexcept;
+    // No engine here: none built, none being built, none failed (a failed
+    // build may have left files and maps behind).
+    static bool idle_process() noexcept;
+    // A change of ids (afresh.cpp) in a process whose engine never held a
+    // connection or a peer (a server that listened before it dropped its
+    // ids): the engine is given up as a fork child gives up its parent's.
+    // Its files leave the registry (the ids have not changed yet), its
+    // control thread ends, and the next build makes a new one. False (and
+    // nothing changed) when there is no engine or it held something.
+    static bool give_up_unused() noexcept;
     int init_for_thread() noexcept;
     // Before fork: waits (bounded) for a build under way, whose thread
     // would not exist in the child while its locks stayed taken there.
@@ -481,6 +507,15 @@ class Engine {
     // because of `r` (its peer reports peer_kernel). Replaces unpublish
     // for such ends.
     void mark_kernel(Conn *c, Reason r) noexcept;
+
+    // afresh.cpp: give_up_unused's steps. forsake_if_unused marks the
+    // engine given up (under conn_lock_: attach() then refuses) when it
+    // holds no connection and never attached a peer; forsake_after removes
+    // its files and ends its control thread.
+    bool forsake_if_unused() noexcept;
+    void forsake_after() noexcept;
+    std::atomic<bool> given_up_{false};
+    std::atomic<bool> control_gone_{false};
 
     pid_t pid_ = 0;
     std::uint64_t nonce_ = 0;

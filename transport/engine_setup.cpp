@@ -119,9 +119,10 @@ Engine *Engine::current() noexcept { return the_engine.load(std::memory_order_ac
 
 Engine *Engine::ready() noexcept {
     Engine *e = the_engine.load(std::memory_order_acquire);
-    if (e || unusable || !settings().enable || retired()) return e;
+    if (e || unusable || !settings().enable || retired() || builds_held()) return e;
     std::lock_guard lock(create_lock);
-    if ((e = the_engine.load(std::memory_order_acquire)) || unusable || starting || retired())
+    if ((e = the_engine.load(std::memory_order_acquire)) || unusable || starting || retired() ||
+        builds_held())
         return e;
     if (!exit_hook) {
         exit_hook = atexit(wait_for_build) == 0;
@@ -165,6 +166,24 @@ bool Engine::when_ready(void (*fn)(void *), void *ctx) noexcept {
         }
     }
     return false;
+}
+
+bool Engine::idle_process() noexcept {
+    std::lock_guard lock(create_lock);
+    return !the_engine.load(std::memory_order_acquire) && !unusable && !starting && !building;
+}
+
+bool Engine::give_up_unused() noexcept {
+    if (!settle_before_fork()) return false;  // a build under way: its end first
+    Engine *e = nullptr;
+    {
+        std::lock_guard lock(create_lock);
+        e = the_engine.load(std::memory_order_acquire);
+        if (!e || unusable || starting || building || !e->forsake_if_unused()) return false;
+        the_engine.store(nullptr, std::memory_order_release);
+    }
+    e->forsake_after();  // the object stays: threads may still look at it
+    return true;
 }
 
 int Engine::init_for_thread() noexcept { return init(); }

@@ -108,12 +108,58 @@ void watch_exit_signals() noexcept {
     }
 }
 
+namespace {
+
+// The dispositions the application set, and how many times, per signal:
+// the engine's builder saves the dispositions around the provider's
+// endpoint open (which installs handlers of its own) and must not put a
+// stale one back over what the application set meanwhile on its own
+// thread (apache2 sets its handlers while the build that its listen
+// started runs). Written by the application's calls, which it orders
+// itself; the count is published after the disposition.
+struct sigaction app_last[NSIG];
+std::atomic<std::uint32_t> app_sets[NSIG];
+
+int set_and_note(int sig, const struct sigaction *act, struct sigaction *old) noexcept;
+
+}  // namespace
+
+std::uint32_t app_disposition_sets(int sig) noexcept {
+    return sig > 0 && sig < NSIG ? app_sets[sig].load(std::memory_order_acquire) : 0;
+}
+
+void put_back_app_disposition(int sig) noexcept {
+    if (sig <= 0 || sig >= NSIG || !app_sets[sig].load(std::memory_order_acquire)) return;
+    const struct sigaction last = app_last[sig];
+    // What the application's own call made of it: SIG_DFL of a watched
+    // signal is our handler again once we watch.
+    if (watched(sig) && watching.load(std::memory_order_acquire) &&
+        !(last.sa_flags & SA_SIGINFO) && last.sa_handler == SIG_DFL) {
+        (void)install(sig);
+        return;
+    }
+    ours[sig].store(false, std::memory_order_release);
+    (void)real()(sig, &last, nullptr);
+}
+
 int app_sigaction(int sig, const struct sigaction *act, struct sigaction *old) noexcept {
     if (!real()) return -ENOSYS;
     // Our dependencies (the shm provider installs handlers that clean up
     // its regions) see the real disposition, ours included, and chain to
     // it; restoring it later puts ours back.
     if (guarded()) return real()(sig, act, old) == 0 ? 0 : -errno;
+    const int rc = set_and_note(sig, act, old);
+    if (rc == 0 && act && sig > 0 && sig < NSIG &&
+        !(act->sa_handler == on_exit_signal && !(act->sa_flags & SA_SIGINFO))) {
+        app_last[sig] = *act;
+        app_sets[sig].fetch_add(1, std::memory_order_release);
+    }
+    return rc;
+}
+
+namespace {
+
+int set_and_note(int sig, const struct sigaction *act, struct sigaction *old) noexcept {
     if (act && !(act->sa_flags & SA_SIGINFO) && act->sa_handler == on_exit_signal && watched(sig)) {
         // Ours, put back by whoever had saved it.
         if (real()(sig, act, old) != 0) return -errno;
@@ -140,6 +186,8 @@ int app_sigaction(int sig, const struct sigaction *act, struct sigaction *old) n
     if (!(act->sa_flags & SA_SIGINFO) && act->sa_handler == SIG_DFL) (void)install(sig);
     return 0;
 }
+
+}  // namespace
 
 int app_signal(int sig, sighandler_t handler, int flags, sighandler_t *old) noexcept {
     struct sigaction act{}, before{};

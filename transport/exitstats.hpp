@@ -4,6 +4,7 @@
 // of SIGTERM, SIGINT or SIGHUP while their disposition is the default one.
 #pragma once
 #include <csignal>
+#include <cstdint>
 
 namespace sd::transport {
 
@@ -22,6 +23,13 @@ void watch_exit_signals() noexcept;
 // SIG_DFL it reports SIG_DFL; setting any disposition replaces ours (one
 // set to SIG_DFL keeps ours in its place). 0 or -errno.
 int app_sigaction(int sig, const struct sigaction *act, struct sigaction *old) noexcept;
+// How many times the application has set `sig`'s disposition (through
+// app_sigaction); and, where it has, that disposition put back as its own
+// call made it (our handler for SIG_DFL of a watched signal): what the
+// engine's builder restores after the provider's endpoint open when the
+// application set one meanwhile, instead of the one it saved before.
+std::uint32_t app_disposition_sets(int sig) noexcept;
+void put_back_app_disposition(int sig) noexcept;
 // signal(), bsd_signal() (flags SA_RESTART) and sysv_signal() (flags
 // SA_RESETHAND | SA_NODEFER) in terms of app_sigaction. 0 or -errno.
 int app_signal(int sig, sighandler_t handler, int flags, sighandler_t *old) noexcept;

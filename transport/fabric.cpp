@@ -1,4 +1,5 @@
 #include "fabric.hpp"
+#include "exitstats.hpp"
 
 #include "log.hpp"
 #include "regionlock.hpp"
@@ -117,8 +118,22 @@ int endpoint_open(Endpoint &e, const char *provider, const char *unique) noexcep
     park_if_exiting();  // the dlopen is over: the exit's loader lock is free
     Guard guard;
     struct sigaction saved[sizeof kTouchedSignals / sizeof kTouchedSignals[0]];
-    for (std::size_t i = 0; i < std::size(kTouchedSignals); ++i)
+    std::uint32_t sets[std::size(kTouchedSignals)];
+    for (std::size_t i = 0; i < std::size(kTouchedSignals); ++i) {
+        sets[i] = app_disposition_sets(kTouchedSignals[i]);
         sigaction(kTouchedSignals[i], nullptr, &saved[i]);
+    }
+    // Back as they were, or as the application set them meanwhile on a
+    // thread of its own: what was saved here is hundreds of ms old by then
+    // (the provider's probing).
+    auto restore = [&]() {
+        for (std::size_t i = 0; i < std::size(kTouchedSignals); ++i) {
+            if (app_disposition_sets(kTouchedSignals[i]) != sets[i])
+                put_back_app_disposition(kTouchedSignals[i]);
+            else
+                sigaction(kTouchedSignals[i], &saved[i], nullptr);
+        }
+    };
 
     fi_info *hints = api.dupinfo(nullptr);
     hints->ep_attr->type = FI_EP_RDM;
@@ -156,8 +171,7 @@ int endpoint_open(Endpoint &e, const char *provider, const char *unique) noexcep
     auto fail = [&](const char *what, int err) {
         SD_LOG(error, "fabric %s failed: %s", what, fabric_strerror(err));
         endpoint_close(e);
-        for (std::size_t i = 0; i < std::size(kTouchedSignals); ++i)
-            sigaction(kTouchedSignals[i], &saved[i], nullptr);
+        restore();
         return err < 0 ? err : -EIO;
     };
     if (rc) {
@@ -189,8 +203,7 @@ int endpoint_open(Endpoint &e, const char *provider, const char *unique) noexcep
     e.inject_size = e.info->tx_attr->inject_size;
     e.rma_iov_limit = e.info->tx_attr->iov_limit ? int(e.info->tx_attr->iov_limit) : 1;
 
-    for (std::size_t i = 0; i < std::size(kTouchedSignals); ++i)
-        sigaction(kTouchedSignals[i], &saved[i], nullptr);
+    restore();
     return 0;
 }
 

@@ -147,7 +147,13 @@ constexpr Setting table[] = {
 static_assert(sizeof(table) / sizeof(table[0]) == std::size_t(Key::count_));
 
 Settings values{};
-char registry_path[256];
+// Two, so that a process whose ids change derives its new registry into
+// the one nobody reads and then points `values.registry` at it.
+char registry_paths[2][256];
+int registry_turn = 0;
+// SDIRECT_REGISTRY as read at load: the environment may be written over
+// by then (a server's process title).
+const char *registry_setting = nullptr;
 char tune_path[512];
 
 const char *raw(Key key) noexcept {
@@ -201,6 +207,19 @@ int log_level(const char *text) noexcept {
 
 }  // namespace
 
+void derive_registry() noexcept {
+    const char *reg = registry_setting ? registry_setting : raw(Key::registry);
+    char *out = registry_paths[registry_turn];
+    registry_turn ^= 1;
+    char base[sizeof registry_paths[0]];
+    if (!std::strcmp(reg, table[std::size_t(Key::registry)].fallback))
+        std::snprintf(base, sizeof base, "/dev/shm/sdirect-%u", unsigned(getuid()));
+    else
+        std::snprintf(base, sizeof base, "%s", reg);
+    choose_registry(base, out, sizeof registry_paths[0]);
+    values.registry = out;
+}
+
 const Setting *setting_table(std::size_t *count) noexcept {
     *count = sizeof(table) / sizeof(table[0]);
     return table;
@@ -214,16 +233,11 @@ void load_settings() noexcept {
     // Copies: programs such as servers that set their process title write
     // over the environment strings later.
     values.provider = copy(raw(Key::provider));
-    const char *reg = raw(Key::registry);
-    char base[sizeof registry_path];
-    if (!std::strcmp(reg, table[std::size_t(Key::registry)].fallback))
-        std::snprintf(base, sizeof base, "/dev/shm/sdirect-%u", unsigned(getuid()));
-    else
-        std::snprintf(base, sizeof base, "%s", reg);
-    // Decided here, before any thread exists, so that it never changes
-    // under a reader; a name another user took is passed over.
-    choose_registry(base, registry_path, sizeof registry_path);
-    values.registry = registry_path;
+    // Decided here, before any thread exists; a name another user took
+    // is passed over.
+    registry_setting = copy(raw(Key::registry));
+    derive_registry();
+    const char *reg = registry_setting;
     values.window = integer(Key::window);
     values.chunk = integer(Key::chunk);
     if (values.chunk < 64) values.chunk = 64;

@@ -91,5 +91,9 @@ const Settings &settings() noexcept;
 // Reads the environment. Unparsable values keep the default and are
 // reported once on stderr (one line each).
 void load_settings() noexcept;
+// The registry for the real uid in force (SDIRECT_REGISTRY's UID): at
+// load, and again when a process that holds nothing of the fabric changes
+// its ids (afresh.cpp). Never while an engine exists.
+void derive_registry() noexcept;
 
 }  // namespace sd::transport

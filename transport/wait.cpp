@@ -1,5 +1,7 @@
 #include "wait.hpp"
 
+#include "log.hpp"
+#include "registry.hpp"
 #include "settings.hpp"
 #include "sys.hpp"
 
@@ -8,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <csignal>
 #include <ctime>
@@ -183,18 +186,27 @@ struct SpinTable {
     int count = 0;
 };
 
-SpinTable map_spin_table() noexcept {
-    SpinTable t;
+// The registry's spin file, mapped at `at` (MAP_FIXED) or anywhere.
+void *map_spin_file(void *at) noexcept {
     char path[300];
     std::snprintf(path, sizeof path, "%s/spin", settings().registry);
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd < 0) return t;
+    if (fd < 0) return MAP_FAILED;
     const std::size_t size = kMaxSpinSlots * sizeof(std::uint64_t);
     void *m = ftruncate(fd, off_t(size)) == 0
-                  ? mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                  ? mmap(at, size, PROT_READ | PROT_WRITE, MAP_SHARED | (at ? MAP_FIXED : 0), fd, 0)
                   : MAP_FAILED;
     sys.close(fd);
+    return m;
+}
+
+std::atomic<bool> spin_mapped{false};
+
+SpinTable map_spin_table() noexcept {
+    SpinTable t;
+    void *m = map_spin_file(nullptr);
     if (m == MAP_FAILED) return t;
+    spin_mapped.store(true, std::memory_order_release);
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     t.slots = static_cast<std::atomic<std::uint64_t> *>(m);
     t.count = int(std::clamp<long>(cpus, 1, kMaxSpinSlots));
@@ -213,6 +225,17 @@ void spin_table_detach() noexcept {
     if (t.slots)
         (void)mmap(static_cast<void *>(t.slots), kMaxSpinSlots * sizeof(std::uint64_t),
                    PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+}
+
+void spin_table_reattach() noexcept {
+    // Never mapped: the first wait maps the new registry's file.
+    if (!spin_mapped.load(std::memory_order_acquire)) return;
+    const SpinTable &t = spin_table();
+    // Our registry as the new uid (what the engine's build makes anyway);
+    // without it the map stays private.
+    if (t.slots && claim_registry(settings().registry) == 0 &&
+        map_spin_file(static_cast<void *>(t.slots)) == MAP_FAILED)
+        SD_LOG(info, "spin file of %s not mapped: %s", settings().registry, std::strerror(errno));
 }
 
 namespace {

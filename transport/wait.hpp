@@ -51,6 +51,10 @@ int thread_bell() noexcept;
 // its map becomes private memory in place, so a waiter of ours that looks
 // at it meanwhile finds zeros, and the file's owner is left alone.
 void spin_table_detach() noexcept;
+// The process changed its ids before any use of the fabric (afresh.cpp):
+// a spin file it had mapped (now private zeros) is mapped again, in
+// place, from the registry of its new ids.
+void spin_table_reattach() noexcept;
 
 class SpinSlot {
   public:

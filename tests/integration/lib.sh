@@ -493,3 +493,98 @@ it_finish() {
     echo "FAIL $it_name ($it_label): $it_failures of $it_checks checks failed"
     exit 1
 }
+
+# it_as USER: sets it_as_words to the words that run a program as USER,
+# its uid, primary gid and groups, as systemd's User= does.
+it_as() {
+    it_as_words=(setpriv "--reuid=$(id -u "$1")" "--regid=$(id -g "$1")" --init-groups)
+}
+
+# it_shared_tmp: processes of other users may write their stats and logs
+# in $it_tmp (root's scratch folder otherwise).
+it_shared_tmp() {
+    chmod 0777 "$it_tmp"
+}
+
+# it_uids_of PID: the real uids of PID's children, sorted, one line.
+it_child_uids() {
+    ps -o uid= --ppid "$1" 2>/dev/null | tr -d ' ' | sort -u | tr '\n' ' '
+}
+
+# it_keeps_old_registry PID REGISTRY OLD: PID maps a file of REGISTRY or
+# the fabric region of process OLD (its parent, before a fork), or holds a
+# control socket bound in REGISTRY; prints what, status 0 if so.
+it_keeps_old_registry() {
+    local pid="$1" reg="$2" old="$3" ino found=1
+    if grep -E "($reg/|/dev/shm/sd$old-)" "/proc/$pid/maps" 2>/dev/null | head -n 1 | grep .; then
+        found=0
+    fi
+    for ino in $(awk -v r="$reg/ctl-" 'index($8, r) == 1 { print $7 }' /proc/net/unix 2>/dev/null); do
+        if ls -l "/proc/$pid/fd" 2>/dev/null | grep -q "socket:\[$ino\]"; then
+            echo "control socket inode $ino of $reg"
+            found=0
+        fi
+    done
+    return $found
+}
+
+# it_stats_open ROLE...: creates each ROLE's stats file, writable by every
+# user (a service's processes of several uids append to it).
+it_stats_open() {
+    local role
+    for role in "$@"; do
+        : >>"$it_tmp/$role.stats"
+        chmod 0666 "$it_tmp/$role.stats"
+    done
+}
+
+# it_fetch_as NAME USER PORT ROOT FILE...: http_fetch.py as USER (root:
+# as it is) against 127.0.0.1:PORT serving ROOT, role NAME-client; each
+# line it prints is a check.
+it_fetch_as() {
+    local name="$1" user="$2" port="$3" root="$4" rc line pre=()
+    shift 4
+    if [[ "$user" != root ]]; then
+        it_as "$user"
+        pre=("${it_as_words[@]}")
+    fi
+    it_run "$name-client" 40 "${pre[@]}" "$it_py" "$it_dir/http_fetch.py" "$port" "$root" "$@" \
+        </dev/null >"$it_tmp/$name-client.log" 2>&1
+    rc=$?
+    if ((rc == 0)); then
+        while read -r line; do it_ok "$name: http_fetch.py as $user: $line"; done <"$it_tmp/$name-client.log"
+    else
+        it_bad "$name: http_fetch.py as $user: $(it_status "$rc"); $(tail -n 1 "$it_tmp/$name-client.log")"
+    fi
+}
+
+# it_curl_as NAME USER PORT FILE: 4 curl processes as USER, one after the
+# other, each 2 keep-alive GETs of /FILE from 127.0.0.1:PORT, every body
+# compared by sha256 with FILE's on disk ($4 is its path; its name is
+# the URL's), role NAME-client. One process per connection: 4
+# connections from one process at once hang at times between two uids
+# (SDIRECT_CROSS_USER=1; nginx started as www-data without any id change
+# too), which is that setting's matter, not the tests'.
+it_curl_as() {
+    local name="$1" user="$2" port="$3" file="$4" k rc want got ok=0 pre=()
+    if [[ "$user" != root ]]; then
+        it_as "$user"
+        pre=("${it_as_words[@]}")
+    fi
+    want="$(sha256sum <"$file")"
+    for ((k = 1; k <= 4; k++)); do
+        rm -f "$it_tmp/$name-a.bin" "$it_tmp/$name-b.bin"
+        it_run "$name-client" 20 "${pre[@]}" curl -sS --max-time 15 \
+            -o "$it_tmp/$name-a.bin" "http://127.0.0.1:$port/$(basename "$file")" \
+            -o "$it_tmp/$name-b.bin" "http://127.0.0.1:$port/$(basename "$file")" \
+            </dev/null >>"$it_tmp/$name-client.log" 2>&1
+        rc=$?
+        got="$(sha256sum <"$it_tmp/$name-a.bin" 2>/dev/null) $(sha256sum <"$it_tmp/$name-b.bin" 2>/dev/null)"
+        if ((rc == 0)) && [[ "$got" == "$want $want" ]]; then
+            ok=$((ok + 1))
+        else
+            it_bad "$name: curl $k as $user: $(it_status "$rc"); bodies differ or are missing"
+        fi
+    done
+    it_check $((ok != 4)) "$name: 4 curl processes as $user, each 2 keep-alive GETs of $(basename "$file"): $ok of 4 intact"
+}

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# Processes that change their ids, each in an echo of 3 MB (pieces of
+# 1 B to 1 MiB, counts and SHA-256 on both ends) with xuser_echo.py's
+# client:
+#   before-listen: a root server that becomes nobody before it listens
+#     (it holds nothing of the fabric then) goes on as nobody: with a
+#     nobody client and every setting at its default, both ends direct.
+#   fork: a root server that listens (its fabric engine is built there),
+#     forks, and whose child becomes nobody and serves (a pre-fork
+#     server's worker): direct with a nobody client, and the child keeps
+#     no map of root's registry or of the parent's region, nor its
+#     control socket.
+#   after-listen: a root server that listens (its engine is built there)
+#     and then becomes nobody itself, before any connection: the unused
+#     engine is given up, the server goes on as nobody, direct with a
+#     nobody client, and nothing of its old engine stays (files in root's
+#     registry and /dev/shm, maps, control socket).
+#   not-dumpable: as before-listen, but the server does not make itself
+#     dumpable again after the change (the kernel makes it not dumpable):
+#     the connection stays on TCP, reason not_dumpable on both ends
+#     (process_vm_* would be refused), and not privilege.
+#   holds-direct: a root server whose connection with a root client is
+#     direct, and that becomes nobody after 1 MiB: the connection goes on
+#     over the kernel, byte-exact, reason privilege on both ends (direct
+#     first: one upgrade, one leave).
+#   seteuid: a root server that changes only its effective uid (mixed
+#     ids) retires as before: its connection is never tracked, and the
+#     client (root) finds no entry (no_peer).
+source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/private_shm.sh"
+source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib.sh"
+it_need setpriv:util-linux
+getent passwd nobody >/dev/null || it_skip "user nobody is needed"
+it_preflight
+it_shared_tmp
+
+nobody=$(id -u nobody)
+nogroup=$(id -g nobody)
+it_as nobody
+as_nobody=("${it_as_words[@]}")
+bytes=3000000
+
+# echo_pair NAME CLIENT-AS SERVER-ARG...: one server and its client.
+echo_pair() {
+    local name="$1" cli_as="$2" port srv rc pre=() sent recv_c recv_s
+    shift 2
+    port="$(it_free_port)"
+    pair_port=$port
+    : >"$it_tmp/$name-server.stats"
+    chmod 0666 "$it_tmp/$name-server.stats"
+    it_start "$name-server" 40 "$it_py" "$it_dir/privdrop_echo.py" --port "$port" --gid "$nogroup" "$@"
+    srv=$it_pid
+    if ! it_wait_listen "$port" "$srv"; then
+        it_bad "$name: server did not listen on 127.0.0.1:$port"
+        it_stop "$srv" TERM 3
+        return 1
+    fi
+    [[ "$cli_as" == nobody ]] && pre=("${as_nobody[@]}")
+    it_run "$name-client" 30 "${pre[@]}" "$it_py" "$it_dir/xuser_echo.py" client --port "$port" \
+        --bytes "$bytes" </dev/null >"$it_tmp/$name-client.log" 2>&1
+    rc=$?
+    it_check "$rc" "$name: client ($cli_as) $(it_status "$rc")"
+    if it_reap "$srv" 10; then
+        it_check "$it_stop_rc" "$name: server $it_stop_text"
+    else
+        it_bad "$name: server still running 10 s after its client ended"
+    fi
+    sent="$(awk '/^client sent/ {print $3, $4}' "$it_tmp/$name-client.log")"
+    recv_c="$(awk '/^client received/ {print $3, $4}' "$it_tmp/$name-client.log")"
+    recv_s="$(awk '/^server received/ {print $3, $4}' "$it_tmp/$name-server.log")"
+    if [[ -n "$sent" && "$sent" == "$recv_s" && "$sent" == "$recv_c" && "${sent%% *}" == "$bytes" ]]; then
+        it_ok "$name: $bytes bytes each way, byte-exact (${sent#* })"
+    else
+        it_bad "$name: sent '$sent', server received '$recv_s', client received back '$recv_c'"
+    fi
+    return 0
+}
+
+if echo_pair before-listen nobody --before-listen "$nobody"; then
+    it_expect_mode "$pair_port" before-listen-server direct none "rx_fabric+rx_kernel=$bytes" "tx_fabric>0"
+    it_expect_mode "$pair_port" before-listen-client direct none "tx_fabric+tx_kernel=$bytes" "tx_fabric>0"
+fi
+
+if echo_pair fork nobody --fork "$nobody"; then
+    line="$(grep '^inherited' "$it_tmp/fork-server.log")"
+    if ((it_kernel)); then
+        it_log "inherited maps check skipped (SDIRECT_IT_KERNEL=1): $line"
+    else
+        [[ "$line" == "inherited ok" ]]
+        it_check $? "fork: the child (nobody) keeps nothing of root's registry or of the parent's region: $line"
+    fi
+    it_expect_mode "$pair_port" fork-server direct none "rx_fabric+rx_kernel=$bytes" "tx_fabric>0"
+    # The child builds its engine at its first connection: the client's
+    # bytes may all have gone before the upgrade, the echo after it.
+    it_expect_mode "$pair_port" fork-client direct none "tx_fabric+tx_kernel=$bytes" \
+        "tx_fabric+rx_fabric>0"
+fi
+
+if echo_pair after-listen nobody --after-listen "$nobody"; then
+    line="$(grep '^inherited' "$it_tmp/after-listen-server.log")"
+    if ((it_kernel)); then
+        it_log "old engine check skipped (SDIRECT_IT_KERNEL=1): $line"
+    else
+        [[ "$line" == "inherited ok" ]]
+        it_check $? "after-listen: nothing of the engine built as root stays: $line"
+    fi
+    it_expect_mode "$pair_port" after-listen-server direct none "rx_fabric+rx_kernel=$bytes" \
+        "tx_fabric+rx_fabric>0"
+    it_expect_mode "$pair_port" after-listen-client direct none "tx_fabric+tx_kernel=$bytes" \
+        "tx_fabric+rx_fabric>0"
+fi
+
+if echo_pair not-dumpable nobody --before-listen "$nobody" --not-dumpable; then
+    it_expect_mode "$pair_port" not-dumpable-server kernel not_dumpable "tx_fabric=0"
+    it_expect_mode "$pair_port" not-dumpable-client kernel not_dumpable "tx_fabric=0"
+fi
+
+# xuser_echo.py's own server drops mid-stream (--drop-to).
+port="$(it_free_port)"
+: >"$it_tmp/holds-direct-server.stats"
+chmod 0666 "$it_tmp/holds-direct-server.stats"
+it_start holds-direct-server 40 "$it_py" "$it_dir/xuser_echo.py" server --port "$port" --drop-to "$nobody"
+srv=$it_pid
+if it_wait_listen "$port" "$srv"; then
+    it_run holds-direct-client 30 "$it_py" "$it_dir/xuser_echo.py" client --port "$port" \
+        --bytes "$bytes" </dev/null >"$it_tmp/holds-direct-client.log" 2>&1
+    rc=$?
+    it_check "$rc" "holds-direct: client (root) $(it_status "$rc")"
+    it_reap "$srv" 10
+    it_check "$it_stop_rc" "holds-direct: server (root, then nobody) $it_stop_text"
+    sent="$(awk '/^client sent/ {print $3, $4}' "$it_tmp/holds-direct-client.log")"
+    recv_c="$(awk '/^client received/ {print $3, $4}' "$it_tmp/holds-direct-client.log")"
+    recv_s="$(awk '/^server received/ {print $3, $4}' "$it_tmp/holds-direct-server.log")"
+    [[ -n "$sent" && "$sent" == "$recv_s" && "$sent" == "$recv_c" && "${sent%% *}" == "$bytes" ]]
+    it_check $? "holds-direct: $bytes bytes each way, byte-exact: sent '$sent', server '$recv_s', back '$recv_c'"
+    # (Its receive counters may count bytes the leave handed back twice:
+    # the byte checks above are the ones that hold.)
+    it_expect_mode "$port" holds-direct-server kernel privilege "upgrades=1" "leaves=1" \
+        "tx_fabric>0"
+    it_expect_mode "$port" holds-direct-client kernel privilege "upgrades=1" "tx_fabric>0" \
+        "tx_fabric+tx_kernel=$bytes"
+else
+    it_bad "holds-direct: server did not listen on 127.0.0.1:$port"
+    it_stop "$srv" TERM 3
+fi
+
+if echo_pair seteuid root --seteuid "$nobody"; then
+    if ((!it_kernel)); then
+        n="$(it_stats_summary "$it_tmp/seteuid-server.stats" "$pair_port" | cut -d' ' -f1)"
+        ((n == 0))
+        it_check $? "seteuid: the server (ids mixed) tracks no connection: $n in its stats"
+    fi
+    it_expect_mode "$pair_port" seteuid-client kernel no_peer "tx_fabric=0"
+fi
+it_finish

@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+# Echo server that changes its ids (privdrop.sh), for a client of
+# xuser_echo.py. Prints the count and SHA-256 of what it received.
+#
+# --before-listen UID: becomes UID (groups, gid, uid: setgroups,
+# setresgid, setresuid) before it listens: it holds nothing of the
+# fabric then.
+# --fork UID: listens as it is (a server builds its fabric engine at
+# listen), waits --settle seconds, forks; the child becomes UID and
+# serves, as a pre-fork server's worker does. Before it accepts, the
+# child prints "inherited ok" when it maps no file of the old registry
+# (--old-registry) nor the parent's fabric region and holds no control
+# socket bound in the old registry, else what it keeps.
+# --after-listen UID: listens as it is (its fabric engine is built
+# there), waits --settle seconds, then becomes UID itself and serves, as a
+# daemon that binds its port as root does. Before it accepts it prints
+# "inherited ok" when it maps no file of the old registry nor its old
+# fabric region, holds no control socket bound in the old registry, and
+# the old registry and /dev/shm hold no file of its old engine.
+# --seteuid UID: only the effective uid changes (the ids are mixed
+# afterwards), before it listens.
+# After a change of uid the kernel makes a process not dumpable; like
+# nginx's workers, the server makes itself dumpable again
+# (prctl(PR_SET_DUMPABLE, 1)) unless --not-dumpable.
+import argparse
+import ctypes
+import hashlib
+import os
+import socket
+import sys
+import time
+
+
+def inherited(old_registry, parent, files=False):
+    kept = []
+    if files:
+        for name in (f"p{parent}", f"ctl-{parent}"):
+            if os.path.exists(os.path.join(old_registry, name)):
+                kept.append(f"file {old_registry}/{name}")
+        for name in os.listdir("/dev/shm"):
+            st = os.stat(os.path.join("/dev/shm", name))
+            if name.startswith(f"sd{parent}-") and st.st_uid != os.getuid():
+                kept.append(f"region /dev/shm/{name} of uid {st.st_uid}")
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(None, 5)
+            path = parts[5].strip() if len(parts) == 6 else ""
+            if path.startswith(old_registry + "/") or path.startswith(f"/dev/shm/sd{parent}-"):
+                kept.append(path)
+    inodes = set()
+    with open("/proc/net/unix") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 8 and parts[7].startswith(old_registry + "/ctl-"):
+                inodes.add(parts[6])
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:[") and target[8:-1] in inodes:
+            kept.append(f"fd {fd}: control socket {target}")
+    return "inherited ok" if not kept else f"inherited kept {kept}"
+
+
+DUMPABLE = True
+
+
+def drop(uid, gid):
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    if DUMPABLE:
+        PR_SET_DUMPABLE = 4
+        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE)")
+
+
+def serve(s):
+    c, _ = s.accept()
+    h = hashlib.sha256()
+    n = 0
+    while True:
+        b = c.recv(1 << 20)
+        if not b:
+            break
+        h.update(b)
+        n += len(b)
+        c.sendall(b)
+    print("server received", n, h.hexdigest(), flush=True)
+    c.close()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--before-listen", type=int)
+    p.add_argument("--fork", type=int)
+    p.add_argument("--after-listen", type=int)
+    p.add_argument("--seteuid", type=int)
+    p.add_argument("--gid", type=int, default=65534)
+    p.add_argument("--settle", type=float, default=1.0)
+    p.add_argument("--old-registry", default="/dev/shm/sdirect-0")
+    p.add_argument("--not-dumpable", action="store_true")
+    a = p.parse_args()
+    global DUMPABLE
+    DUMPABLE = not a.not_dumpable
+    if a.before_listen is not None:
+        drop(a.before_listen, a.gid)
+    if a.seteuid is not None:
+        os.seteuid(a.seteuid)
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", a.port))
+    s.listen(4)
+    if a.after_listen is not None:
+        time.sleep(a.settle)
+        drop(a.after_listen, a.gid)
+        print(inherited(a.old_registry, os.getpid(), files=True), flush=True)
+    if a.fork is None:
+        serve(s)
+        return 0
+    time.sleep(a.settle)
+    sys.stdout.flush()
+    kid = os.fork()
+    if kid == 0:
+        try:
+            drop(a.fork, a.gid)
+            print(inherited(a.old_registry, os.getppid()), flush=True)
+            serve(s)
+        finally:
+            sys.stdout.flush()
+        sys.exit(0)
+    s.close()
+    _, status = os.waitpid(kid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+sys.exit(main())
