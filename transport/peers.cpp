@@ -28,12 +28,14 @@
 namespace sd::transport {
 
 Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why,
-                          const char *dir) noexcept {
-    // The doorbell is ours from here on every path: kept, or closed (each
-    // refused request would otherwise leave one open fd behind).
+                          const char *dir, int xl) noexcept {
+    // The doorbell and the link's reference are ours from here on every
+    // path: kept, or closed (each refused request would otherwise leave
+    // one open fd behind).
     auto refuse = [&](Reason r) -> Peer * {
         *why = r;
         if (doorbell >= 0) sys.close(doorbell);
+        link_put(xl);
         return nullptr;
     };
     for (std::uint32_t i = 0; i < npeers_; ++i) {
@@ -60,6 +62,7 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
         // the first doorbell offered is the one kept.
         if (doorbell >= 0 && q.doorbell < 0) q.doorbell = doorbell;
         else if (doorbell >= 0) sys.close(doorbell);
+        link_put(xl);  // the peer holds its own (the same link: found by the same name)
         return &q;
     }
     auto count_live = [&] {
@@ -80,7 +83,11 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
         return refuse(Reason::av_full);
     *p = Peer{};
     p->pid = pid;
-    {
+    if (dir) {
+        // Of another uid: nothing of the provider (xqlink.cpp).
+        if (xl < 0) return refuse(Reason::fabric_error);
+        p->addr = kQueueAddr;
+    } else {
         Guard guard;
         InProvider in;  // refused: the process is exiting
         int rc = in.ok() ? fi_av_insert(ep_.av, addr, 1, &p->addr, 0, nullptr) : 0;
@@ -109,7 +116,7 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
         if (fd >= 0) sys.close(fd);
         if (map == MAP_FAILED || static_cast<ProcPage *>(map)->header.pid != pid) {
             if (map != MAP_FAILED) munmap(map, sizeof(ProcPage));
-            {
+            if (!dir) {
                 Guard guard;
                 InProvider in;
                 if (in.ok()) fi_av_remove(ep_.av, &p->addr, 1, 0);
@@ -120,11 +127,15 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
         p->page = static_cast<ProcPage *>(map);
         p->doorbell = doorbell;
         p->cross = dir != nullptr;
-        if (dir) std::snprintf(p->dir, sizeof p->dir, "%s", dir);
+        if (dir) {
+            std::snprintf(p->dir, sizeof p->dir, "%s", dir);
+            p->xl = xl;
+            links_[xl].peer.store(p, std::memory_order_release);
+        }
         p->pidfd = int(syscall(SYS_pidfd_open, pid, 0));
     }
     std::snprintf(p->name, sizeof p->name, "%s", addr);
-    p->region.watch(addr, pid);
+    if (!p->cross) p->region.watch(addr, pid);  // no view of another uid's region
     p->conns = 1;
     page_->header.peers_attached.fetch_add(1, std::memory_order_relaxed);
     // The control thread watches its pidfd from now on.
@@ -156,7 +167,9 @@ void Engine::release_peer(Peer *p) noexcept {
 
 void Engine::drop_peer(Peer *p) noexcept {
     if (p->idle_since) --idle_peers_;
-    if (p->addr != FI_ADDR_UNSPEC) {  // else forget_peers() removed it
+    if (p->cross) {
+        link_put(p->xl);  // else forget_peers() let it go
+    } else if (p->addr != FI_ADDR_UNSPEC) {  // else forget_peers() removed it
         // Through the gate: a peer that ends while this process exits is
         // dropped by the control thread, and the provider's removal reads
         // the endpoint names libfabric's destructor frees (TSan: a

@@ -65,7 +65,12 @@ void Engine::forget_peers() noexcept {
                           "maps stay", int(p.pid));
             continue;
         }
-        {
+        if (p.cross) {
+            // Both queues unmapped (ours at once, where this thread may
+            // wait for progress; else by the next pass); a post of a
+            // connection that still names the peer finds no queue.
+            link_put(std::exchange(p.xl, -1));
+        } else {
             Guard guard;
             InProvider in;
             if (in.ok()) fi_av_remove(ep_.av, &p.addr, 1, 0);  // the provider unmaps the peer's region

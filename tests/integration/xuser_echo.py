@@ -12,8 +12,10 @@
 # shutdown, the server at EOF), every file of /dev/shm this process has
 # mapped (shm regions, process pages: its own and its peer's) is opened
 # by a process of UID, which must get EACCES for each; with --peer-uid,
-# a process of that uid must be able to open our region for reading and
-# writing, and our page for reading only. Prints "probe ok N" or why not.
+# a process of that uid must get EACCES on our region (never opened to
+# it) and be able to open our page for reading only. The peer's region is
+# not mapped at all, the two message queues are. Prints "probe ok N" or
+# why not.
 import argparse
 import hashlib
 import os
@@ -58,26 +60,42 @@ def probe(third, peer):
     paths = shm_maps()
     regions = [p for p in paths if os.path.basename(p).startswith("sd") and "/sdirect-" not in p]
     pages = [p for p in paths if "/sdirect-" in p and os.path.basename(p).startswith("p")]
-    if len(regions) < 2 or len(pages) < 2:
-        return f"probe: expected our own and the peer's region and page mapped, found {paths}"
+    mine = lambda ps: [p for p in ps if os.stat(p).st_uid == os.getuid()]
+    # Our own region and page, the peer's page; never the peer's region
+    # (its messages come by a queue of ours, not through the provider).
+    if len(mine(regions)) != 1 or len(regions) != 1 or len(pages) < 2:
+        return f"probe: expected our own region and page and the peer's page mapped, found {paths}"
+    queues = memfd_maps()
+    if len(queues) < 2:
+        return f"probe: expected our queue and the peer's mapped, found {queues}"
     got = as_user(third, "ro", paths)
     bad = {p: r for p, r in got.items() if r != "EACCES"}
     if bad or len(got) != len(paths):
         return f"probe: uid {third} got {got}; expected EACCES for all of {paths}"
     n = len(paths)
     if peer is not None:
-        # Our region read and write (the provider queues messages there),
-        # our page read only.
-        mine = lambda ps: [p for p in ps if os.stat(p).st_uid == os.getuid()]
-        want = {p: "opened" for p in mine(regions)}
+        # Our region not at all, our page read only.
+        want = {p: "EACCES" for p in mine(regions) + mine(pages)}
         got = as_user(peer, "rw", mine(regions) + mine(pages))
-        want.update({p: "EACCES" for p in mine(pages)})
-        got_ro = as_user(peer, "ro", mine(pages))
-        if len(want) < 2 or got != want or any(r != "opened" for r in got_ro.values()) \
-                or len(got_ro) != len(mine(pages)):
-            return f"probe: the peer's uid {peer} got {got} and read only {got_ro}; expected {want}"
+        got_ro = as_user(peer, "ro", mine(regions) + mine(pages))
+        want_ro = {p: "EACCES" for p in mine(regions)}
+        want_ro.update({p: "opened" for p in mine(pages)})
+        if len(want) < 2 or got != want or got_ro != want_ro:
+            return (f"probe: the peer's uid {peer} got {got} read-write and {got_ro} read only; "
+                    f"expected {want} and {want_ro}")
         n += len(want) + len(got_ro)
     return f"probe ok {n}"
+
+
+def memfd_maps():
+    # The message queues (sealed memfds) this process has mapped.
+    found = set()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(None, 5)
+            if len(parts) == 6 and parts[5].startswith("/memfd:sdirect-queue"):
+                found.add(parts[0])
+    return sorted(found)
 
 
 def not_ours():
@@ -107,15 +125,15 @@ def server(a):
         c.sendall(b)
         if a.drop_to is not None and not dropped and n >= a.drop_after:
             # Mid-stream, the connection direct: become another user.
-            before = not_ours()
+            before = not_ours() + memfd_maps()
             os.setgroups([])
             os.setresgid(a.drop_to, a.drop_to, a.drop_to)
             os.setresuid(a.drop_to, a.drop_to, a.drop_to)
             dropped = True
     if dropped:
         # Nothing of the peer stays mapped: every shm file still mapped
-        # is one of ours (its name carries our pid).
-        after = not_ours()
+        # is one of ours (its name carries our pid), and no queue.
+        after = not_ours() + memfd_maps()
         ok = before and not after
         print("maps", "ok" if ok else f"of the peer before {before}, after {after}", flush=True)
     if a.probe is not None:
