@@ -5,6 +5,10 @@
 # while a thread reads the echo back; both ends print the count and
 # SHA-256 of what they received, the client also of what it sent.
 #
+# --clients N (server): N connections at once, one thread each, each
+# line "server conn I received N SHA" or "server conn I broke ...".
+# --seconds S (client): sends for S seconds (at least --bytes).
+#
 # --check-acl UID (client): before its shutdown, the client's own shm
 # region must not be opened to UID; prints "acl ok" or to whom it is.
 #
@@ -24,6 +28,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 CHECK = r"""
 import errno, os, sys
@@ -107,11 +112,43 @@ def not_ours():
                     or os.path.basename(p) == "spin")]
 
 
+def serve_many(s, n):
+    # --clients N: N connections at once, a thread each; one that breaks
+    # (a hostile peer's) ends alone, and each says what it received.
+    def echo(c, i):
+        h = hashlib.sha256()
+        got = 0
+        try:
+            while True:
+                b = c.recv(1 << 20)
+                if not b:
+                    break
+                h.update(b)
+                got += len(b)
+                c.sendall(b)
+            print(f"server conn {i} received", got, h.hexdigest(), flush=True)
+        except OSError as e:
+            print(f"server conn {i} broke after {got} bytes: {e}", flush=True)
+        c.close()
+    threads = []
+    for i in range(n):
+        c, _ = s.accept()
+        t = threading.Thread(target=echo, args=(c, i))
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join()
+
+
 def server(a):
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind(("127.0.0.1", a.port))
     s.listen(4)
+    if a.clients > 1:
+        serve_many(s, a.clients)
+        print("server done", flush=True)
+        return
     c, _ = s.accept()
     h = hashlib.sha256()
     n = 0
@@ -177,8 +214,9 @@ def client(a):
     sent = 0
     sizes = [1, 100, 4000, 5000, 65536, 200000, 1 << 20, 7]
     i = 0
-    while sent < a.bytes:
-        k = min(sizes[i % len(sizes)], a.bytes - sent)
+    end = time.monotonic() + a.seconds
+    while sent < a.bytes or time.monotonic() < end:
+        k = sizes[i % len(sizes)] if a.seconds else min(sizes[i % len(sizes)], a.bytes - sent)
         at = rnd.randrange(0, len(pattern) - k + 1)
         piece = pattern[at:at + k]
         c.sendall(piece)
@@ -212,5 +250,7 @@ p.add_argument("--drop-to", type=int)
 p.add_argument("--bind-port", type=int)
 p.add_argument("--check-acl", type=int)
 p.add_argument("--drop-after", type=int, default=1 << 20)
+p.add_argument("--clients", type=int, default=1)
+p.add_argument("--seconds", type=float, default=0)
 a = p.parse_args()
 server(a) if a.role == "server" else client(a)
