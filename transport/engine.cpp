@@ -342,6 +342,9 @@ void Engine::complete_write(WriteOp *op, int state) noexcept {
 
 int Engine::rma(Conn *c, const iovec *iov, int iovcnt, const fi_rma_iov *remote, int nremote,
                 bool write, std::uint64_t flags) noexcept {
+    // A peer of another uid is in no address vector: nothing of the
+    // provider ever names it (deliver() refuses what would lead here).
+    if (c->peer->cross) return -EIO;
     if (!rma_slot.op) rma_slot.op = new (std::nothrow) WriteOp;
     WriteOp *op = rma_slot.op;
     if (!op) return -ENOMEM;
@@ -555,7 +558,17 @@ void Engine::ring(const Peer *p) noexcept {
     // Pairs with the sleeper's increment-then-recheck (wait.cpp): either it
     // sees our message on its recheck, or we see it counted here.
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (p->page->header.sleepers.load(std::memory_order_relaxed) == 0 || p->doorbell < 0) return;
+    std::uint32_t sleepers = 0;
+    if (!p->cross) {
+        sleepers = p->page->header.sleepers.load(std::memory_order_relaxed);
+    } else if (const int xl = p->xl; xl >= 0) {
+        // Its count, as it copies it into the queue we write (we never map
+        // its page: announce_sleep).
+        std::lock_guard out(links_[xl].out.lock);
+        if (const char *q = links_[xl].out.base)
+            sleepers = reinterpret_cast<const XqHeader *>(q)->sleepers.load(std::memory_order_relaxed);
+    }
+    if (sleepers == 0 || p->doorbell < 0) return;
     std::uint64_t one = 1;
     (void)sys.write(p->doorbell, &one, sizeof one);
 }
@@ -572,10 +585,10 @@ void Engine::maybe_return_credits(Conn *c) noexcept {
 }
 
 std::uint64_t Engine::peer_read(const Conn *c) const noexcept {
-    const ProcPage *pg = c->peer ? c->peer->page : nullptr;
-    if (!pg || c->peer_id >= kSlots) return kNoOffset;
-    const ConnStat &s = pg->slots[c->peer_id];
-    return s.rx_fabric.load(std::memory_order_acquire) - s.rx_queued.load(std::memory_order_acquire);
+    ConnStat buf;
+    const ConnStat *s = peer_slot(c->peer, c->peer_id, &buf);
+    if (!s) return kNoOffset;
+    return s->rx_fabric.load(std::memory_order_acquire) - s->rx_queued.load(std::memory_order_acquire);
 }
 
 void Engine::peer_died(Conn *c) noexcept {

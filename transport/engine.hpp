@@ -44,6 +44,7 @@ struct Peer {
     // uid's registry.
     bool cross = false;
     int xl = -1;
+    int page_fd = -1;  // its page, read with pread (page points to zeros)
     char dir[64] = {};
 };
 
@@ -313,6 +314,15 @@ class Engine {
     void announce_switch_locked(Conn *c) noexcept;
     // Rings the peer's doorbell if one of its threads sleeps.
     void ring(const Peer *p) noexcept;
+    // A thread of ours goes to sleep (+1) or wakes (-1): our process page
+    // counts it, and, for peers of other uids, which never map our page,
+    // the queues they write to (seq_cst: a sleeper's recheck follows).
+    void announce_sleep(int delta) noexcept;
+    // Slot `id` of the peer's process page (nullptr: none). A peer of
+    // another uid owns that file and may shrink it: its slot is read with
+    // pread into `buf`, never through a map (a read past its end would be
+    // SIGBUS); for others, the slot in the mapped page.
+    const ConnStat *peer_slot(const Peer *p, std::uint32_t id, ConnStat *buf) const noexcept;
     // Our bytes went on the fabric (tx_lock held): after the peer's FIN,
     // the first time, its process is made to take them (abort.cpp).
     void sent_past_fin_locked(Conn *c) noexcept;
@@ -477,6 +487,10 @@ class Engine {
     void poison_link(XLink &l) noexcept;
     XLink links_[kMaxLinks];
     std::atomic<std::uint32_t> links_used_{0};  // slots not free: progress's one test
+    // Orders the copies of our sleepers count into the links' queues
+    // (outside the ranked order: nothing is taken under it).
+    std::mutex mirror_lock_;
+    void mirror_sleepers_locked() noexcept;
     char xq_msg_[sizeof(MsgHeader) + kMaxInline];  // a message copied out (progress_lock_)
 
     // Opens our process page to `uid` (SDIRECT_CROSS_USER):

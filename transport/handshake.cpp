@@ -126,7 +126,10 @@ bool Engine::acceptor_will_ask(const Conn *c, const Entry &e) noexcept {
             std::strncmp(p.name, e.addr, sizeof p.name) != 0)
             continue;
         std::atomic_thread_fence(std::memory_order_seq_cst);
-        const std::uint64_t stamp = p.page->slots[e.conn_id].lookup_ns.load(std::memory_order_relaxed);
+        ConnStat buf;
+        const ConnStat *s = peer_slot(&p, e.conn_id, &buf);
+        if (!s) return false;
+        const std::uint64_t stamp = s->lookup_ns.load(std::memory_order_relaxed);
         return stamp == 0 || stamp > ours;
     }
     return false;

@@ -17,6 +17,7 @@
 #include "settings.hpp"
 #include "sys.hpp"
 
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <fcntl.h>
@@ -26,6 +27,13 @@
 #include <unistd.h>
 
 namespace sd::transport {
+namespace {
+
+// The page of every peer of another uid, as far as a map would show it:
+// zeros (its page is only ever read with pread: Engine::peer_slot).
+ProcPage absent_page{};
+
+}  // namespace
 
 Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why,
                           const char *dir, int xl) noexcept {
@@ -101,22 +109,43 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
         p->page = page_;
         p->doorbell = doorbell_;
         if (doorbell >= 0) sys.close(doorbell);
+    } else if (dir) {
+        // Of another uid: its page is opened to us read only, and never
+        // mapped (it owns the file and could shrink it under a map: a read
+        // past its end is SIGBUS). The few reads of it are preads
+        // (peer_slot); `page` points to zeros, and its sleepers count comes
+        // through its queue (ring).
+        char path[300];
+        std::snprintf(path, sizeof path, "%s/p%d", dir, int(pid));
+        int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        std::int32_t owner = 0;
+        if (fd < 0 || pread(fd, &owner, sizeof owner, offsetof(ProcHeader, pid)) != sizeof owner ||
+            owner != pid) {
+            if (fd >= 0) sys.close(fd);
+            *p = Peer{};
+            return refuse(Reason::peer_refused);
+        }
+        p->page = &absent_page;
+        p->page_fd = fd;
+        p->doorbell = doorbell;
+        p->cross = true;
+        std::snprintf(p->dir, sizeof p->dir, "%s", dir);
+        p->xl = xl;
+        links_[xl].peer.store(p, std::memory_order_release);
+        p->pidfd = int(syscall(SYS_pidfd_open, pid, 0));
     } else {
         char path[300];
-        std::snprintf(path, sizeof path, "%s/p%d", dir ? dir : settings().registry, int(pid));
+        std::snprintf(path, sizeof path, "%s/p%d", settings().registry, int(pid));
         // Writable for the claim words of its advertised recv buffers
-        // (write zero-copy); everything else in it we only read. A peer
-        // of another uid opens it to us read only, and its sinks never go
-        // by the claim word.
-        const bool ro = dir != nullptr;
-        int fd = open(path, (ro ? O_RDONLY : O_RDWR) | O_CLOEXEC);
+        // (write zero-copy); everything else in it we only read.
+        int fd = open(path, O_RDWR | O_CLOEXEC);
         void *map = fd < 0 ? MAP_FAILED
-                           : mmap(nullptr, sizeof(ProcPage),
-                                  ro ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+                           : mmap(nullptr, sizeof(ProcPage), PROT_READ | PROT_WRITE, MAP_SHARED,
+                                  fd, 0);
         if (fd >= 0) sys.close(fd);
         if (map == MAP_FAILED || static_cast<ProcPage *>(map)->header.pid != pid) {
             if (map != MAP_FAILED) munmap(map, sizeof(ProcPage));
-            if (!dir) {
+            {
                 Guard guard;
                 InProvider in;
                 if (in.ok()) fi_av_remove(ep_.av, &p->addr, 1, 0);
@@ -126,12 +155,6 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
         }
         p->page = static_cast<ProcPage *>(map);
         p->doorbell = doorbell;
-        p->cross = dir != nullptr;
-        if (dir) {
-            std::snprintf(p->dir, sizeof p->dir, "%s", dir);
-            p->xl = xl;
-            links_[xl].peer.store(p, std::memory_order_release);
-        }
         p->pidfd = int(syscall(SYS_pidfd_open, pid, 0));
     }
     std::snprintf(p->name, sizeof p->name, "%s", addr);
@@ -180,7 +203,11 @@ void Engine::drop_peer(Peer *p) noexcept {
         if (in.ok()) fi_av_remove(ep_.av, &p->addr, 1, 0);
     }
     if (p->pid != pid_) {
-        munmap(const_cast<ProcPage *>(p->page), sizeof(ProcPage));
+        if (p->cross) {
+            if (p->page_fd >= 0) sys.close(p->page_fd);
+        } else {
+            munmap(const_cast<ProcPage *>(p->page), sizeof(ProcPage));
+        }
         if (p->doorbell >= 0) sys.close(p->doorbell);
         if (p->pidfd >= 0) sys.close(p->pidfd);
     }

@@ -16,9 +16,11 @@
 #include "sys.hpp"
 
 #include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <unistd.h>
 
 namespace sd::transport {
 
@@ -52,10 +54,56 @@ int Engine::link_for(pid_t pid, const char *name) noexcept {
     l.pid = pid;
     std::snprintf(l.name, sizeof l.name, "%s", name);
     l.refs = 1;
-    links_used_.fetch_add(1, std::memory_order_relaxed);
+    // Counted before our sleepers are copied in: a thread that announces
+    // its sleep either sees the count (and copies into this queue too) or
+    // is in the page's count copied here (announce_sleep: the two fences).
+    links_used_.fetch_add(1, std::memory_order_seq_cst);
+    {
+        std::lock_guard mirror(mirror_lock_);
+        reinterpret_cast<XqHeader *>(base)->sleepers.store(
+            page_->header.sleepers.load(std::memory_order_seq_cst), std::memory_order_seq_cst);
+    }
     // Everything above before progress sees the slot live.
     l.state.store(kLinkLive, std::memory_order_release);
     return int(&l - links_);
+}
+
+void Engine::announce_sleep(int delta) noexcept {
+    auto &sleepers = page_->header.sleepers;
+    if (!links_used_.load(std::memory_order_seq_cst)) {
+        sleepers.fetch_add(std::uint32_t(delta), std::memory_order_seq_cst);
+        // A link made meanwhile copied the count before or after this.
+        if (!links_used_.load(std::memory_order_seq_cst)) return;
+        std::lock_guard mirror(mirror_lock_);
+        mirror_sleepers_locked();
+        return;
+    }
+    // Under the lock, so that the last copy in each queue is the count
+    // after the last change (stores of two threads cannot cross).
+    std::lock_guard mirror(mirror_lock_);
+    sleepers.fetch_add(std::uint32_t(delta), std::memory_order_seq_cst);
+    mirror_sleepers_locked();
+}
+
+void Engine::mirror_sleepers_locked() noexcept {
+    const std::uint32_t n = page_->header.sleepers.load(std::memory_order_seq_cst);
+    for (XLink &l : links_) {
+        const int st = l.state.load(std::memory_order_acquire);
+        // A live or poisoned link's queue is mapped, and stays so while
+        // we hold mirror_lock_ (reap_links_locked unmaps under it).
+        if (st == kLinkLive || st == kLinkPoisoned)
+            reinterpret_cast<XqHeader *>(l.in.base)->sleepers.store(n, std::memory_order_seq_cst);
+    }
+}
+
+const ConnStat *Engine::peer_slot(const Peer *p, std::uint32_t id, ConnStat *buf) const noexcept {
+    if (!p || !p->page || id >= kSlots) return nullptr;
+    if (!p->cross) return &p->page->slots[id];
+    const off_t at = off_t(offsetof(ProcPage, slots) + std::size_t(id) * sizeof(ConnStat));
+    if (p->page_fd < 0 ||
+        pread(p->page_fd, static_cast<void *>(buf), sizeof *buf, at) != ssize_t(sizeof *buf))
+        return nullptr;
+    return buf;
 }
 
 void Engine::link_put(int xl) noexcept {
@@ -133,6 +181,8 @@ std::size_t Engine::read_links() noexcept {
 }
 
 void Engine::reap_links_locked() noexcept {
+    // Not while a sleeper copies its count into our queues.
+    std::lock_guard mirror(mirror_lock_);
     for (XLink &l : links_) {
         if (l.state.load(std::memory_order_acquire) != kLinkRetired) continue;
         xq_unmap(l.in.base);

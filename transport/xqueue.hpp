@@ -14,6 +14,9 @@
 //     0  u32 magic 'SDXQ'   4  u16 version   6  u16 zero   8  u64 capacity
 //    64  u64 head   bytes the reader consumed (its own cache line)
 //   128  u64 tail   bytes the writer published (its own cache line)
+//   192  u32 sleepers  the reader's threads asleep (its process page's
+//        count, mirrored here by the reader: the writer rings its
+//        doorbell when not 0, and never maps the reader's page)
 //  4096  data[kXqCap]   records at position % kXqCap, 8-byte aligned:
 //        u32 len, u32 zero, then len bytes of message (which may wrap
 //        past the end of data to its start), padded to 8 bytes.
@@ -46,8 +49,10 @@ struct XqHeader {
     std::uint64_t capacity;
     alignas(64) std::atomic<std::uint64_t> head;
     alignas(64) std::atomic<std::uint64_t> tail;
+    alignas(64) std::atomic<std::uint32_t> sleepers;
 };
 static_assert(offsetof(XqHeader, capacity) == 8);
+static_assert(offsetof(XqHeader, sleepers) == 192);
 static_assert(offsetof(XqHeader, head) == 64);
 static_assert(offsetof(XqHeader, tail) == 128);
 static_assert(sizeof(XqHeader) <= kXqData);

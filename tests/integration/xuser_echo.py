@@ -15,7 +15,8 @@
 # --probe UID: while the connection is up (the client before its
 # shutdown, the server at EOF), every file of /dev/shm this process has
 # mapped (shm regions, process pages: its own and its peer's) is opened
-# by a process of UID, which must get EACCES for each; with --peer-uid,
+# (and every one it holds open: the peer's page) by a process of UID,
+# which must get EACCES for each; with --peer-uid,
 # a process of that uid must get EACCES on our region (never opened to
 # it) and be able to open our page for reading only. The peer's region is
 # not mapped at all, the two message queues are. Prints "probe ok N" or
@@ -61,15 +62,31 @@ def as_user(uid, how, paths):
     return dict(line.rsplit(" ", 1) for line in out.stdout.splitlines())
 
 
+def shm_fds():
+    # /dev/shm files this process holds open (a peer's page of another uid
+    # is read with pread, never mapped).
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            path = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if path.startswith("/dev/shm/") and "(deleted)" not in path:
+            found.add(path)
+    return found
+
+
 def probe(third, peer):
-    paths = shm_maps()
+    paths = sorted(set(shm_maps()) | shm_fds())
     regions = [p for p in paths if os.path.basename(p).startswith("sd") and "/sdirect-" not in p]
     pages = [p for p in paths if "/sdirect-" in p and os.path.basename(p).startswith("p")]
     mine = lambda ps: [p for p in ps if os.stat(p).st_uid == os.getuid()]
-    # Our own region and page, the peer's page; never the peer's region
-    # (its messages come by a queue of ours, not through the provider).
-    if len(mine(regions)) != 1 or len(regions) != 1 or len(pages) < 2:
-        return f"probe: expected our own region and page and the peer's page mapped, found {paths}"
+    # Our own region and page mapped, the peer's page open (not mapped);
+    # never the peer's region (its messages come by a queue of ours, not
+    # through the provider).
+    mapped_pages = [p for p in shm_maps() if p in pages]
+    if len(mine(regions)) != 1 or len(regions) != 1 or len(pages) < 2 or mine(mapped_pages) != mapped_pages:
+        return f"probe: expected our own region and page mapped and the peer's page open, found {paths} (mapped {shm_maps()})"
     queues = memfd_maps()
     if len(queues) < 2:
         return f"probe: expected our queue and the peer's mapped, found {queues}"

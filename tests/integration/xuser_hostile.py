@@ -10,7 +10,7 @@
 #  * its own queue (which the victim writes into: its head), its own page
 #    (which the victim reads) and its own shm region: random bytes;
 #  * a truncation of its own queue (the victim maps it): the seals must
-#    refuse it.
+#    refuse it; then of its own process page (the victim reads it).
 # It then goes on sending on its own connection, which may break.
 # Prints "queues N" (queues found mapped), "truncate refused" or
 # "truncate allowed", "wrote N" (files written) or "no queue" when it
@@ -167,6 +167,14 @@ for fd in own_inodes.values():
         pass
 print("truncate", "refused" if refused else "allowed", flush=True)
 
+# Last, its own page, which the victim reads: shrunk to nothing (a victim
+# that mapped it would die of SIGBUS at its next look; this process, which
+# maps it, may).
+for lo, hi, ino, path in maps():
+    if path.startswith("/dev/shm/") and os.path.basename(path) == f"p{me}":
+        print("page truncated", flush=True)
+        os.truncate(path, 0)
+        break
 try:
     for _ in range(10):
         c.sendall(b"y" * 5000)
