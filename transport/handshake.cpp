@@ -2,7 +2,10 @@
 // (try_initiate), which found the peer's registry entry, and the
 // responder (answer_upgrade), the peer's control thread. The initiator
 // proves it owns the connection by passing its own socket with
-// SCM_RIGHTS; across users the responder proves it the same way.
+// SCM_RIGHTS; across users the responder proves it the same way, and each
+// passes the queue it reads the other's messages from (xqlink.cpp): with
+// every handshake, not only to a new peer, since each end's peer cache
+// drops peers on its own (a queue other than the one written replaces it).
 #include "control.hpp"
 #include "crossuser.hpp"
 #include "engine.hpp"
@@ -29,7 +32,7 @@ namespace {
 
 // The peer, as the other end of an upgrade told us, under conn_lock.
 // `cross`: a peer of another uid, to which neither side's ring is offered
-// (every byte goes inline: crossuser.hpp).
+// (every byte goes inline, through the link's queues: crossuser.hpp).
 void set_peer_locked(Conn *c, Peer *peer, const CtlMsg &m, bool cross) noexcept {
     // Under rx_lock, which every delivery takes: the peer's first fabric
     // message (a close, whose delivery reads the peer's page through
