@@ -487,6 +487,7 @@ class Engine {
     void poison_link(XLink &l) noexcept;
     XLink links_[kMaxLinks];
     std::atomic<std::uint32_t> links_used_{0};  // slots not free: progress's one test
+    std::atomic<std::uint32_t> links_hi_{0};    // slots ever used: the passes stop there
     // Orders the copies of our sleepers count into the links' queues
     // (outside the ranked order: nothing is taken under it).
     std::mutex mirror_lock_;

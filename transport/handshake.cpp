@@ -400,6 +400,7 @@ void Engine::answer_upgrade(int fd, CtlMsg &req, int proof, int bell, int queue)
         if (bell >= 0) sys.close(bell);
         if (queue >= 0) sys.close(queue);
         if (my_proof >= 0) sys.close(my_proof);
+        if (my_queue >= 0) sys.close(my_queue);
         send_ctl(fd, rep, nullptr, 0, MSG_DONTWAIT);
     };
     if (req.type != std::uint16_t(CtlType::request) || proof < 0 || bell < 0 || !fabric_usable() ||

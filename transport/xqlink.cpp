@@ -47,6 +47,9 @@ int Engine::link_for(pid_t pid, const char *name) noexcept {
         return -ENOMEM;
     }
     XLink &l = *free;
+    const std::uint32_t index = std::uint32_t(&l - links_);
+    if (links_hi_.load(std::memory_order_relaxed) <= index)
+        links_hi_.store(index + 1, std::memory_order_release);  // before the slot is live
     l.in.base = base;
     l.in.head = 0;
     l.in_fd = fd;
@@ -87,7 +90,9 @@ void Engine::announce_sleep(int delta) noexcept {
 
 void Engine::mirror_sleepers_locked() noexcept {
     const std::uint32_t n = page_->header.sleepers.load(std::memory_order_seq_cst);
-    for (XLink &l : links_) {
+    const std::uint32_t hi = links_hi_.load(std::memory_order_acquire);
+    for (std::uint32_t i = 0; i < hi; ++i) {
+        XLink &l = links_[i];
         const int st = l.state.load(std::memory_order_acquire);
         // A live or poisoned link's queue is mapped, and stays so while
         // we hold mirror_lock_ (reap_links_locked unmaps under it).
@@ -159,7 +164,9 @@ int Engine::link_set_out(int xl, int fd) noexcept {
 std::size_t Engine::read_links() noexcept {
     std::size_t taken = 0;
     bool retired = false;
-    for (XLink &l : links_) {
+    const std::uint32_t hi = links_hi_.load(std::memory_order_acquire);
+    for (std::uint32_t i = 0; i < hi; ++i) {
+        XLink &l = links_[i];
         const int st = l.state.load(std::memory_order_acquire);
         retired |= st == kLinkRetired;
         if (st != kLinkLive || !l.peer.load(std::memory_order_acquire)) continue;
