@@ -59,7 +59,11 @@ def as_user(uid, how, paths):
     out = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
                           sys.executable, "-c", CHECK, how] + paths,
                          env=env, capture_output=True, text=True, timeout=20)
-    return dict(line.rsplit(" ", 1) for line in out.stdout.splitlines())
+    got = dict(line.rsplit(" ", 1) for line in out.stdout.splitlines())
+    if out.returncode != 0 or len(got) != len(paths):
+        # Said, not hidden: the probe itself failed (its status, its errors).
+        got["(probe)"] = f"status {out.returncode}: {out.stderr.strip()[-300:]}"
+    return got
 
 
 def shm_fds():
