@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <random>
 #include <sys/mman.h>
+#include <thread>
 #include <unistd.h>
 #include <vector>
 
@@ -87,6 +88,45 @@ TEST_CASE("queue messages arrive whole and in order, across the end of the data 
     }
     CHECK(read == written);
     CHECK(r.head == w.tail);
+}
+
+TEST_CASE("a writer and a reader running at once over one queue see every message whole, in order") {
+    Queue q;
+    Fenced w_map(q.fd), r_map(q.fd);
+    constexpr int kMessages = 200000;
+    std::thread writer([&] {
+        XqWriter w;
+        w.base = w_map.base;
+        std::mt19937 rnd(3);
+        std::vector<char> msg(kMax);
+        for (int i = 0; i < kMessages; ++i) {
+            const std::uint32_t len = std::uint32_t(kMin + rnd() % 4096);
+            std::memcpy(msg.data(), &i, sizeof i);
+            for (std::uint32_t k = sizeof i; k < len; ++k) msg[k] = char(i + int(k));
+            iovec v{msg.data(), len};
+            while (xq_put(w, &v, 1, len) == -EAGAIN) std::this_thread::yield();
+        }
+    });
+    XqReader r{r_map.base, 0};
+    std::vector<char> out(kMax);
+    int next = 0;
+    bool whole = true;
+    while (next < kMessages && whole) {
+        const long got = xq_take(r, out.data(), kMin, kMax);
+        REQUIRE(got >= 0);
+        if (got == 0) {
+            std::this_thread::yield();
+            continue;
+        }
+        int seq;
+        std::memcpy(&seq, out.data(), sizeof seq);
+        whole = seq == next;
+        for (long k = sizeof seq; whole && k < got; ++k) whole = out[std::size_t(k)] == char(seq + int(k));
+        ++next;
+    }
+    writer.join();
+    CHECK(whole);
+    CHECK(next == kMessages);
 }
 
 TEST_CASE("the queue reader never reads outside the queue, whatever the writer wrote") {
