@@ -28,6 +28,9 @@ enum class CtlType : std::uint16_t { request = 1, reply = 2, leave = 3, kick = 4
 // initiator's TCP socket as proof, its doorbell); an accepting reply one
 // (the receiver's doorbell), unless the request said that the initiator
 // holds it already (kHaveBell: the peer is attached, cached or in use).
+// Across users a request carries a third, the initiator's queue for our
+// messages, and the reply three: the doorbell, the responder's own
+// socket as its proof and its queue (xqlink.cpp).
 struct CtlMsg {
     std::uint32_t magic;
     std::uint16_t version;

@@ -1,20 +1,19 @@
-// Connections between processes of two different uids (SDIRECT_CROSS_USER).
+// Connections between processes of two different uids (SDIRECT_CROSS_USER,
+// on by default).
 //
 // The connector looks for its peer's entry in the registry of the uid the
 // kernel names as the owner of the other end's socket (the default
-// /dev/shm/sdirect-UID, searchable by others but not listable once this
+// /dev/shm/sdirect-UID, searchable by others but not listable while this
 // is on). Both ends check each other with SO_PEERCRED and a proof socket
 // each way, and each opens to the other's uid, by one POSIX ACL entry,
-// exactly the two files the fabric needs: its shm region (read and write:
-// the provider queues its messages there) and its process page (read
-// only). A third uid opens neither (EACCES). Every byte across such a
-// pair goes inline, in messages (no ring write, no zero-copy, no
-// process_vm_*): the kernel refuses process_vm_* one way (ptrace rules),
-// and the provider's RMA without it copies through its SAR buffers,
-// which made the ring 4x slower than inline messages (iperf3, 16 KiB
-// writes) and, with zero-copy reads the other way, hung an echo in 2 of
-// 10 runs. docs/ARCHITECTURE.md, "Between users", says what this
-// guarantees and what it does not.
+// its process page alone, read only (the peer reads it with pread, never
+// a map). A third uid opens nothing (EACCES). The provider is not used
+// between them: their messages go through two queues of our own, one per
+// direction, sealed memfds passed in the handshake (xqueue.hpp,
+// xqlink.cpp). Every byte across such a pair goes inline, in messages
+// (no ring write, no zero-copy, no process_vm_*: the kernel refuses it one
+// way, by ptrace rules). docs/ARCHITECTURE.md, "Between users", says what
+// this guarantees and what it does not.
 #pragma once
 
 #include <cstddef>
@@ -42,7 +41,7 @@ int registry_of_uid(unsigned uid, char *out, std::size_t n) noexcept;
 int open_foreign_entry(const char *name, const Tuple &other_end, unsigned *uid, char *dir,
                        std::size_t n) noexcept;
 
-// Gives `uid` access to the file: `perm` 6 read and write, 4 read only
+// Gives `uid` access to the file: `perm` 4 read only, 6 read and write
 // (one ACL entry beside the owner's, every user of the file getting the
 // same; group and others keep none). Idempotent. 0 or -errno.
 int grant_uid(const char *path, unsigned uid, unsigned perm) noexcept;

@@ -72,7 +72,7 @@ Conn *Engine::lookup(std::uint32_t id, std::uint32_t gen) noexcept {
     return c && c->gen == gen ? c : nullptr;
 }
 
-void Engine::deliver(const char *buf, std::size_t len) noexcept {
+void Engine::deliver(const char *buf, std::size_t len, const XLink *from) noexcept {
     MsgHeader h;
     if (len < sizeof h) return;
     std::memcpy(&h, buf, sizeof h);
@@ -86,12 +86,32 @@ void Engine::deliver(const char *buf, std::size_t len) noexcept {
     }
     Conn *c = lookup(h.dst_conn, h.dst_gen);
     if (!c) return;  // connection already closed here: nobody reads it
+    std::unique_lock lock(c->rx_lock, std::defer_lock);
+    if (from) {
+        // Through the queue of a peer of another uid: for its own
+        // connections alone (c->peer is set under rx_lock), and only while
+        // its link lives (a slot is never reused during a pass).
+        lock.lock();
+        if (c->peer != from->peer.load(std::memory_order_relaxed) ||
+            from->state.load(std::memory_order_acquire) != kLinkLive) {
+            SD_LOG(debug, "dropping a message of pid %d (another uid) for conn %u, not its own",
+                   int(from->pid), h.dst_conn);
+            return;
+        }
+        if (!across_users(MsgType(h.type))) {
+            SD_LOG(error, "conn %u: message type %u from a peer of another uid: connection broken",
+                   c->id, unsigned(h.type));
+            c->broken = true;
+            c->wake_locked();
+            return;
+        }
+    }
     if (h.credits) {
         c->credits.fetch_add(h.credits, std::memory_order_acq_rel);
         c->tx_seq.fetch_add(1, std::memory_order_release);
     }
     bump(c->stat->rx_msgs, 1);
-    std::unique_lock lock(c->rx_lock);
+    if (!lock.owns_lock()) lock.lock();
     Rx m{*this, c, h, buf + sizeof h};
     if (is_stream_msg(MsgType(h.type))) sink_passed_locked(c);
     const Rx::Handler handle = h.type < Rx::kTypes ? Rx::handlers[h.type] : nullptr;

@@ -49,20 +49,26 @@ void Engine::post_rx(RxBuffer *b) noexcept {
 std::size_t Engine::progress() noexcept {
     // A delivery's own answer may post and so come back here.
     if (!fabric_ok_ || progress_lock_.held() || !progress_lock_.try_lock()) return 0;
+    std::size_t taken = 0;
+    // Peers of other uids write into queues of ours, not the provider's
+    // region (xqlink.cpp); without any, this one relaxed load is all.
+    if (links_used_.load(std::memory_order_relaxed)) {
+        Guard guard;
+        taken = read_links();
+    }
     // The provider takes our region's lock and would spin on it for ever
     // if a peer died holding it: then nothing comes in any more (and no
     // new connection upgrades: fabric_usable()), but no thread is stuck.
     if (!own_region_.wait_free(kRegionLockBoundNs)) {
         progress_lock_.unlock();
-        return 0;
+        return taken;
     }
     InProvider in;  // after the wait: an exit does not wait for a wait
     if (!in.ok()) {
         progress_lock_.unlock();
-        return 0;
+        return taken;
     }
     Guard guard;
-    std::size_t taken = 0;
     fi_cq_data_entry entries[32];
     for (int round = 0; round < 8; ++round) {
         ssize_t n = fi_cq_read(ep_.cq, entries, 32);
@@ -336,6 +342,9 @@ void Engine::complete_write(WriteOp *op, int state) noexcept {
 
 int Engine::rma(Conn *c, const iovec *iov, int iovcnt, const fi_rma_iov *remote, int nremote,
                 bool write, std::uint64_t flags) noexcept {
+    // A peer of another uid is in no address vector: nothing of the
+    // provider ever names it (deliver() refuses what would lead here).
+    if (c->peer->cross) return -EIO;
     if (!rma_slot.op) rma_slot.op = new (std::nothrow) WriteOp;
     WriteOp *op = rma_slot.op;
     if (!op) return -ENOMEM;
@@ -437,18 +446,38 @@ int Engine::post(Conn *c, MsgType type, const iovec *iov, int iovcnt, std::uint3
     msg.msg_iov = v;
     msg.iov_count = std::size_t(n);
     msg.addr = c->peer->addr;
+    // A peer of another uid: its queue (xqlink.cpp), never the provider.
+    const int xl = c->peer->xl;
+    if (c->peer->cross && xl < 0) {  // forgotten (retire.cpp)
+        c->unreturned.fetch_add(h.credits, std::memory_order_relaxed);
+        return -EPIPE;
+    }
+    XLink *link = c->peer->cross ? &links_[xl] : nullptr;
+    const std::uint32_t whole = std::uint32_t(sizeof h + (n == 2 ? v[1].iov_len : 0));
     Guard guard;
     std::uint64_t start = 0, kicked = 0;
     for (unsigned tries = 0;; ++tries) {
-        // As in rma(): the peer's region lock, watched with a bound.
-        // (Waited for outside the gate: an exit does not wait for a wait.)
-        bool free = c->peer->region.wait_free(kRegionLockBoundNs);
-        InProvider in;
-        if (!free || !in.ok()) {
-            c->unreturned.fetch_add(h.credits, std::memory_order_relaxed);
-            return -EPIPE;
+        ssize_t rc;
+        if (link) {
+            // The producer lock is a leaf: nothing is taken under it.
+            std::lock_guard out(link->out.lock);
+            rc = xq_put(link->out, v, n, whole);
+            if (rc == -EAGAIN) rc = -FI_EAGAIN;
+            else if (rc < 0) {
+                c->unreturned.fetch_add(h.credits, std::memory_order_relaxed);
+                return rc == -EFAULT ? -EFAULT : -EPIPE;
+            }
+        } else {
+            // As in rma(): the peer's region lock, watched with a bound.
+            // (Waited for outside the gate: an exit does not wait for a wait.)
+            bool free = c->peer->region.wait_free(kRegionLockBoundNs);
+            InProvider in;
+            if (!free || !in.ok()) {
+                c->unreturned.fetch_add(h.credits, std::memory_order_relaxed);
+                return -EPIPE;
+            }
+            rc = fi_sendmsg(ep_.ep, &msg, FI_INJECT);
         }
-        ssize_t rc = fi_sendmsg(ep_.ep, &msg, FI_INJECT);
         if (rc == 0) break;
         if (rc != -FI_EAGAIN) {
             SD_LOG(error, "conn %u: fabric send failed: %s", c->id, fabric_strerror(int(rc)));
@@ -529,7 +558,17 @@ void Engine::ring(const Peer *p) noexcept {
     // Pairs with the sleeper's increment-then-recheck (wait.cpp): either it
     // sees our message on its recheck, or we see it counted here.
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (p->page->header.sleepers.load(std::memory_order_relaxed) == 0 || p->doorbell < 0) return;
+    std::uint32_t sleepers = 0;
+    if (!p->cross) {
+        sleepers = p->page->header.sleepers.load(std::memory_order_relaxed);
+    } else if (const int xl = p->xl; xl >= 0) {
+        // Its count, as it copies it into the queue we write (we never map
+        // its page: announce_sleep).
+        std::lock_guard out(links_[xl].out.lock);
+        if (const char *q = links_[xl].out.base)
+            sleepers = reinterpret_cast<const XqHeader *>(q)->sleepers.load(std::memory_order_relaxed);
+    }
+    if (sleepers == 0 || p->doorbell < 0) return;
     std::uint64_t one = 1;
     (void)sys.write(p->doorbell, &one, sizeof one);
 }
@@ -546,10 +585,10 @@ void Engine::maybe_return_credits(Conn *c) noexcept {
 }
 
 std::uint64_t Engine::peer_read(const Conn *c) const noexcept {
-    const ProcPage *pg = c->peer ? c->peer->page : nullptr;
-    if (!pg || c->peer_id >= kSlots) return kNoOffset;
-    const ConnStat &s = pg->slots[c->peer_id];
-    return s.rx_fabric.load(std::memory_order_acquire) - s.rx_queued.load(std::memory_order_acquire);
+    ConnStat buf;
+    const ConnStat *s = peer_slot(c->peer, c->peer_id, &buf);
+    if (!s) return kNoOffset;
+    return s->rx_fabric.load(std::memory_order_acquire) - s->rx_queued.load(std::memory_order_acquire);
 }
 
 void Engine::peer_died(Conn *c) noexcept {

@@ -10,6 +10,7 @@
 #include "regcache.hpp"
 #include "regionlock.hpp"
 #include "registry.hpp"
+#include "xqueue.hpp"
 
 #include <atomic>
 #include <cstdint>
@@ -36,11 +37,39 @@ struct Peer {
     char name[96] = {};
     std::uint64_t idle_since = 0;      // the cache's clock when it went idle
     bool ended = false;                // its process ended while in use: drop when idle
-    // Of another uid (SDIRECT_CROSS_USER): no process_vm_* with it, and
-    // its control socket and page are in `dir`, its uid's registry.
+    // Of another uid (SDIRECT_CROSS_USER): nothing of the provider with
+    // it (no address vector entry: `addr` is kQueueAddr), no process_vm_*;
+    // its messages and ours go through the queues of link `xl`
+    // (xqlink.cpp), and its control socket and page are in `dir`, its
+    // uid's registry.
     bool cross = false;
+    int xl = -1;
+    int page_fd = -1;  // its page, read with pread (page points to zeros)
     char dir[64] = {};
 };
+
+// The `addr` of a peer of another uid: it is in no address vector.
+inline constexpr fi_addr_t kQueueAddr = FI_ADDR_UNSPEC - 1;
+
+// The two queues between us and one process of another uid (xqlink.cpp):
+// ours, which it writes and progress() reads, and its, which post()
+// writes. Found by the process's pid and fabric address (its incarnation);
+// kept while a handshake or the peer table refers to it (`refs`, under
+// the table lock). `state` hands the slot between the table lock's holders
+// and progress: only progress unmaps our queue (retired), so a pass never
+// reads a queue that goes under it.
+enum : int { kLinkFree = 0, kLinkLive = 1, kLinkRetired = 2, kLinkPoisoned = 3 };
+struct XLink {
+    std::atomic<int> state{kLinkFree};
+    XqReader in;                             // progress alone
+    int in_fd = -1;                          // passed again with every handshake
+    std::atomic<const Peer *> peer{nullptr}; // whose connections its messages may reach
+    pid_t pid = 0;                           // table lock
+    char name[96] = {};
+    std::uint32_t refs = 0;
+    XqWriter out;                            // its queue, under out.lock
+};
+inline constexpr std::uint32_t kMaxLinks = 256;
 
 // An RMA operation in flight; completed by progress(). `ctx` must come
 // first. It lives on the heap and may be given up while pending
@@ -311,6 +340,15 @@ class Engine {
     void announce_switch_locked(Conn *c) noexcept;
     // Rings the peer's doorbell if one of its threads sleeps.
     void ring(const Peer *p) noexcept;
+    // A thread of ours goes to sleep (+1) or wakes (-1): our process page
+    // counts it, and, for peers of other uids, which never map our page,
+    // the queues they write to (seq_cst: a sleeper's recheck follows).
+    void announce_sleep(int delta) noexcept;
+    // Slot `id` of the peer's process page (nullptr: none). A peer of
+    // another uid owns that file and may shrink it: its slot is read with
+    // pread into `buf`, never through a map (a read past its end would be
+    // SIGBUS); for others, the slot in the mapped page.
+    const ConnStat *peer_slot(const Peer *p, std::uint32_t id, ConnStat *buf) const noexcept;
     // Our bytes went on the fabric (tx_lock held): after the peer's FIN,
     // the first time, its process is made to take them (abort.cpp).
     void sent_past_fin_locked(Conn *c) noexcept;
@@ -373,7 +411,9 @@ class Engine {
     void post_rx(RxBuffer *b) noexcept;
     // deliver.cpp: a received message, handled under its connection's
     // rx_lock by the handler of its type (a table indexed by MsgType).
-    void deliver(const char *buf, std::size_t len) noexcept;
+    // `from`: the link whose queue it came by (a peer of another uid): it
+    // reaches that peer's connections alone.
+    void deliver(const char *buf, std::size_t len, const XLink *from = nullptr) noexcept;
     struct Rx;
     // leave.cpp: the messages (rx_lock held), and the send side's work
     // without blocking (tx_lock held): 0 done, -EAGAIN not yet, -errno.
@@ -453,7 +493,34 @@ class Engine {
     // peer with one more reference, or nullptr with `*why`; release_peer
     // drops a reference (an idle peer stays cached, up to
     // SDIRECT_PEER_CACHE, the least recently used going first).
-    // Opens our shm region and process page to `uid` (SDIRECT_CROSS_USER):
+    // xqlink.cpp: the links to peers of other uids (table lock held but
+    // for read_links). link_for: the link to process `pid` of fabric
+    // address `name`, with one more reference (created, with our queue,
+    // if there is none): its index, or -errno (-EPROTO: it broke ours
+    // before). link_put drops a reference; the last retires the link.
+    int link_for(pid_t pid, const char *name) noexcept;
+    void link_put(int xl) noexcept;
+    // The peer's queue `fd` (taken: kept mapped or closed) for link `xl`:
+    // checked (xq_check) and mapped, in place of another it passed before.
+    // 0 or -EPERM (not a queue we can trust the size of).
+    int link_set_out(int xl, int fd) noexcept;
+    // Progress's part (progress_lock_ held): reads every live link's queue,
+    // delivers, unmaps retired ones. Messages taken.
+    std::size_t read_links() noexcept;
+    void reap_links_locked() noexcept;
+    // A queue that broke its rules: not read again, and every connection
+    // with its peer broken (progress_lock_ held).
+    void poison_link(XLink &l) noexcept;
+    XLink links_[kMaxLinks];
+    std::atomic<std::uint32_t> links_used_{0};  // slots not free: progress's one test
+    std::atomic<std::uint32_t> links_hi_{0};    // slots ever used: the passes stop there
+    // Orders the copies of our sleepers count into the links' queues
+    // (outside the ranked order: nothing is taken under it).
+    std::mutex mirror_lock_;
+    void mirror_sleepers_locked() noexcept;
+    char xq_msg_[sizeof(MsgHeader) + kMaxInline];  // a message copied out (progress_lock_)
+
+    // Opens our process page to `uid` (SDIRECT_CROSS_USER):
     // called once its process proved to be our connection's peer, or is
     // the owner of the registry where we found the peer's entry (which
     // then must prove it too before we commit). 0 or -errno.
@@ -462,8 +529,9 @@ class Engine {
     // those alone).
     bool is_peer(pid_t pid) noexcept;
     // `dir`: the peer's registry when it is of another uid, else nullptr.
+    // `xl`: its link (a reference taken over: kept or dropped), -1 if of our uid.
     Peer *attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why,
-                      const char *dir = nullptr) noexcept;
+                      const char *dir = nullptr, int xl = -1) noexcept;
     void release_peer(Peer *p) noexcept;
     // Unmaps and forgets a peer nobody uses.
     void drop_peer(Peer *p) noexcept;
@@ -495,7 +563,8 @@ class Engine {
     // The connecting side found the acceptor's entry: its request is sure
     // to come.
     bool acceptor_will_ask(const Conn *c, const Entry &e) noexcept;
-    void answer_upgrade(int fd, CtlMsg &req, int proof, int bell) noexcept;
+    // `queue`: across users, the initiator's queue for our messages.
+    void answer_upgrade(int fd, CtlMsg &req, int proof, int bell, int queue) noexcept;
     // Both ends committed: the connection is direct from here (conn_lock_).
     void go_direct(Conn *c) noexcept;
     int make_ring(Conn *c) noexcept;

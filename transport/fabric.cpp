@@ -86,13 +86,6 @@ constexpr int kTouchedSignals[] = {SIGBUS, SIGSEGV, SIGTERM, SIGINT, SIGILL, SIG
 
 void fabric_pin_environment() noexcept {
     for (const EnvPin &p : pins) setenv(p.name, p.value, 0);
-    // Between users no RMA is made (every byte goes inline), but should
-    // one be, the provider's process_vm_* into a root peer is refused and
-    // the transfer never completes (seen, when ring writes went by RMA: a
-    // stream from a nobody process into a root one stopped at its first
-    // 64 KiB piece); without CMA shm copies through its SAR buffers. Set
-    // whatever the application said.
-    if (settings().cross_user) setenv("FI_SHM_DISABLE_CMA", "1", 1);
 }
 
 bool fabric_available() noexcept {

@@ -2,7 +2,10 @@
 // (try_initiate), which found the peer's registry entry, and the
 // responder (answer_upgrade), the peer's control thread. The initiator
 // proves it owns the connection by passing its own socket with
-// SCM_RIGHTS; across users the responder proves it the same way.
+// SCM_RIGHTS; across users the responder proves it the same way, and each
+// passes the queue it reads the other's messages from (xqlink.cpp): with
+// every handshake, not only to a new peer, since each end's peer cache
+// drops peers on its own (a queue other than the one written replaces it).
 #include "control.hpp"
 #include "crossuser.hpp"
 #include "engine.hpp"
@@ -22,13 +25,14 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
+#include <utility>
 
 namespace sd::transport {
 namespace {
 
 // The peer, as the other end of an upgrade told us, under conn_lock.
 // `cross`: a peer of another uid, to which neither side's ring is offered
-// (every byte goes inline: crossuser.hpp).
+// (every byte goes inline, through the link's queues: crossuser.hpp).
 void set_peer_locked(Conn *c, Peer *peer, const CtlMsg &m, bool cross) noexcept {
     // Under rx_lock, which every delivery takes: the peer's first fabric
     // message (a close, whose delivery reads the peer's page through
@@ -125,7 +129,10 @@ bool Engine::acceptor_will_ask(const Conn *c, const Entry &e) noexcept {
             std::strncmp(p.name, e.addr, sizeof p.name) != 0)
             continue;
         std::atomic_thread_fence(std::memory_order_seq_cst);
-        const std::uint64_t stamp = p.page->slots[e.conn_id].lookup_ns.load(std::memory_order_relaxed);
+        ConnStat buf;
+        const ConnStat *s = peer_slot(&p, e.conn_id, &buf);
+        if (!s) return false;
+        const std::uint64_t stamp = s->lookup_ns.load(std::memory_order_relaxed);
         return stamp == 0 || stamp > ours;
     }
     return false;
@@ -200,24 +207,30 @@ void Engine::try_initiate(Conn *c) noexcept {
     // Whether we already hold the peer's doorbell: it is set under
     // conn_lock_ (by another connection's handshake too), so read there.
     bool have_bell = false;
+    // Across users: the link whose queue we read (xqlink.cpp), passed
+    // with the request; a reference of ours until the peer holds it.
+    int xl = -1;
     {
         std::lock_guard lock(conn_lock_);
         if (make_ring(c) != 0) why = Reason::fabric_error;
         else if (!cross) peer = attach_peer(e.pid, e.addr, -1, &why);
-        // Across users the peer opens its region to us only once we
-        // proved we hold the connection (the request): we attach after
-        // its answer, and open ours to its uid now, for its attach. That
-        // uid is the one the kernel says holds the other end (the entry
-        // was looked for in its registry alone): an entry a third user
+        // Across users the peer opens its page to us only once we proved
+        // we hold the connection (the request): we attach after its
+        // answer, and open ours to its uid now, for its attach. That uid
+        // is the one the kernel says holds the other end (the entry was
+        // looked for in its registry alone): an entry a third user
         // planted for someone else's connection is never even read.
         else if (open_to_uid(far_uid) != 0)
             why = Reason::other_user;
+        else if ((xl = link_for(e.pid, e.addr)) < 0)
+            why = xl == -EPROTO ? Reason::proof_failed : Reason::fabric_error;
         have_bell = peer && peer->doorbell >= 0;
     }
     CtlMsg reply{};
     int their_doorbell = -1;
     int s = -1;
     int their_proof = -1;
+    int their_queue = -1;
     if (peer || (cross && why == Reason::none)) {
         char cpath[108];
         ctl_path(cpath, sizeof cpath, e.pid, cross ? far_dir : nullptr);
@@ -257,18 +270,20 @@ void Engine::try_initiate(Conn *c) noexcept {
                 req.ring_addr = ring ? std::uint64_t(std::uintptr_t(c->ring)) : 0;
                 req.ring_key = ring ? fi_mr_key(c->ring_mr) : 0;
                 int app_fd = cross ? proof_dup(c->stat->fd, c->tuple) : c->stat->fd;
-                int fds[2] = {app_fd, doorbell_};
+                int fds[3] = {app_fd, doorbell_, cross ? links_[xl].in_fd : -1};
                 ssize_t sent = -1;
-                if (app_fd >= 0) do sent = send_ctl(s, req, fds, 2);
+                if (app_fd >= 0) do sent = send_ctl(s, req, fds, cross ? 3 : 2);
                     while (sent < 0 && errno == EINTR && monotonic_ns() < deadline);
                 if (cross && app_fd >= 0) sys.close(app_fd);
                 if (sent == sizeof req) {
                     // Across users the answer also carries the peer's own
-                    // socket: its proof that it holds the other end.
-                    int got_fds[2] = {-1, -1};
-                    int got = recv_ctl_until(s, reply, got_fds, cross ? 2 : 1, deadline);
+                    // socket (its proof that it holds the other end) and
+                    // its queue for our messages.
+                    int got_fds[3] = {-1, -1, -1};
+                    int got = recv_ctl_until(s, reply, got_fds, cross ? 3 : 1, deadline);
                     their_doorbell = got_fds[0];
                     their_proof = got_fds[1];
+                    their_queue = got_fds[2];
                     if (got == 0 && reply.type == std::uint16_t(CtlType::reply) &&
                         reply.conn_id >= kSlots)
                         why = Reason::peer_refused;  // its slot indexes its page: out of it
@@ -289,15 +304,24 @@ void Engine::try_initiate(Conn *c) noexcept {
             why = Reason::proof_failed;
         } else {
             std::lock_guard lock(conn_lock_);
-            peer = attach_peer(e.pid, e.addr, their_doorbell, &why, far_dir);
-            their_doorbell = -1;  // kept by attach_peer, or closed
+            if (link_set_out(xl, std::exchange(their_queue, -1)) != 0) {
+                SD_LOG(info, "upgrade answer from pid %d (uid %u): its queue is not a sealed "
+                             "memfd of the expected size", int(e.pid), far_uid);
+                why = Reason::proof_failed;
+            } else {
+                peer = attach_peer(e.pid, e.addr, their_doorbell, &why, far_dir, xl);
+                their_doorbell = -1;  // kept by attach_peer, or closed
+                xl = -1;              // the peer's now, or dropped
+            }
         }
     }
+    if (their_queue >= 0) sys.close(their_queue);
     if (their_proof >= 0) sys.close(their_proof);
     const bool accepted = why == Reason::none && reply.pid == e.pid &&
                           (their_doorbell >= 0 || have_bell || (cross && peer));
 
     std::lock_guard lock(conn_lock_);
+    link_put(xl);  // the request's, if no peer took it
     // The answer's doorbell is kept even when we yield (conflict): the
     // crossing request that wins may have found the peer already attached.
     if (peer && reply.pid == e.pid && their_doorbell >= 0 && peer->doorbell < 0) {
@@ -360,7 +384,7 @@ void Engine::go_direct(Conn *c) noexcept {
 
 // The responder, on the control thread: the other half of the commit
 // protocol above try_initiate.
-void Engine::answer_upgrade(int fd, CtlMsg &req, int proof, int bell) noexcept {
+void Engine::answer_upgrade(int fd, CtlMsg &req, int proof, int bell, int queue) noexcept {
     CtlMsg rep{};
     rep.magic = kCtlMagic;
     rep.version = kCtlVersion;
@@ -369,11 +393,14 @@ void Engine::answer_upgrade(int fd, CtlMsg &req, int proof, int bell) noexcept {
     const bool we_dump = dumpable();
     rep.dumpable = std::uint32_t(we_dump);
     int my_proof = -1;  // across users: our own socket, proof for the initiator
+    int my_queue = -1;  // across users: ours, for the initiator's messages
     auto refuse = [&](std::uint32_t status) {
         rep.status = status;
         if (proof >= 0) sys.close(proof);
         if (bell >= 0) sys.close(bell);
+        if (queue >= 0) sys.close(queue);
         if (my_proof >= 0) sys.close(my_proof);
+        if (my_queue >= 0) sys.close(my_queue);
         send_ctl(fd, rep, nullptr, 0, MSG_DONTWAIT);
     };
     if (req.type != std::uint16_t(CtlType::request) || proof < 0 || bell < 0 || !fabric_usable() ||
@@ -416,11 +443,28 @@ void Engine::answer_upgrade(int fd, CtlMsg &req, int proof, int bell) noexcept {
         if (c->held.load(std::memory_order_acquire) ||
             !(st == ConnState::kernel || (st == ConnState::initiating && !c->acceptor)))
             return refuse(kConflict);
+        // Across users: the link to the initiator, its queue checked
+        // before anything of it is mapped (it must not be able to shrink
+        // it under us), ours passed back.
+        int xl = -1;
+        if (cross) {
+            xl = link_for(req.pid, req.addr);
+            if (xl < 0)
+                return refuse(std::uint32_t(xl == -EPROTO ? Reason::proof_failed
+                                                          : Reason::fabric_error));
+            if (link_set_out(xl, std::exchange(queue, -1)) != 0 ||
+                (my_queue = fcntl(links_[xl].in_fd, F_DUPFD_CLOEXEC, 0)) < 0) {
+                SD_LOG(info, "upgrade request from pid %d (uid %u): its queue is not a sealed "
+                             "memfd of the expected size", int(req.pid), uid);
+                link_put(xl);
+                return refuse(std::uint32_t(Reason::proof_failed));
+            }
+        }
         Reason why = Reason::none;
         Peer *peer = nullptr;
         if (make_ring(c) == 0)
-            peer = attach_peer(req.pid, req.addr, bell, &why, cross ? far_dir : nullptr);
-        else sys.close(bell);
+            peer = attach_peer(req.pid, req.addr, bell, &why, cross ? far_dir : nullptr, xl);
+        else sys.close(bell), link_put(xl);
         bell = -1;  // kept by attach_peer, or closed
         if (!peer) {
             if (why == Reason::none) why = Reason::fabric_error;
@@ -448,10 +492,12 @@ void Engine::answer_upgrade(int fd, CtlMsg &req, int proof, int bell) noexcept {
     rep.status = std::uint32_t(Reason::none);
     if (proof >= 0) sys.close(proof);
     bool committed = false;
-    const int answer_fds[2] = {doorbell_, my_proof};
-    const int nanswer = cross ? 2 : (req.status & kHaveBell) ? 0 : 1;
+    if (queue >= 0) sys.close(queue);  // of our uid: none expected
+    const int answer_fds[3] = {doorbell_, my_proof, my_queue};
+    const int nanswer = cross ? 3 : (req.status & kHaveBell) ? 0 : 1;
     const ssize_t answered = send_ctl(fd, rep, answer_fds, nanswer, MSG_DONTWAIT);
     if (my_proof >= 0) sys.close(my_proof);
+    if (my_queue >= 0) sys.close(my_queue);
     if (answered == sizeof rep) {
         const std::uint64_t deadline =
             monotonic_ns() + std::uint64_t(settings().upgrade_timeout_ms) * 1000000;

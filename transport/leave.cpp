@@ -278,10 +278,11 @@ bool Engine::peer_conn_closed(const Conn *c) const noexcept {
     // Its slot in the peer's process page: closed, or already another
     // connection's (the ports name the connection; a slot reused for the
     // same ports within a leave is not a case worth a generation field).
-    if (!c->peer || !c->peer->page || c->peer_id >= kSlots) return false;
-    const ConnStat &s = c->peer->page->slots[c->peer_id];
-    return s.state.load(std::memory_order_acquire) != std::uint32_t(SlotState::live) ||
-           s.local_port != c->tuple.peer_port || s.peer_port != c->tuple.local_port;
+    ConnStat buf;
+    const ConnStat *s = peer_slot(c->peer, c->peer_id, &buf);
+    if (!s) return false;
+    return s->state.load(std::memory_order_acquire) != std::uint32_t(SlotState::live) ||
+           s->local_port != c->tuple.peer_port || s->peer_port != c->tuple.local_port;
 }
 
 int Engine::write_owed_locked(Conn *c) noexcept {

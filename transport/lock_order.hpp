@@ -25,6 +25,10 @@
 //   pollers_lock    wait.cpp          threads asleep in poll; rung under rx
 //   RegCache::lock_ regcache.cpp      the registration cache (hooks: anywhere)
 //   grant_lock      crossuser.cpp     a file's ACL, read, extended, written back
+//   XqWriter::lock  xqueue.hpp        a peer of another uid's queue: one post's
+//                                     copy into it, a swap for a new one
+//   mirror_lock_    xqlink.cpp        our sleepers count copied into our queues;
+//                                     taken under the table and progress locks
 //   dirs_lock       verdict.cpp       the other registries found beside ours
 //   addrs_lock      verdict.cpp       this host's addresses
 //

@@ -17,6 +17,7 @@
 #include "settings.hpp"
 #include "sys.hpp"
 
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <fcntl.h>
@@ -26,14 +27,23 @@
 #include <unistd.h>
 
 namespace sd::transport {
+namespace {
+
+// The page of every peer of another uid, as far as a map would show it:
+// zeros (its page is only ever read with pread: Engine::peer_slot).
+ProcPage absent_page{};
+
+}  // namespace
 
 Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why,
-                          const char *dir) noexcept {
-    // The doorbell is ours from here on every path: kept, or closed (each
-    // refused request would otherwise leave one open fd behind).
+                          const char *dir, int xl) noexcept {
+    // The doorbell and the link's reference are ours from here on every
+    // path: kept, or closed (each refused request would otherwise leave
+    // one open fd behind).
     auto refuse = [&](Reason r) -> Peer * {
         *why = r;
         if (doorbell >= 0) sys.close(doorbell);
+        link_put(xl);
         return nullptr;
     };
     for (std::uint32_t i = 0; i < npeers_; ++i) {
@@ -60,6 +70,7 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
         // the first doorbell offered is the one kept.
         if (doorbell >= 0 && q.doorbell < 0) q.doorbell = doorbell;
         else if (doorbell >= 0) sys.close(doorbell);
+        link_put(xl);  // the peer holds its own (the same link: found by the same name)
         return &q;
     }
     auto count_live = [&] {
@@ -80,7 +91,11 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
         return refuse(Reason::av_full);
     *p = Peer{};
     p->pid = pid;
-    {
+    if (dir) {
+        // Of another uid: nothing of the provider (xqlink.cpp).
+        if (xl < 0) return refuse(Reason::fabric_error);
+        p->addr = kQueueAddr;
+    } else {
         Guard guard;
         InProvider in;  // refused: the process is exiting
         int rc = in.ok() ? fi_av_insert(ep_.av, addr, 1, &p->addr, 0, nullptr) : 0;
@@ -94,18 +109,39 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
         p->page = page_;
         p->doorbell = doorbell_;
         if (doorbell >= 0) sys.close(doorbell);
+    } else if (dir) {
+        // Of another uid: its page is opened to us read only, and never
+        // mapped (it owns the file and could shrink it under a map: a read
+        // past its end is SIGBUS). The few reads of it are preads
+        // (peer_slot); `page` points to zeros, and its sleepers count comes
+        // through its queue (ring).
+        char path[300];
+        std::snprintf(path, sizeof path, "%s/p%d", dir, int(pid));
+        int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        std::int32_t owner = 0;
+        if (fd < 0 || pread(fd, &owner, sizeof owner, offsetof(ProcHeader, pid)) != sizeof owner ||
+            owner != pid) {
+            if (fd >= 0) sys.close(fd);
+            *p = Peer{};
+            return refuse(Reason::peer_refused);
+        }
+        p->page = &absent_page;
+        p->page_fd = fd;
+        p->doorbell = doorbell;
+        p->cross = true;
+        std::snprintf(p->dir, sizeof p->dir, "%s", dir);
+        p->xl = xl;
+        links_[xl].peer.store(p, std::memory_order_release);
+        p->pidfd = int(syscall(SYS_pidfd_open, pid, 0));
     } else {
         char path[300];
-        std::snprintf(path, sizeof path, "%s/p%d", dir ? dir : settings().registry, int(pid));
+        std::snprintf(path, sizeof path, "%s/p%d", settings().registry, int(pid));
         // Writable for the claim words of its advertised recv buffers
-        // (write zero-copy); everything else in it we only read. A peer
-        // of another uid opens it to us read only, and its sinks never go
-        // by the claim word.
-        const bool ro = dir != nullptr;
-        int fd = open(path, (ro ? O_RDONLY : O_RDWR) | O_CLOEXEC);
+        // (write zero-copy); everything else in it we only read.
+        int fd = open(path, O_RDWR | O_CLOEXEC);
         void *map = fd < 0 ? MAP_FAILED
-                           : mmap(nullptr, sizeof(ProcPage),
-                                  ro ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+                           : mmap(nullptr, sizeof(ProcPage), PROT_READ | PROT_WRITE, MAP_SHARED,
+                                  fd, 0);
         if (fd >= 0) sys.close(fd);
         if (map == MAP_FAILED || static_cast<ProcPage *>(map)->header.pid != pid) {
             if (map != MAP_FAILED) munmap(map, sizeof(ProcPage));
@@ -119,12 +155,10 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
         }
         p->page = static_cast<ProcPage *>(map);
         p->doorbell = doorbell;
-        p->cross = dir != nullptr;
-        if (dir) std::snprintf(p->dir, sizeof p->dir, "%s", dir);
         p->pidfd = int(syscall(SYS_pidfd_open, pid, 0));
     }
     std::snprintf(p->name, sizeof p->name, "%s", addr);
-    p->region.watch(addr, pid);
+    if (!p->cross) p->region.watch(addr, pid);  // no view of another uid's region
     p->conns = 1;
     page_->header.peers_attached.fetch_add(1, std::memory_order_relaxed);
     // The control thread watches its pidfd from now on.
@@ -156,7 +190,9 @@ void Engine::release_peer(Peer *p) noexcept {
 
 void Engine::drop_peer(Peer *p) noexcept {
     if (p->idle_since) --idle_peers_;
-    if (p->addr != FI_ADDR_UNSPEC) {  // else forget_peers() removed it
+    if (p->cross) {
+        link_put(p->xl);  // else forget_peers() let it go
+    } else if (p->addr != FI_ADDR_UNSPEC) {  // else forget_peers() removed it
         // Through the gate: a peer that ends while this process exits is
         // dropped by the control thread, and the provider's removal reads
         // the endpoint names libfabric's destructor frees (TSan: a
@@ -167,7 +203,11 @@ void Engine::drop_peer(Peer *p) noexcept {
         if (in.ok()) fi_av_remove(ep_.av, &p->addr, 1, 0);
     }
     if (p->pid != pid_) {
-        munmap(const_cast<ProcPage *>(p->page), sizeof(ProcPage));
+        if (p->cross) {
+            if (p->page_fd >= 0) sys.close(p->page_fd);
+        } else {
+            munmap(const_cast<ProcPage *>(p->page), sizeof(ProcPage));
+        }
         if (p->doorbell >= 0) sys.close(p->doorbell);
         if (p->pidfd >= 0) sys.close(p->pidfd);
     }

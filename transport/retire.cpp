@@ -65,17 +65,27 @@ void Engine::forget_peers() noexcept {
                           "maps stay", int(p.pid));
             continue;
         }
-        {
+        if (p.cross) {
+            // Both queues unmapped (ours at once, where this thread may
+            // wait for progress; else by the next pass); a post of a
+            // connection that still names the peer finds no queue.
+            link_put(std::exchange(p.xl, -1));
+        } else {
             Guard guard;
             InProvider in;
             if (in.ok()) fi_av_remove(ep_.av, &p.addr, 1, 0);  // the provider unmaps the peer's region
         }
         p.region.forget();  // our own read-only view of its lock word too
-        // The page's place stays mapped (a thread may still look at it) but
-        // holds zeros now, nothing of the peer.
-        void *z = mmap(const_cast<ProcPage *>(p.page), sizeof(ProcPage), PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
-        if (z == MAP_FAILED) SD_LOG(error, "could not unmap the process page of pid %d", int(p.pid));
+        if (p.cross) {
+            if (p.page_fd >= 0) sys.close(std::exchange(p.page_fd, -1));  // never mapped
+        } else {
+            // The page's place stays mapped (a thread may still look at it)
+            // but holds zeros now, nothing of the peer.
+            void *z = mmap(const_cast<ProcPage *>(p.page), sizeof(ProcPage),
+                           PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+            if (z == MAP_FAILED)
+                SD_LOG(error, "could not unmap the process page of pid %d", int(p.pid));
+        }
         if (p.doorbell >= 0) sys.close(std::exchange(p.doorbell, -1));
         if (p.pidfd >= 0) sys.close(std::exchange(p.pidfd, -1));
         p.addr = FI_ADDR_UNSPEC;

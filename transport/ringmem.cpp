@@ -33,7 +33,9 @@ char *ring_alloc(std::uint32_t cap) noexcept {
 }
 
 bool Engine::peer_may_write(const Conn *c) const noexcept {
-    if (!c->peer || !c->peer->page || c->peer_id >= kSlots || c->fin_off != kNoOffset)
+    // A peer of another uid is never offered the ring.
+    if (!c->peer || !c->peer->page || c->peer->cross || c->peer_id >= kSlots ||
+        c->fin_off != kNoOffset)
         return false;
     const ConnStat &s = c->peer->page->slots[c->peer_id];
     return s.state.load(std::memory_order_acquire) == std::uint32_t(SlotState::live) &&

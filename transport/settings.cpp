@@ -82,14 +82,15 @@ constexpr Setting table[] = {
      "process ended goes at once. 0: none. At most 64."},
     {"SDIRECT_SAME_PROCESS", SettingKind::boolean, "1",
      "Accelerate connections whose two ends live in the same process."},
-    {"SDIRECT_CROSS_USER", SettingKind::boolean, "0",
+    {"SDIRECT_CROSS_USER", SettingKind::boolean, "1",
      "Let a connection between processes of two different uids go direct "
-     "(both ends must set it, and use the default registry). Each side "
-     "opens its shm region and process page to the other's uid alone "
-     "(a POSIX ACL entry), and copies across the pair never use "
-     "process_vm_*. Off by default: the peer of the other uid can write "
-     "into the whole shm region of this process, which libfabric trusts "
-     "(see docs/ARCHITECTURE.md, \"Between users\")."},
+     "(both ends, default registry only). Such a pair never shares the "
+     "provider's shm region: its messages go through two queues of the "
+     "library's own (a sealed memfd per direction, created by the "
+     "receiver, whose reader validates everything), and each side opens "
+     "only its process page, read only, to the other's uid. 0: only "
+     "processes of one uid go direct (see docs/ARCHITECTURE.md, \"Between "
+     "users\")."},
     {"SDIRECT_UPGRADE_TIMEOUT_MS", SettingKind::integer, "1000",
      "Longest wait for a peer's answer to an upgrade request, and for the "
      "peer's commit after this side accepted one; on expiry both ends of the "

@@ -60,10 +60,10 @@ int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
         std::lock_guard lock(c->rx_lock);
         c->add_waiter(&w);
     }
-    auto &sleepers = e->page()->header.sleepers;
     // Announce, then look once more: a peer that posts after our recheck
-    // sees the count and rings the doorbell (Engine::ring).
-    sleepers.fetch_add(1, std::memory_order_seq_cst);
+    // sees the count and rings the doorbell (Engine::ring); the recheck's
+    // progress reads the queues of peers of other uids too.
+    e->announce_sleep(1);
     e->progress();
     int rc = 0;
     if (!ready(ctx)) {
@@ -82,7 +82,7 @@ int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
             if (p[1].revents & POLLIN) drain(e->doorbell());
         }
     }
-    sleepers.fetch_sub(1, std::memory_order_relaxed);
+    e->announce_sleep(-1);
     if (c) {
         std::lock_guard lock(c->rx_lock);
         c->remove_waiter(&w);
@@ -117,8 +117,7 @@ int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int tim
         pollers.push_front(w);
     }
     n_pollers.fetch_add(1, std::memory_order_seq_cst);
-    auto &sleepers = e->page()->header.sleepers;
-    sleepers.fetch_add(1, std::memory_order_seq_cst);
+    e->announce_sleep(1);
     e->progress();
     int rc = 0;
     if (!ready(ctx)) {
@@ -151,7 +150,7 @@ int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int tim
     } else {
         for (nfds_t i = 0; i < n; ++i) fds[i].revents = 0;
     }
-    sleepers.fetch_sub(1, std::memory_order_relaxed);
+    e->announce_sleep(-1);
     n_pollers.fetch_sub(1, std::memory_order_relaxed);
     {
         std::lock_guard lock(pollers_lock);

@@ -70,6 +70,14 @@ constexpr bool is_stream_msg(MsgType t) noexcept {
            t == MsgType::fin || t == MsgType::close || t == MsgType::leave;
 }
 
+// What a peer of another uid may send: every byte goes inline, and no
+// ring, advertisement or sink is ever offered either way (xqlink.cpp);
+// any other type from it breaks its connection.
+constexpr bool across_users(MsgType t) noexcept {
+    return t == MsgType::data || t == MsgType::credit || t == MsgType::fin ||
+           t == MsgType::close || t == MsgType::leave || t == MsgType::give_back;
+}
+
 inline constexpr std::uint32_t kLeaveFirst = 1;
 inline constexpr std::uint32_t kGiveBackLast = 1;
 

@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# Connections between two users on one host (SDIRECT_CROSS_USER=1): an
+# Connections between two users on one host (on by default): an
 # echo of 6 MB in pieces of 1 B to 1 MiB between a root process and one of
 # nobody, each way round (root client to a nobody server, nobody client to
 # a root server), and between nobody and daemon. Every byte must come back
 # as sent (counts and SHA-256 on both ends) and both ends must have run
 # direct (their stats files). While each root<->nobody connection is up, a
 # process of a third uid (daemon) must get EACCES opening any shm region
-# or process page either end has mapped, and the peer's uid must be able
-# to open our region read-write and our page only read-only; every byte
-# went inline, in messages (no ring write, no zero-copy across users). A root server that becomes daemon mid-stream goes on over the
-# kernel and keeps nothing of its peer mapped. An entry a third user
-# forged for someone else's connection gets nothing opened to it. Without
-# the setting (the default) the same pair stays on TCP (other_user or
-# no_peer).
+# or process page either end has mapped, the peer's uid must get EACCES
+# on our region (never opened to it: the pair's messages go by two
+# queues, sealed memfds, never through the provider) and be able to open
+# our page read-only only; every byte went inline, in messages (no ring
+# write, no zero-copy across users). A root server that becomes daemon
+# mid-stream goes on over the kernel and keeps nothing of its peer mapped
+# (no page, no queue). An entry a third user forged for someone else's
+# connection gets nothing opened to it. With SDIRECT_CROSS_USER=0 the same
+# pair stays on TCP (other_user or no_peer).
 #
 # Needs root (setpriv to other uids); it runs in a mount namespace of its
 # own with a private /dev/shm, so that the registries it opens to other
@@ -60,10 +62,12 @@ check_bytes() {
 }
 
 # pair NAME CROSS SERVER-AS CLIENT-AS: one echo; SERVER-AS and CLIENT-AS
-# are root, nobody or daemon; CROSS is the SDIRECT_CROSS_USER value. A root
-# side probes (a user's process cannot switch to the third uid).
+# are root, nobody or daemon; CROSS is the SDIRECT_CROSS_USER value, or
+# "default" (not set). A root side probes (a user's process cannot switch
+# to the third uid).
 pair() {
-    local name="$1" cross="$2" srv_as="$3" cli_as="$4" port srv rc
+    local name="$1" setting="$2" srv_as="$3" cli_as="$4" port srv rc cross=1
+    [[ "$setting" == 0 ]] && cross=0
     local srv_pre=() cli_pre=() srv_probe=() cli_probe=()
     [[ "$srv_as" == nobody ]] && srv_pre=("${as_nobody[@]}")
     [[ "$cli_as" == nobody ]] && cli_pre=("${as_nobody[@]}")
@@ -77,7 +81,7 @@ pair() {
         fi
     fi
     port="$(it_free_port)"
-    export SDIRECT_CROSS_USER="$cross"
+    if [[ "$setting" == default ]]; then unset SDIRECT_CROSS_USER; else export SDIRECT_CROSS_USER="$setting"; fi
     it_start "$name-server" 40 "${srv_pre[@]}" "$it_py" "$it_dir/xuser_echo.py" server \
         --port "$port" "${srv_probe[@]}"
     srv=$it_pid
@@ -101,7 +105,7 @@ pair() {
         local line
         line="$(grep -h '^probe' "$it_tmp/$name-server.log" "$it_tmp/$name-client.log")"
         [[ "$line" == "probe ok "* ]]
-        it_check $? "$name: uid $third gets EACCES on every shared file; uid $nobody opens our region rw, our page ro only: $line"
+        it_check $? "$name: uid $third gets EACCES on every shared file; uid $nobody gets EACCES on our region, opens our page ro only; two queues mapped: $line"
     fi
     if ((cross)); then
         # Direct from the first byte unless the engine's build outlasted
@@ -130,7 +134,7 @@ pair() {
 drop() {
     local name="$1" port srv rc
     port="$(it_free_port)"
-    export SDIRECT_CROSS_USER=1
+    unset SDIRECT_CROSS_USER  # on by default
     it_start "$name-server" 40 "$it_py" "$it_dir/xuser_echo.py" server --port "$port" \
         --drop-to "$third"
     srv=$it_pid
@@ -154,7 +158,7 @@ drop() {
         local line
         line="$(grep -h '^maps' "$it_tmp/$name-server.log")"
         [[ "$line" == "maps ok" ]]
-        it_check $? "$name: the server mapped its peer's region and page before its setresuid, nothing of them after: $line"
+        it_check $? "$name: the server mapped its peer's page and their queues before its setresuid, nothing of them after: $line"
         # Direct first (bytes on the fabric), then on the kernel for good.
         it_expect_mode "$port" "$name-server" kernel privilege "tx_fabric>0" "tx_kernel>0"
         it_expect_mode "$port" "$name-client" kernel privilege "rx_fabric>0" "rx_kernel>0"
@@ -185,7 +189,7 @@ forged() {
     setpriv "--reuid=$third" "--regid=$third" --clear-groups "$it_py" "$it_dir/xuser_plant.py" \
         --port "$port" --client-port "$cport" --pid "$sleeper" >"$it_tmp/$name-plant.log" 2>&1
     it_check $? "$name: uid $third planted $(cat "$it_tmp/$name-plant.log")"
-    export SDIRECT_CROSS_USER=1
+    unset SDIRECT_CROSS_USER  # on by default
     it_run "$name-client" 30 "$it_py" "$it_dir/xuser_echo.py" client --port "$port" \
         --bytes "$bytes" --bind-port "$cport" --check-acl "$third" \
         </dev/null >"$it_tmp/$name-client.log" 2>&1
@@ -207,10 +211,10 @@ forged() {
 }
 
 # First, while neither registry was opened to other users.
-pair default-off 0 nobody root
-pair root-to-nobody 1 nobody root
-pair nobody-to-root 1 root nobody
+pair setting-off 0 nobody root
+pair root-to-nobody default nobody root
+pair nobody-to-root default root nobody
 drop setuid-after
-pair nobody-to-daemon 1 daemon nobody
+pair nobody-to-daemon default daemon nobody
 ((it_kernel)) || forged forged-entry
 it_finish

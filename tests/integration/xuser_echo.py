@@ -5,15 +5,22 @@
 # while a thread reads the echo back; both ends print the count and
 # SHA-256 of what they received, the client also of what it sent.
 #
+# --clients N (server): N connections at once, one thread each, each
+# line "server conn I received N SHA" or "server conn I broke ...".
+# --seconds S (client): sends for S seconds (at least --bytes).
+#
 # --check-acl UID (client): before its shutdown, the client's own shm
 # region must not be opened to UID; prints "acl ok" or to whom it is.
 #
 # --probe UID: while the connection is up (the client before its
 # shutdown, the server at EOF), every file of /dev/shm this process has
 # mapped (shm regions, process pages: its own and its peer's) is opened
-# by a process of UID, which must get EACCES for each; with --peer-uid,
-# a process of that uid must be able to open our region for reading and
-# writing, and our page for reading only. Prints "probe ok N" or why not.
+# (and every one it holds open: the peer's page) by a process of UID,
+# which must get EACCES for each; with --peer-uid,
+# a process of that uid must get EACCES on our region (never opened to
+# it) and be able to open our page for reading only. The peer's region is
+# not mapped at all, the two message queues are. Prints "probe ok N" or
+# why not.
 import argparse
 import hashlib
 import os
@@ -22,6 +29,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 CHECK = r"""
 import errno, os, sys
@@ -51,33 +59,69 @@ def as_user(uid, how, paths):
     out = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
                           sys.executable, "-c", CHECK, how] + paths,
                          env=env, capture_output=True, text=True, timeout=20)
-    return dict(line.rsplit(" ", 1) for line in out.stdout.splitlines())
+    got = dict(line.rsplit(" ", 1) for line in out.stdout.splitlines())
+    if out.returncode != 0 or len(got) != len(paths):
+        # Said, not hidden: the probe itself failed (its status, its errors).
+        got["(probe)"] = f"status {out.returncode}: {out.stderr.strip()[-300:]}"
+    return got
+
+
+def shm_fds():
+    # /dev/shm files this process holds open (a peer's page of another uid
+    # is read with pread, never mapped).
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            path = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if path.startswith("/dev/shm/") and "(deleted)" not in path:
+            found.add(path)
+    return found
 
 
 def probe(third, peer):
-    paths = shm_maps()
+    paths = sorted(set(shm_maps()) | shm_fds())
     regions = [p for p in paths if os.path.basename(p).startswith("sd") and "/sdirect-" not in p]
     pages = [p for p in paths if "/sdirect-" in p and os.path.basename(p).startswith("p")]
-    if len(regions) < 2 or len(pages) < 2:
-        return f"probe: expected our own and the peer's region and page mapped, found {paths}"
+    mine = lambda ps: [p for p in ps if os.stat(p).st_uid == os.getuid()]
+    # Our own region and page mapped, the peer's page open (not mapped);
+    # never the peer's region (its messages come by a queue of ours, not
+    # through the provider).
+    mapped_pages = [p for p in shm_maps() if p in pages]
+    if len(mine(regions)) != 1 or len(regions) != 1 or len(pages) < 2 or mine(mapped_pages) != mapped_pages:
+        return f"probe: expected our own region and page mapped and the peer's page open, found {paths} (mapped {shm_maps()})"
+    queues = memfd_maps()
+    if len(queues) < 2:
+        return f"probe: expected our queue and the peer's mapped, found {queues}"
     got = as_user(third, "ro", paths)
     bad = {p: r for p, r in got.items() if r != "EACCES"}
     if bad or len(got) != len(paths):
         return f"probe: uid {third} got {got}; expected EACCES for all of {paths}"
     n = len(paths)
     if peer is not None:
-        # Our region read and write (the provider queues messages there),
-        # our page read only.
-        mine = lambda ps: [p for p in ps if os.stat(p).st_uid == os.getuid()]
-        want = {p: "opened" for p in mine(regions)}
+        # Our region not at all, our page read only.
+        want = {p: "EACCES" for p in mine(regions) + mine(pages)}
         got = as_user(peer, "rw", mine(regions) + mine(pages))
-        want.update({p: "EACCES" for p in mine(pages)})
-        got_ro = as_user(peer, "ro", mine(pages))
-        if len(want) < 2 or got != want or any(r != "opened" for r in got_ro.values()) \
-                or len(got_ro) != len(mine(pages)):
-            return f"probe: the peer's uid {peer} got {got} and read only {got_ro}; expected {want}"
+        got_ro = as_user(peer, "ro", mine(regions) + mine(pages))
+        want_ro = {p: "EACCES" for p in mine(regions)}
+        want_ro.update({p: "opened" for p in mine(pages)})
+        if len(want) < 2 or got != want or got_ro != want_ro:
+            return (f"probe: the peer's uid {peer} got {got} read-write and {got_ro} read only; "
+                    f"expected {want} and {want_ro}")
         n += len(want) + len(got_ro)
     return f"probe ok {n}"
+
+
+def memfd_maps():
+    # The message queues (sealed memfds) this process has mapped.
+    found = set()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(None, 5)
+            if len(parts) == 6 and parts[5].startswith("/memfd:sdirect-queue"):
+                found.add(parts[0])
+    return sorted(found)
 
 
 def not_ours():
@@ -89,11 +133,43 @@ def not_ours():
                     or os.path.basename(p) == "spin")]
 
 
+def serve_many(s, n):
+    # --clients N: N connections at once, a thread each; one that breaks
+    # (a hostile peer's) ends alone, and each says what it received.
+    def echo(c, i):
+        h = hashlib.sha256()
+        got = 0
+        try:
+            while True:
+                b = c.recv(1 << 20)
+                if not b:
+                    break
+                h.update(b)
+                got += len(b)
+                c.sendall(b)
+            print(f"server conn {i} received", got, h.hexdigest(), flush=True)
+        except OSError as e:
+            print(f"server conn {i} broke after {got} bytes: {e}", flush=True)
+        c.close()
+    threads = []
+    for i in range(n):
+        c, _ = s.accept()
+        t = threading.Thread(target=echo, args=(c, i))
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join()
+
+
 def server(a):
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind(("127.0.0.1", a.port))
     s.listen(4)
+    if a.clients > 1:
+        serve_many(s, a.clients)
+        print("server done", flush=True)
+        return
     c, _ = s.accept()
     h = hashlib.sha256()
     n = 0
@@ -107,15 +183,15 @@ def server(a):
         c.sendall(b)
         if a.drop_to is not None and not dropped and n >= a.drop_after:
             # Mid-stream, the connection direct: become another user.
-            before = not_ours()
+            before = not_ours() + memfd_maps()
             os.setgroups([])
             os.setresgid(a.drop_to, a.drop_to, a.drop_to)
             os.setresuid(a.drop_to, a.drop_to, a.drop_to)
             dropped = True
     if dropped:
         # Nothing of the peer stays mapped: every shm file still mapped
-        # is one of ours (its name carries our pid).
-        after = not_ours()
+        # is one of ours (its name carries our pid), and no queue.
+        after = not_ours() + memfd_maps()
         ok = before and not after
         print("maps", "ok" if ok else f"of the peer before {before}, after {after}", flush=True)
     if a.probe is not None:
@@ -159,8 +235,9 @@ def client(a):
     sent = 0
     sizes = [1, 100, 4000, 5000, 65536, 200000, 1 << 20, 7]
     i = 0
-    while sent < a.bytes:
-        k = min(sizes[i % len(sizes)], a.bytes - sent)
+    end = time.monotonic() + a.seconds
+    while sent < a.bytes or time.monotonic() < end:
+        k = sizes[i % len(sizes)] if a.seconds else min(sizes[i % len(sizes)], a.bytes - sent)
         at = rnd.randrange(0, len(pattern) - k + 1)
         piece = pattern[at:at + k]
         c.sendall(piece)
@@ -194,5 +271,7 @@ p.add_argument("--drop-to", type=int)
 p.add_argument("--bind-port", type=int)
 p.add_argument("--check-acl", type=int)
 p.add_argument("--drop-after", type=int, default=1 << 20)
+p.add_argument("--clients", type=int, default=1)
+p.add_argument("--seconds", type=float, default=0)
 a = p.parse_args()
 server(a) if a.role == "server" else client(a)

@@ -45,13 +45,15 @@ TEST_CASE("settings parse numbers, booleans and log level names") {
     CHECK(std::string(settings().registry) == "/tmp/some-registry");
 }
 
-TEST_CASE("cross-user connections are off by default, and only on with the default registry") {
+TEST_CASE("cross-user connections are on by default, off with 0, and only with the default registry") {
     load_settings();
-    CHECK_FALSE(settings().cross_user);
+    CHECK(settings().cross_user);
     {
-        EnvGuard x("SDIRECT_CROSS_USER", "1");
+        EnvGuard x("SDIRECT_CROSS_USER", "0");
         load_settings();
-        CHECK(settings().cross_user);
+        CHECK_FALSE(settings().cross_user);
+    }
+    {
         // The other uid's registry is found by its default name only.
         EnvGuard r("SDIRECT_REGISTRY", "/tmp/some-registry");
         load_settings();
