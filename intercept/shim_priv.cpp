@@ -70,13 +70,11 @@ bool gids_change(gid_t r, gid_t e, gid_t s) noexcept {
 
 SD_EXPORT int setuid(uid_t uid) noexcept {
     // As root it sets all three ids, else the effective one.
-    return change_ids(uids_change(uid, uid, uid),
-                      [&]() noexcept { return sys.setuid(uid); });
+    return change_ids(uids_change(uid, uid, uid), [&]() noexcept { return sys.setuid(uid); });
 }
 
 SD_EXPORT int setgid(gid_t gid) noexcept {
-    return change_ids(gids_change(gid, gid, gid),
-                      [&]() noexcept { return sys.setgid(gid); });
+    return change_ids(gids_change(gid, gid, gid), [&]() noexcept { return sys.setgid(gid); });
 }
 
 SD_EXPORT int seteuid(uid_t uid) noexcept {
@@ -100,15 +98,11 @@ SD_EXPORT int setregid(gid_t r, gid_t e) noexcept {
 }
 
 SD_EXPORT int setresuid(uid_t r, uid_t e, uid_t s) noexcept {
-    return change_ids(uids_change(r, e, s), [&]() noexcept {
-        return sys.setresuid(r, e, s);
-    });
+    return change_ids(uids_change(r, e, s), [&]() noexcept { return sys.setresuid(r, e, s); });
 }
 
 SD_EXPORT int setresgid(gid_t r, gid_t e, gid_t s) noexcept {
-    return change_ids(gids_change(r, e, s), [&]() noexcept {
-        return sys.setresgid(r, e, s);
-    });
+    return change_ids(gids_change(r, e, s), [&]() noexcept { return sys.setresgid(r, e, s); });
 }
 
 SD_EXPORT int chroot(const char *path) noexcept {

@@ -77,7 +77,8 @@ ssize_t Stream::send_file(int in, off_t *offset, std::size_t count) noexcept {
 ssize_t Stream::splice_from_pipe(int in, std::size_t len, unsigned flags) noexcept {
     int fl = sys.fcntl(in, F_GETFL);
     if (fl < 0) return -errno;
-    const unsigned tee_flags = (flags & SPLICE_F_NONBLOCK) || (fl & O_NONBLOCK) ? SPLICE_F_NONBLOCK : 0;
+    const unsigned tee_flags =
+        (flags & SPLICE_F_NONBLOCK) || (fl & O_NONBLOCK) ? SPLICE_F_NONBLOCK : 0;
     int peek[2];
     if (pipe2(peek, O_CLOEXEC | O_NONBLOCK) != 0) return -errno;
     char buf[65536];
