@@ -2,8 +2,9 @@
 // free, realloc, munmap, mremap, madvise, mmap over a mapped range, brk,
 // sbrk and shmdt drop the registrations of the memory they release or
 // replace before it goes. Each forwards to the next definition (the
-// application's allocator, or libc). With the cache empty (always, on one
-// host: process_vm_readv needs no registration) a hook costs one load.
+// application's allocator, or libc), as the real-libc table holds it
+// (transport/sys.hpp). With the cache empty (always, on one host:
+// process_vm_readv needs no registration) a hook costs one load.
 //
 // They work only if they are the process's: a program that defines free
 // itself, or a sanitizer preloaded first, comes before us, and then the
