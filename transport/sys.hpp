@@ -26,6 +26,8 @@
 namespace sd::transport {
 
 struct Sys {
+    // Sockets, I/O, readiness: the library cannot run without them (a libc
+    // that lacks one stops the process at load, with a line on stderr).
     int (*socket)(int, int, int);
     int (*bind)(int, const sockaddr *, socklen_t);
     int (*listen)(int, int);
