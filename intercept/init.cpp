@@ -1,6 +1,7 @@
-// Library start. The constructor resolves libc, reads the settings, sets
-// the provider libraries' variables and builds the socket table before
-// main() runs; nothing else happens until the first TCP connection (the
+// Library start. The constructor resolves libc (the one table of real
+// functions, transport/sys.hpp), checks the memory hooks, reads the
+// settings, sets the provider libraries' variables and builds the socket
+// table before main() runs; nothing else happens until the first TCP connection (the
 // end is an atexit hook the engine build registers:
 // transport/engine_setup.cpp).
 #include "fork_protocol/fork.hpp"
@@ -18,9 +19,12 @@ void memhooks_check() noexcept;  // shim_mem.cpp
 
 namespace {
 
+// Priority 101: before every other constructor of the library
+// (shim_spawn.cpp's, 102, and C++ static initialisers), so that the real libc
+// functions are there before anything of ours may call them.
 __attribute__((constructor(101))) void sdirect_start() {
-    sd::intercept::memhooks_check();
     sd::transport::resolve_sys();
+    sd::intercept::memhooks_check();
     sd::transport::load_settings();
     // Here, while the process has one thread: the engine is built on a
     // thread of its own, and a setenv() there raced the application's

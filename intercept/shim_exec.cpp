@@ -16,34 +16,14 @@
 #include <cstdarg>
 #include <cstdlib>
 #include <cstring>
-#include <dlfcn.h>
 #include <unistd.h>
 #include <vector>
 
 extern char **environ;
 
+using sd::transport::sys;
+
 namespace {
-
-struct Real {
-    int (*execve)(const char *, char *const[], char *const[]);
-    int (*execvpe)(const char *, char *const[], char *const[]);
-    int (*fexecve)(int, char *const[], char *const[]);
-    int (*execveat)(int, const char *, char *const[], char *const[], int);
-};
-Real real;
-
-template <typename F>
-void find(F &slot, const char *name) noexcept {
-    slot = reinterpret_cast<F>(dlsym(RTLD_NEXT, name));
-}
-
-// Resolved before main(): a vfork child must not enter the dynamic linker.
-__attribute__((constructor(102))) void resolve_exec() {
-    find(real.execve, "execve");
-    find(real.execvpe, "execvpe");
-    find(real.fexecve, "fexecve");
-    find(real.execveat, "execveat");
-}
 
 // The environment of an exec in place: `envp` itself, after every
 // inherited socket went back to the kernel for good; or, when `envp`
@@ -105,11 +85,6 @@ struct ExecGate {
     }
 };
 
-int missing() noexcept {
-    errno = ENOSYS;
-    return -1;
-}
-
 // execl and friends: the arguments after `first` up to the terminating
 // null pointer, as an argv; `envp` gets what follows it (execle).
 std::vector<char *> gather(const char *first, va_list ap, char ***envp) {
@@ -125,38 +100,38 @@ std::vector<char *> gather(const char *first, va_list ap, char ***envp) {
 SD_EXPORT int execve(const char *path, char *const argv[], char *const envp[]) {
     ExecEnv env(envp);
     ExecGate gate;
-    return real.execve ? real.execve(path, argv, env.get()) : missing();
+    return sys.execve(path, argv, env.get());
 }
 
 SD_EXPORT int execv(const char *path, char *const argv[]) {
     ExecEnv env(environ);
     ExecGate gate;
-    return real.execve ? real.execve(path, argv, env.get()) : missing();
+    return sys.execve(path, argv, env.get());
 }
 
 SD_EXPORT int execvpe(const char *file, char *const argv[], char *const envp[]) {
     ExecEnv env(envp);
     ExecGate gate;
-    return real.execvpe ? real.execvpe(file, argv, env.get()) : missing();
+    return sys.execvpe(file, argv, env.get());
 }
 
 SD_EXPORT int execvp(const char *file, char *const argv[]) {
     ExecEnv env(environ);
     ExecGate gate;
-    return real.execvpe ? real.execvpe(file, argv, env.get()) : missing();
+    return sys.execvpe(file, argv, env.get());
 }
 
 SD_EXPORT int fexecve(int fd, char *const argv[], char *const envp[]) {
     ExecEnv env(envp);
     ExecGate gate;
-    return real.fexecve ? real.fexecve(fd, argv, env.get()) : missing();
+    return sys.fexecve(fd, argv, env.get());
 }
 
 SD_EXPORT int execveat(int dirfd, const char *path, char *const argv[], char *const envp[],
                        int flags) {
     ExecEnv env(envp);
     ExecGate gate;
-    return real.execveat ? real.execveat(dirfd, path, argv, env.get(), flags) : missing();
+    return sys.execveat(dirfd, path, argv, env.get(), flags);
 }
 
 SD_EXPORT int execl(const char *path, const char *arg, ...) {

@@ -7,7 +7,6 @@
 #include "shm_fallback/readiness.hpp"
 
 #include <climits>
-#include <dlfcn.h>
 #include <linux/close_range.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -15,12 +14,6 @@
 using namespace sd::intercept;
 
 namespace {
-
-void (*real_closefrom)(int) = nullptr;
-
-__attribute__((constructor(102))) void resolve_fdrange() {
-    real_closefrom = reinterpret_cast<void (*)(int)>(dlsym(RTLD_NEXT, "closefrom"));
-}
 
 // The library's part of closing first..last: what close() does before
 // the kernel's close, fd by fd.
@@ -53,6 +46,5 @@ SD_EXPORT int close_range(unsigned first, unsigned last, int flags) noexcept {
 SD_EXPORT void closefrom(int lowfd) noexcept {
     if (lowfd < 0) lowfd = 0;
     if (!table_frozen()) close_ours(unsigned(lowfd), UINT_MAX);
-    if (real_closefrom) return real_closefrom(lowfd);
-    syscall(SYS_close_range, unsigned(lowfd), UINT_MAX, 0);
+    sys.closefrom(lowfd);
 }

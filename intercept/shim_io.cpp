@@ -1,5 +1,5 @@
 // read/write, recv/send and friends: each builds an iovec and calls the
-// stream's one recv or send.
+// stream's one recv or send; sendfile and splice call the stream's own.
 // Our symbols must keep their plain names (fcntl, sendfile), not the
 // *64 names glibc redirects them to under _FILE_OFFSET_BITS=64.
 #undef _FILE_OFFSET_BITS
@@ -9,15 +9,10 @@
 #include "transport/wait.hpp"
 
 #include <algorithm>
-#include <dlfcn.h>
 #include <cerrno>
 #include <cstring>
 #include <fcntl.h>
-#include <poll.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -180,24 +175,6 @@ SD_EXPORT ssize_t sendmsg(int fd, const msghdr *m, int flags) {
 // its timeout is looked at after each message, as the kernel does.
 namespace {
 
-int (*real_sendmmsg)(int, mmsghdr *, unsigned, int) = nullptr;
-int (*real_recvmmsg)(int, mmsghdr *, unsigned, int, timespec *) = nullptr;
-
-__attribute__((constructor(102))) void resolve_mmsg() {
-    real_sendmmsg = reinterpret_cast<decltype(real_sendmmsg)>(dlsym(RTLD_NEXT, "sendmmsg"));
-    real_recvmmsg = reinterpret_cast<decltype(real_recvmmsg)>(dlsym(RTLD_NEXT, "recvmmsg"));
-}
-
-int kernel_sendmmsg(int fd, mmsghdr *v, unsigned n, int flags) noexcept {
-    return real_sendmmsg ? real_sendmmsg(fd, v, n, flags)
-                         : int(syscall(SYS_sendmmsg, fd, v, n, flags));
-}
-
-int kernel_recvmmsg(int fd, mmsghdr *v, unsigned n, int flags, timespec *t) noexcept {
-    return real_recvmmsg ? real_recvmmsg(fd, v, n, flags, t)
-                         : int(syscall(SYS_recvmmsg, fd, v, n, flags, t));
-}
-
 constexpr unsigned kMaxMmsg = 1024;  // the kernel's UIO_MAXIOV
 
 bool usable(const msghdr &m) noexcept {
@@ -217,7 +194,7 @@ SD_EXPORT int sendmmsg(int fd, mmsghdr *v, unsigned n, int flags) {
     if (v && readable(v, sizeof *v * n))
         for (unsigned i = 0; i < n; ++i) pass_fds(&v[i].msg_hdr);
     Held s(fd);
-    if (!s || !v || !writable(v, sizeof *v * n)) return kernel_sendmmsg(fd, v, n, flags);
+    if (!s || !v || !writable(v, sizeof *v * n)) return sys.sendmmsg(fd, v, n, flags);
     unsigned done = 0;
     ssize_t r = 0;
     for (; done < n; ++done) {
@@ -238,7 +215,7 @@ SD_EXPORT int recvmmsg(int fd, mmsghdr *v, unsigned n, int flags, timespec *time
     Held s(fd);
     n = std::min(n, kMaxMmsg);
     if (!s || !v || !writable(v, sizeof *v * n) || (timeout && !writable(timeout, sizeof *timeout)))
-        return kernel_recvmmsg(fd, v, n, flags, timeout);
+        return sys.recvmmsg(fd, v, n, flags, timeout);
     if (timeout && (timeout->tv_sec < 0 || timeout->tv_nsec < 0 || timeout->tv_nsec >= 1000000000))
         return errno = EINVAL, -1;
     const std::uint64_t end =
@@ -269,105 +246,19 @@ SD_EXPORT int recvmmsg(int fd, mmsghdr *v, unsigned n, int flags, timespec *time
     return int(ret(r));
 }
 
-// sendfile into a socket: the bytes must enter the stream through the
-// stream's own send, or they would bypass a direct connection.
+// sendfile and splice into or out of one of our sockets go through its
+// stream (shm_fallback/splice.cpp) where the connection is or may become
+// direct.
 namespace {
-// The stream's bytes must go through the stream (counted, switched): any
-// connection that is or may become direct. An inherited socket whose
-// owner is still direct is claimed first (the owner moves it to the
-// kernel): from then on this process counts what it moves, and the
-// counts are where the last holder upgrades it again; a sendfile of its
-// bytes straight into the kernel would shift every later offset. A claim
-// that fails leaves the stream to answer (EIO, or a reset where the owner
-// died first), as a send would.
-bool through_stream(Held &s) noexcept {
-    if (!s) return false;
-    if (!s->claim_inherited()) return true;
-    return s->may_go_direct();
+
+sd::fallback::Stream *through_stream(Held &s) noexcept {
+    return s && s->moves_through_stream() ? s.get() : nullptr;
 }
 
-// The kernel moves at most this much in one call.
-constexpr std::size_t kMaxRw = 0x7ffff000;
-
-// The file is read with pread at an explicit position and its offset (the
-// fd's own, or *offset) moves by exactly what the socket took: a
-// non-blocking socket that takes less, or nothing (EAGAIN), leaves the
-// rest of the file where it was, as the kernel's sendfile does.
 ssize_t sendfile_any(int out, int in, off_t *offset, size_t count) noexcept {
     Held s(out);
     if (!through_stream(s)) return sys.sendfile(out, in, offset, count);
-    if (offset && *offset < 0) return errno = EINVAL, -1;
-    // An input without a position (a pipe) the kernel refuses too.
-    const off_t start = offset ? *offset : lseek(in, 0, SEEK_CUR);
-    if (start < 0) return errno == ESPIPE ? (errno = EINVAL, -1) : -1;
-    count = std::min(count, kMaxRw);
-    char buf[65536];
-    size_t done = 0;
-    while (done < count) {
-        const size_t want = std::min(count - done, sizeof buf);
-        ssize_t r = pread(in, buf, want, start + off_t(done));
-        if (r < 0 && errno == EINTR && !done) continue;
-        if (r < 0) {
-            if (done) break;
-            return -1;
-        }
-        if (r == 0) break;
-        iovec v{buf, size_t(r)};
-        ssize_t w = s->send(&v, 1, 0);
-        if (w < 0) {
-            if (!done) return ret(w);
-            break;
-        }
-        done += size_t(w);
-        if (w < r) break;
-    }
-    if (offset) *offset = start + off_t(done);
-    else if (done) lseek(in, start + off_t(done), SEEK_SET);
-    return ssize_t(done);
-}
-
-// Pipe to socket: the pipe's bytes are looked at without taking them (tee
-// into a pipe of our own), and only as many as the socket took are then
-// taken out of the pipe; the rest stays there, as with the kernel's splice.
-ssize_t splice_from_pipe(int in, Held &to, size_t len, unsigned flags) noexcept {
-    int fl = fcntl(in, F_GETFL);
-    if (fl < 0) return -1;
-    const unsigned tee_flags = (flags & SPLICE_F_NONBLOCK) || (fl & O_NONBLOCK) ? SPLICE_F_NONBLOCK : 0;
-    int peek[2];
-    if (pipe2(peek, O_CLOEXEC | O_NONBLOCK) != 0) return -1;
-    char buf[65536];
-    ssize_t n;
-    do n = tee(in, peek[1], std::min(len, sizeof buf), tee_flags);
-    while (n < 0 && errno == EINTR);
-    ssize_t got = 0;
-    while (n > 0 && got < n) {
-        ssize_t r = sys.read(peek[0], buf + got, std::size_t(n - got));
-        if (r <= 0) break;  // cannot happen: the bytes are in our pipe
-        got += r;
-    }
-    const int err = errno;
-    sys.close(peek[0]);
-    sys.close(peek[1]);
-    if (n <= 0) return errno = err, n;
-    ssize_t at = 0;
-    while (at < got) {
-        iovec v{buf + at, std::size_t(got - at)};
-        ssize_t w = to->send(&v, 1, 0);
-        if (w < 0) {
-            if (!at) return ret(w);
-            break;
-        }
-        at += w;
-        if (w < ssize_t(v.iov_len)) break;  // the socket took less: the rest stays
-    }
-    // Take out of the pipe exactly what went into the stream.
-    for (ssize_t taken = 0; taken < at;) {
-        ssize_t r = sys.read(in, buf, std::size_t(at - taken));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;  // another reader of the pipe took them
-        taken += r;
-    }
-    return at;
+    return ret(s->send_file(in, offset, count));
 }
 
 }  // namespace
@@ -380,44 +271,10 @@ SD_EXPORT ssize_t sendfile64(int out, int in, off_t *offset, size_t count) {
     return sendfile_any(out, in, offset, count);
 }
 
-// splice between a pipe and one of our sockets: through a buffer and the
-// stream's own send/recv. Socket to pipe takes no more than the pipe has
-// room for, so nothing read from the stream is left over; pipe to socket
-// takes no more out of the pipe than the socket took.
 SD_EXPORT ssize_t splice(int in, loff_t *off_in, int out, loff_t *off_out, size_t len,
                          unsigned flags) {
     Held to(out), from(in);
-    const bool into = through_stream(to), outof = through_stream(from);
+    sd::fallback::Stream *into = through_stream(to), *outof = through_stream(from);
     if (!into && !outof) return sys.splice(in, off_in, out, off_out, len, flags);
-    if ((into && off_out) || (outof && off_in)) return errno = ESPIPE, -1;
-    if (len == 0) return 0;
-    const bool nb = flags & SPLICE_F_NONBLOCK;
-    if (outof) {
-        char buf[65536];
-        int size = fcntl(out, F_GETPIPE_SZ), queued = 0;
-        if (size < 0) return errno = EINVAL, -1;  // the other end must be a pipe
-        for (;;) {
-            if (ioctl(out, FIONREAD, &queued) != 0) return -1;
-            if (queued < size) break;
-            if (nb) return errno = EAGAIN, -1;
-            pollfd p{out, POLLOUT, 0};
-            if (sys.poll(&p, 1, -1) < 0) return -1;
-        }
-        std::size_t want = std::min({len, sizeof buf, std::size_t(size - queued)});
-        iovec v{buf, want};
-        ssize_t n = ret(from->recv(&v, 1, nb ? MSG_DONTWAIT : 0));
-        if (n <= 0) return n;
-        for (ssize_t at = 0; at < n;) {
-            ssize_t w = sys.write(out, buf + at, std::size_t(n - at));
-            if (w < 0 && errno == EINTR) continue;
-            if (w < 0) return at ? at : -1;
-            at += w;
-        }
-        return n;
-    }
-    struct stat st;
-    if (fstat(in, &st) != 0) return -1;
-    if (!S_ISFIFO(st.st_mode)) return errno = EINVAL, -1;
-    if (off_in) return errno = ESPIPE, -1;  // a pipe has no offset
-    return splice_from_pipe(in, to, len, flags);
+    return ret(sd::fallback::splice(outof, in, off_in, into, out, off_out, len, flags));
 }

@@ -2,8 +2,9 @@
 // free, realloc, munmap, mremap, madvise, mmap over a mapped range, brk,
 // sbrk and shmdt drop the registrations of the memory they release or
 // replace before it goes. Each forwards to the next definition (the
-// application's allocator, or libc). With the cache empty (always, on one
-// host: process_vm_readv needs no registration) a hook costs one load.
+// application's allocator, or libc), as the real-libc table holds it
+// (transport/sys.hpp). With the cache empty (always, on one host:
+// process_vm_readv needs no registration) a hook costs one load.
 //
 // They work only if they are the process's: a program that defines free
 // itself, or a sanitizer preloaded first, comes before us, and then the
@@ -14,6 +15,7 @@
 // in such a process they only forward (the cache stays off too).
 #undef _FILE_OFFSET_BITS
 #include "transport/regcache.hpp"
+#include "transport/sys.hpp"
 
 #include <cstdarg>
 #include <cstdint>
@@ -25,17 +27,14 @@
 #include <unistd.h>
 
 using sd::transport::regcache;
+using sd::transport::sys;
 
 namespace {
 
-// dlsym may allocate and free; a free reached while we resolve free itself
-// cannot be forwarded yet and is dropped (a few bytes, once).
-__attribute__((tls_model("initial-exec"))) thread_local bool resolving = false;
-
 // The hooks and what they touch before they look at the cache are not
-// instrumented: plain variables with __atomic builtins (std::atomic's
-// members are functions of their own, instrumented).
-#define SD_UNINSTRUMENTED __attribute__((no_sanitize_thread))
+// instrumented (SD_UNINSTRUMENTED): plain variables with __atomic
+// builtins (std::atomic's members are functions of their own,
+// instrumented).
 
 // Set by our constructor when the hooks are the process's and no
 // sanitizer runtime frees through them: the cache may be looked at.
@@ -45,26 +44,13 @@ SD_UNINSTRUMENTED inline bool is_armed() noexcept {
     return __atomic_load_n(&armed, __ATOMIC_RELAXED);
 }
 
+// The next definition (transport/sys.hpp: until the table is resolved, a
+// slot that resolves it, or falls back on the resolving thread). Read
+// whole: resolve_sys() may be setting it on another thread.
 template <typename F>
-SD_UNINSTRUMENTED F next(F &slot, const char *name) noexcept {
-    F f = __atomic_load_n(&slot, __ATOMIC_ACQUIRE);
-    if (f || resolving) return f;
-    resolving = true;
-    f = reinterpret_cast<F>(dlsym(RTLD_NEXT, name));
-    resolving = false;
-    __atomic_store_n(&slot, f, __ATOMIC_RELEASE);
-    return f;
+SD_UNINSTRUMENTED inline F next(F &slot) noexcept {
+    return __atomic_load_n(&slot, __ATOMIC_ACQUIRE);
 }
-
-void (*next_free)(void *) = nullptr;
-void *(*next_realloc)(void *, size_t) = nullptr;
-void *(*next_mmap)(void *, size_t, int, int, int, off_t) = nullptr;
-int (*next_munmap)(void *, size_t) = nullptr;
-void *(*next_mremap)(void *, size_t, size_t, int, ...) = nullptr;
-int (*next_madvise)(void *, size_t, int) = nullptr;
-int (*next_brk)(void *) = nullptr;
-void *(*next_sbrk)(intptr_t) = nullptr;
-int (*next_shmdt)(const void *) = nullptr;
 
 SD_UNINSTRUMENTED inline void drop(const void *addr, size_t len) noexcept {
     if (!is_armed()) return;
@@ -87,26 +73,23 @@ extern "C" {
 
 SD_UNINSTRUMENTED void sd_free(void *p) noexcept {
     drop_chunk(p);
-    if (auto f = next(next_free, "free")) f(p);
+    next(sys.free)(p);
 }
 
 SD_UNINSTRUMENTED void *sd_realloc(void *p, size_t n) noexcept {
     drop_chunk(p);
-    auto f = next(next_realloc, "realloc");
-    return f ? f(p, n) : nullptr;
+    return next(sys.realloc)(p, n);
 }
 
 SD_UNINSTRUMENTED void *sd_mmap(void *addr, size_t len, int prot, int flags, int fd,
                                 off_t off) noexcept {
     if (flags & MAP_FIXED) drop(addr, len);
-    if (auto f = next(next_mmap, "mmap")) return f(addr, len, prot, flags, fd, off);
-    return reinterpret_cast<void *>(syscall(SYS_mmap, addr, len, prot, flags, fd, off));
+    return next(sys.mmap)(addr, len, prot, flags, fd, off);
 }
 
 SD_UNINSTRUMENTED int sd_munmap(void *addr, size_t len) noexcept {
     drop(addr, len);
-    if (auto f = next(next_munmap, "munmap")) return f(addr, len);
-    return int(syscall(SYS_munmap, addr, len));
+    return next(sys.munmap)(addr, len);
 }
 
 SD_UNINSTRUMENTED void *sd_mremap(void *old, size_t old_len, size_t new_len, int flags,
@@ -120,8 +103,7 @@ SD_UNINSTRUMENTED void *sd_mremap(void *old, size_t old_len, size_t new_len, int
         drop(to, new_len);
     }
     drop(old, old_len);
-    if (auto f = next(next_mremap, "mremap")) return f(old, old_len, new_len, flags, to);
-    return reinterpret_cast<void *>(syscall(SYS_mremap, old, old_len, new_len, flags, to));
+    return next(sys.mremap)(old, old_len, new_len, flags, to);
 }
 
 SD_UNINSTRUMENTED int sd_madvise(void *addr, size_t len, int advice) noexcept {
@@ -138,34 +120,29 @@ SD_UNINSTRUMENTED int sd_madvise(void *addr, size_t len, int advice) noexcept {
     default:
         break;
     }
-    if (auto f = next(next_madvise, "madvise")) return f(addr, len, advice);
-    return int(syscall(SYS_madvise, addr, len, advice));
+    return next(sys.madvise)(addr, len, advice);
 }
 
 SD_UNINSTRUMENTED void *sd_sbrk(intptr_t incr) noexcept {
-    auto f = next(next_sbrk, "sbrk");
-    if (!f) return reinterpret_cast<void *>(-1);
+    auto f = next(sys.sbrk);
     if (incr < 0) {
         char *end = static_cast<char *>(f(0));
-        drop(end + incr, size_t(-incr));
+        if (end != reinterpret_cast<char *>(-1)) drop(end + incr, size_t(-incr));
     }
     return f(incr);
 }
 
 SD_UNINSTRUMENTED int sd_brk(void *addr) noexcept {
-    if (auto s = next(next_sbrk, "sbrk")) {
-        char *end = static_cast<char *>(s(0));
-        if (static_cast<char *>(addr) < end) drop(addr, size_t(end - static_cast<char *>(addr)));
-    }
-    auto f = next(next_brk, "brk");
-    return f ? f(addr) : -1;
+    char *end = static_cast<char *>(next(sys.sbrk)(0));
+    if (end != reinterpret_cast<char *>(-1) && static_cast<char *>(addr) < end)
+        drop(addr, size_t(end - static_cast<char *>(addr)));
+    return next(sys.brk)(addr);
 }
 
 SD_UNINSTRUMENTED int sd_shmdt(const void *addr) noexcept {
     // Its size is the kernel's to know: everything from addr on goes.
     drop(addr, UINTPTR_MAX - reinterpret_cast<uintptr_t>(addr));
-    auto f = next(next_shmdt, "shmdt");
-    return f ? f(addr) : int(syscall(SYS_shmdt, addr));
+    return next(sys.shmdt)(addr);
 }
 
 void free(void *) noexcept __attribute__((visibility("default"), alias("sd_free")));
@@ -193,17 +170,6 @@ void memhooks_check() noexcept {
                     ours("madvise", reinterpret_cast<void *>(&sd_madvise)) &&
                     ours("mremap", reinterpret_cast<void *>(&sd_mremap)) &&
                     !dlsym(RTLD_DEFAULT, "__tsan_init");
-    // Resolved now, before any other thread exists, rather than at a first
-    // call that could come from anywhere.
-    (void)next(next_free, "free");
-    (void)next(next_realloc, "realloc");
-    (void)next(next_munmap, "munmap");
-    (void)next(next_mmap, "mmap");
-    (void)next(next_mremap, "mremap");
-    (void)next(next_madvise, "madvise");
-    (void)next(next_brk, "brk");
-    (void)next(next_sbrk, "sbrk");
-    (void)next(next_shmdt, "shmdt");
     __atomic_store_n(&armed, on, __ATOMIC_RELAXED);
     sd::transport::set_memhooks_active(on);
 }

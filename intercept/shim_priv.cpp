@@ -22,7 +22,6 @@
 #include "fork_protocol/for_good.hpp"
 
 #include <cstdarg>
-#include <dlfcn.h>
 #include <linux/prctl.h>
 #include <linux/sched.h>
 #include <sys/syscall.h>
@@ -31,42 +30,6 @@
 using namespace sd::intercept;
 
 namespace {
-
-struct Real {
-    int (*setuid)(uid_t);
-    int (*setgid)(gid_t);
-    int (*seteuid)(uid_t);
-    int (*setegid)(gid_t);
-    int (*setreuid)(uid_t, uid_t);
-    int (*setregid)(gid_t, gid_t);
-    int (*setresuid)(uid_t, uid_t, uid_t);
-    int (*setresgid)(gid_t, gid_t, gid_t);
-    int (*chroot)(const char *);
-    int (*unshare)(int);
-    int (*setns)(int, int);
-    int (*prctl)(int, unsigned long, unsigned long, unsigned long, unsigned long);
-};
-Real real;
-
-template <typename F>
-void find(F &slot, const char *name) noexcept {
-    slot = reinterpret_cast<F>(dlsym(RTLD_NEXT, name));
-}
-
-__attribute__((constructor(102))) void resolve_priv() {
-    find(real.setuid, "setuid");
-    find(real.setgid, "setgid");
-    find(real.seteuid, "seteuid");
-    find(real.setegid, "setegid");
-    find(real.setreuid, "setreuid");
-    find(real.setregid, "setregid");
-    find(real.setresuid, "setresuid");
-    find(real.setresgid, "setresgid");
-    find(real.chroot, "chroot");
-    find(real.unshare, "unshare");
-    find(real.setns, "setns");
-    find(real.prctl, "prctl");
-}
 
 void retire() noexcept {
     if (!table_frozen()) sd::forking::table_retire();
@@ -103,71 +66,60 @@ bool gids_change(gid_t r, gid_t e, gid_t s) noexcept {
     return !(same(r, nr) && same(e, ne) && same(s, ns));
 }
 
-int missing() noexcept {
-    errno = ENOSYS;
-    return -1;
-}
-
 }  // namespace
 
 SD_EXPORT int setuid(uid_t uid) noexcept {
     // As root it sets all three ids, else the effective one.
-    return change_ids(uids_change(uid, uid, uid),
-                      [&]() noexcept { return real.setuid ? real.setuid(uid) : missing(); });
+    return change_ids(uids_change(uid, uid, uid), [&]() noexcept { return sys.setuid(uid); });
 }
 
 SD_EXPORT int setgid(gid_t gid) noexcept {
-    return change_ids(gids_change(gid, gid, gid),
-                      [&]() noexcept { return real.setgid ? real.setgid(gid) : missing(); });
+    return change_ids(gids_change(gid, gid, gid), [&]() noexcept { return sys.setgid(gid); });
 }
 
 SD_EXPORT int seteuid(uid_t uid) noexcept {
     return change_ids(uids_change(uid_t(-1), uid, uid_t(-1)),
-                      [&]() noexcept { return real.seteuid ? real.seteuid(uid) : missing(); });
+                      [&]() noexcept { return sys.seteuid(uid); });
 }
 
 SD_EXPORT int setegid(gid_t gid) noexcept {
     return change_ids(gids_change(gid_t(-1), gid, gid_t(-1)),
-                      [&]() noexcept { return real.setegid ? real.setegid(gid) : missing(); });
+                      [&]() noexcept { return sys.setegid(gid); });
 }
 
 SD_EXPORT int setreuid(uid_t r, uid_t e) noexcept {
     return change_ids(uids_change(r, e, uid_t(-1)),
-                      [&]() noexcept { return real.setreuid ? real.setreuid(r, e) : missing(); });
+                      [&]() noexcept { return sys.setreuid(r, e); });
 }
 
 SD_EXPORT int setregid(gid_t r, gid_t e) noexcept {
     return change_ids(gids_change(r, e, gid_t(-1)),
-                      [&]() noexcept { return real.setregid ? real.setregid(r, e) : missing(); });
+                      [&]() noexcept { return sys.setregid(r, e); });
 }
 
 SD_EXPORT int setresuid(uid_t r, uid_t e, uid_t s) noexcept {
-    return change_ids(uids_change(r, e, s), [&]() noexcept {
-        return real.setresuid ? real.setresuid(r, e, s) : missing();
-    });
+    return change_ids(uids_change(r, e, s), [&]() noexcept { return sys.setresuid(r, e, s); });
 }
 
 SD_EXPORT int setresgid(gid_t r, gid_t e, gid_t s) noexcept {
-    return change_ids(gids_change(r, e, s), [&]() noexcept {
-        return real.setresgid ? real.setresgid(r, e, s) : missing();
-    });
+    return change_ids(gids_change(r, e, s), [&]() noexcept { return sys.setresgid(r, e, s); });
 }
 
 SD_EXPORT int chroot(const char *path) noexcept {
     retire();
-    return real.chroot ? real.chroot(path) : missing();
+    return sys.chroot(path);
 }
 
 SD_EXPORT int unshare(int flags) noexcept {
     // A table of fds, a cwd, semaphore undo lists of one's own change
     // nothing for us; a namespace does.
     if (flags & ~(CLONE_FILES | CLONE_FS | CLONE_SYSVSEM)) retire();
-    return real.unshare ? real.unshare(flags) : missing();
+    return sys.unshare(flags);
 }
 
 SD_EXPORT int setns(int fd, int nstype) noexcept {
     retire();
-    return real.setns ? real.setns(fd, nstype) : missing();
+    return sys.setns(fd, nstype);
 }
 
 SD_EXPORT int prctl(int option, ...) noexcept {
@@ -177,5 +129,5 @@ SD_EXPORT int prctl(int option, ...) noexcept {
                   a4 = va_arg(ap, unsigned long), a5 = va_arg(ap, unsigned long);
     va_end(ap);
     if (option == PR_SET_SECCOMP) retire();
-    return real.prctl ? real.prctl(option, a2, a3, a4, a5) : missing();
+    return sys.prctl(option, a2, a3, a4, a5);
 }

@@ -6,18 +6,10 @@
 
 #include "transport/exitstats.hpp"
 
-#include <dlfcn.h>
-
 using namespace sd::intercept;
 namespace tp = sd::transport;
 
 namespace {
-using SigsetFn = sighandler_t (*)(int, sighandler_t);
-SigsetFn real_sigset = nullptr;
-__attribute__((constructor(102))) void resolve_signal() {
-    real_sigset = reinterpret_cast<SigsetFn>(dlsym(RTLD_NEXT, "sigset"));
-}
-
 sighandler_t set_handler(int sig, sighandler_t h, int flags) noexcept {
     sighandler_t old = SIG_ERR;
     const int rc = tp::app_signal(sig, h, flags, &old);
@@ -43,10 +35,5 @@ SD_EXPORT sighandler_t sysv_signal(int sig, sighandler_t h) noexcept {
 }
 SD_EXPORT sighandler_t sigset(int sig, sighandler_t h) noexcept {
     tp::drop_exit_handler(sig);
-    if (!real_sigset) resolve_signal();
-    if (!real_sigset) {
-        errno = ENOSYS;
-        return SIG_ERR;
-    }
-    return real_sigset(sig, h);
+    return sys.sigset(sig, h);
 }

@@ -16,7 +16,6 @@
 #include "transport/engine.hpp"
 
 #include <cstring>
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <mutex>
 #include <pthread.h>
@@ -25,31 +24,8 @@
 namespace {
 
 using sd::fallback::SpawnAction;
+using sd::transport::sys;
 using Actions = posix_spawn_file_actions_t;
-
-struct Real {
-    int (*posix_spawn)(pid_t *, const char *, const Actions *, const posix_spawnattr_t *,
-                       char *const[], char *const[]);
-    int (*posix_spawnp)(pid_t *, const char *, const Actions *, const posix_spawnattr_t *,
-                        char *const[], char *const[]);
-    int (*system)(const char *);
-    FILE *(*popen)(const char *, const char *);
-    int (*init)(Actions *);
-    int (*destroy)(Actions *);
-    int (*addclose)(Actions *, int);
-    int (*adddup2)(Actions *, int, int);
-    int (*addopen)(Actions *, int, const char *, int, mode_t);
-    int (*addclosefrom)(Actions *, int);
-    int (*addchdir)(Actions *, const char *);
-    int (*addfchdir)(Actions *, int);
-    int (*addtcsetpgrp)(Actions *, int);
-};
-Real real;
-
-template <typename F>
-void find(F &slot, const char *name) noexcept {
-    slot = reinterpret_cast<F>(dlsym(RTLD_NEXT, name));
-}
 
 // The actions added to each list, in order, in one table for all lists
 // (programs build a few short lists). An action that finds the table full
@@ -63,21 +39,11 @@ Recorded recorded[kRecorded];
 int nrecorded = 0;
 std::mutex record_lock;
 
-__attribute__((constructor(102))) void resolve_spawn() {
-    find(real.posix_spawn, "posix_spawn");
-    find(real.posix_spawnp, "posix_spawnp");
-    find(real.system, "system");
-    find(real.popen, "popen");
-    find(real.init, "posix_spawn_file_actions_init");
-    find(real.destroy, "posix_spawn_file_actions_destroy");
-    find(real.addclose, "posix_spawn_file_actions_addclose");
-    find(real.adddup2, "posix_spawn_file_actions_adddup2");
-    find(real.addopen, "posix_spawn_file_actions_addopen");
-    find(real.addclosefrom, "posix_spawn_file_actions_addclosefrom_np");
-    find(real.addchdir, "posix_spawn_file_actions_addchdir_np");
-    find(real.addfchdir, "posix_spawn_file_actions_addfchdir_np");
-    find(real.addtcsetpgrp, "posix_spawn_file_actions_addtcsetpgrp_np");
-    // A fork child must not find the table locked by a thread it lacks.
+// A fork child must not find the table locked by a thread it lacks.
+// Registered after the fork protocol's handlers (init.cpp's constructor,
+// priority 101): this prepare handler runs before theirs, this child
+// handler after theirs.
+__attribute__((constructor(102))) void spawn_init() {
     pthread_atfork([] { record_lock.lock(); }, [] { record_lock.unlock(); },
                    [] { record_lock.unlock(); });
 }
@@ -119,70 +85,61 @@ int add(Actions *list, int rc, SpawnAction action) noexcept {
 
 SD_EXPORT int posix_spawn_file_actions_init(Actions *list) {
     forget(list);  // a list made anew where an undestroyed one was
-    return real.init ? real.init(list) : ENOSYS;
+    return sys.spawn_actions_init(list);
 }
 
 SD_EXPORT int posix_spawn_file_actions_destroy(Actions *list) {
     forget(list);
-    return real.destroy ? real.destroy(list) : ENOSYS;
+    return sys.spawn_actions_destroy(list);
 }
 
 SD_EXPORT int posix_spawn_file_actions_addclose(Actions *list, int fd) {
-    if (!real.addclose) return ENOSYS;
-    return add(list, real.addclose(list, fd), {SpawnAction::Kind::close, fd, -1});
+    return add(list, sys.spawn_addclose(list, fd), {SpawnAction::Kind::close, fd, -1});
 }
 
 SD_EXPORT int posix_spawn_file_actions_adddup2(Actions *list, int fd, int newfd) {
-    if (!real.adddup2) return ENOSYS;
-    return add(list, real.adddup2(list, fd, newfd), {SpawnAction::Kind::dup2, fd, newfd});
+    return add(list, sys.spawn_adddup2(list, fd, newfd), {SpawnAction::Kind::dup2, fd, newfd});
 }
 
 SD_EXPORT int posix_spawn_file_actions_addopen(Actions *list, int fd, const char *path, int oflag,
                                                mode_t mode) {
-    if (!real.addopen) return ENOSYS;
-    return add(list, real.addopen(list, fd, path, oflag, mode),
+    return add(list, sys.spawn_addopen(list, fd, path, oflag, mode),
                {SpawnAction::Kind::replace, fd, -1});
 }
 
 SD_EXPORT int posix_spawn_file_actions_addclosefrom_np(Actions *list, int from) {
-    if (!real.addclosefrom) return ENOSYS;
-    return add(list, real.addclosefrom(list, from), {SpawnAction::Kind::close_from, from, -1});
+    return add(list, sys.spawn_addclosefrom(list, from), {SpawnAction::Kind::close_from, from, -1});
 }
 
 SD_EXPORT int posix_spawn_file_actions_addchdir_np(Actions *list, const char *path) {
-    if (!real.addchdir) return ENOSYS;
-    return add(list, real.addchdir(list, path), {SpawnAction::Kind::none, -1, -1});
+    return add(list, sys.spawn_addchdir(list, path), {SpawnAction::Kind::none, -1, -1});
 }
 
 SD_EXPORT int posix_spawn_file_actions_addfchdir_np(Actions *list, int fd) {
-    if (!real.addfchdir) return ENOSYS;
-    return add(list, real.addfchdir(list, fd), {SpawnAction::Kind::none, -1, -1});
+    return add(list, sys.spawn_addfchdir(list, fd), {SpawnAction::Kind::none, -1, -1});
 }
 
 SD_EXPORT int posix_spawn_file_actions_addtcsetpgrp_np(Actions *list, int fd) {
-    if (!real.addtcsetpgrp) return ENOSYS;
-    return add(list, real.addtcsetpgrp(list, fd), {SpawnAction::Kind::none, -1, -1});
+    return add(list, sys.spawn_addtcsetpgrp(list, fd), {SpawnAction::Kind::none, -1, -1});
 }
 
 SD_EXPORT int posix_spawn(pid_t *pid, const char *path, const Actions *list,
                           const posix_spawnattr_t *attr, char *const argv[], char *const envp[]) {
     prepare_spawn(list);
-    return real.posix_spawn ? real.posix_spawn(pid, path, list, attr, argv, envp) : ENOSYS;
+    return sys.posix_spawn(pid, path, list, attr, argv, envp);
 }
 
 SD_EXPORT int posix_spawnp(pid_t *pid, const char *file, const Actions *list,
                            const posix_spawnattr_t *attr, char *const argv[], char *const envp[]) {
     prepare_spawn(list);
-    return real.posix_spawnp ? real.posix_spawnp(pid, file, list, attr, argv, envp) : ENOSYS;
+    return sys.posix_spawnp(pid, file, list, attr, argv, envp);
 }
 
 // The shell inherits every fd without FD_CLOEXEC.
 SD_EXPORT int system(const char *command) {
     // system(NULL) only asks whether a shell exists.
     if (command && !sd::transport::guarded()) sd::fallback::table_before_spawn(nullptr, 0);
-    if (real.system) return real.system(command);
-    errno = ENOSYS;
-    return -1;
+    return sys.system(command);
 }
 
 // The shell inherits every fd without FD_CLOEXEC, but its stdout (mode
@@ -193,7 +150,5 @@ SD_EXPORT FILE *popen(const char *command, const char *type) {
         const SpawnAction pipe{SpawnAction::Kind::replace, type && type[0] == 'r' ? 1 : 0, -1};
         sd::fallback::table_before_spawn(&pipe, known ? 1 : 0);
     }
-    if (real.popen) return real.popen(command, type);
-    errno = ENOSYS;
-    return nullptr;
+    return sys.popen(command, type);
 }

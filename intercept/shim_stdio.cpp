@@ -5,28 +5,17 @@
 #include "shim.hpp"
 
 #include <cstdio>
-#include <dlfcn.h>
 
 using namespace sd::intercept;
 
 namespace {
-
-FILE *(*real_fdopen)(int, const char *) = nullptr;
-
-__attribute__((constructor(102))) void resolve_stdio() {
-    real_fdopen = reinterpret_cast<FILE *(*)(int, const char *)>(dlsym(RTLD_NEXT, "fdopen"));
-}
 
 FILE *open_stream(int fd, const char *mode) noexcept {
     if (!table_frozen()) {
         Held s(fd);
         if (s) s->to_kernel_for_good(sd::transport::Reason::stdio);
     }
-    if (!real_fdopen) {
-        errno = ENOSYS;
-        return nullptr;
-    }
-    return real_fdopen(fd, mode);
+    return sys.fdopen(fd, mode);
 }
 
 }  // namespace

@@ -235,6 +235,19 @@ class Stream {
     // for listeners, unconnected sockets and sockets on TCP for good.
     bool may_go_direct() const noexcept;
 
+    // sendfile and splice (splice.cpp): bytes the kernel would move
+    // between a file or pipe and this socket go through the stream's own
+    // send and recv instead, counted and switched like any other.
+    // True when they must: the connection is or may become direct. An
+    // inherited socket whose owner is still direct is claimed first.
+    bool moves_through_stream() noexcept;
+    // sendfile(2) into this socket from `in`. Bytes, or -errno.
+    ssize_t send_file(int in, off_t *offset, std::size_t count) noexcept;
+    // splice(2) from pipe `in` into this socket, and from this socket into
+    // pipe `out`. Bytes, or -errno.
+    ssize_t splice_from_pipe(int in, std::size_t len, unsigned flags) noexcept;
+    ssize_t splice_to_pipe(int out, std::size_t len, unsigned flags) noexcept;
+
     // The builder thread: attach now (pending connections).
     void finish_pending() noexcept;
     // Connected, and the connection has not earned its upgrade yet: it
@@ -321,6 +334,12 @@ class Stream {
     // closed socket answers with the kernel's own reset (tcp_view.cpp).
     void draw_kernel_reset() noexcept;
 };
+
+// splice(2) where `from` (socket `in`) or `to` (socket `out`), or both,
+// move through their stream (moves_through_stream), the other null
+// (splice.cpp). Bytes, or -errno.
+ssize_t splice(Stream *from, int in, loff_t *off_in, Stream *to, int out, loff_t *off_out,
+               std::size_t len, unsigned flags) noexcept;
 
 // The engine build's callback for a pending stream (earn.cpp): attaches
 // it, then drops the reference taken for the builder.

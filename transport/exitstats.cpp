@@ -15,7 +15,6 @@
 #include <cerrno>
 #include <cstring>
 #include <dirent.h>
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -23,18 +22,6 @@
 
 namespace sd::transport {
 namespace {
-
-using SigactionFn = int (*)(int, const struct sigaction *, struct sigaction *);
-SigactionFn real_sigaction = nullptr;
-
-__attribute__((constructor(102))) void resolve_sigaction() {
-    real_sigaction = reinterpret_cast<SigactionFn>(dlsym(RTLD_NEXT, "sigaction"));
-}
-
-SigactionFn real() noexcept {
-    if (!real_sigaction) resolve_sigaction();
-    return real_sigaction;
-}
 
 constexpr int kWatched[] = {SIGHUP, SIGINT, SIGTERM};
 bool watched(int sig) noexcept {
@@ -70,7 +57,7 @@ int install(int sig) noexcept {
     sigemptyset(&sa.sa_mask);
     for (int s : kWatched) sigaddset(&sa.sa_mask, s);
     sa.sa_flags = SA_RESTART;
-    if (real()(sig, &sa, nullptr) != 0) return -errno;
+    if (sys.sigaction(sig, &sa, nullptr) != 0) return -errno;
     ours[sig].store(true, std::memory_order_release);
     return 0;
 }
@@ -79,7 +66,7 @@ int restore_default(int sig) noexcept {
     struct sigaction dfl{};
     dfl.sa_handler = SIG_DFL;
     ours[sig].store(false, std::memory_order_release);
-    return real()(sig, &dfl, nullptr) == 0 ? 0 : -errno;
+    return sys.sigaction(sig, &dfl, nullptr) == 0 ? 0 : -errno;
 }
 
 void on_exit_signal(int sig) noexcept {
@@ -100,10 +87,10 @@ void on_exit_signal(int sig) noexcept {
 }  // namespace
 
 void watch_exit_signals() noexcept {
-    if (watching.exchange(true) || !real()) return;
+    if (watching.exchange(true)) return;
     for (int sig : kWatched) {
         struct sigaction now{};
-        if (real()(sig, nullptr, &now) != 0) continue;
+        if (sys.sigaction(sig, nullptr, &now) != 0) continue;
         if (!(now.sa_flags & SA_SIGINFO) && now.sa_handler == SIG_DFL) (void)install(sig);
     }
 }
@@ -139,15 +126,14 @@ void put_back_app_disposition(int sig) noexcept {
         return;
     }
     ours[sig].store(false, std::memory_order_release);
-    (void)real()(sig, &last, nullptr);
+    (void)sys.sigaction(sig, &last, nullptr);
 }
 
 int app_sigaction(int sig, const struct sigaction *act, struct sigaction *old) noexcept {
-    if (!real()) return -ENOSYS;
     // Our dependencies (the shm provider installs handlers that clean up
     // its regions) see the real disposition, ours included, and chain to
     // it; restoring it later puts ours back.
-    if (guarded()) return real()(sig, act, old) == 0 ? 0 : -errno;
+    if (guarded()) return sys.sigaction(sig, act, old) == 0 ? 0 : -errno;
     const int rc = set_and_note(sig, act, old);
     if (rc == 0 && act && sig > 0 && sig < NSIG &&
         !(act->sa_handler == on_exit_signal && !(act->sa_flags & SA_SIGINFO))) {
@@ -162,12 +148,12 @@ namespace {
 int set_and_note(int sig, const struct sigaction *act, struct sigaction *old) noexcept {
     if (act && !(act->sa_flags & SA_SIGINFO) && act->sa_handler == on_exit_signal && watched(sig)) {
         // Ours, put back by whoever had saved it.
-        if (real()(sig, act, old) != 0) return -errno;
+        if (sys.sigaction(sig, act, old) != 0) return -errno;
         ours[sig].store(true, std::memory_order_release);
         return 0;
     }
     if (sig <= 0 || sig >= NSIG || !watched(sig) || !ours[sig].load(std::memory_order_acquire))
-        return real()(sig, act, old) == 0 ? 0 : -errno;
+        return sys.sigaction(sig, act, old) == 0 ? 0 : -errno;
     if (!act) {
         // Asked, not set: what the application left, SIG_DFL.
         if (old) {
@@ -178,7 +164,7 @@ int set_and_note(int sig, const struct sigaction *act, struct sigaction *old) no
     }
     // Make way first, so that the call itself reports SIG_DFL as before.
     (void)restore_default(sig);
-    if (real()(sig, act, old) != 0) {
+    if (sys.sigaction(sig, act, old) != 0) {
         const int err = errno;
         (void)install(sig);
         return -err;
