@@ -5,9 +5,8 @@
 # they accept anything. A file of 4 MiB of random content (and 0 B, 1 B,
 # 100 KiB ones) fetched by a python3 client (http_fetch.py: keep-alive,
 # HEAD, Range, 404, 4 parallel connections, HTTP/1.0 to EOF), every body
-# compared by sha256, with every setting at its default on both ends; then
-# by curl as root (4 processes, 2 keep-alive GETs each, sha256), with
-# SDIRECT_CROSS_USER=1 on both ends (two uids).
+# compared by sha256, with every setting at its default on both ends: by
+# the client as www-data, then as root (two uids).
 # Each time every connection must have run direct on the workers' side
 # and the client's, the workers must be www-data, and no worker may keep
 # a map of root's registry or of the master's fabric region, nor the
@@ -30,9 +29,9 @@ head -c 102400 /dev/urandom >"$www/100k.bin"
 head -c 4194304 /dev/urandom >"$www/4m.bin"
 chmod -R a+rX "$www"
 
-# round NAME CLIENT-AS CROSS
+# round NAME CLIENT-AS
 round() {
-    local name="$1" cli_as="$2" cross="$3" port srv master w line
+    local name="$1" cli_as="$2" port srv master w line
     port="$(it_free_port)"
     mkdir -p "$it_tmp/$name-temp"
     cat >"$it_tmp/$name.conf" <<CONF
@@ -66,14 +65,12 @@ CONF
         it_bad "$name: nginx -t rejects the configuration: $(tail -n 1 "$it_tmp/$name-config.log")"
         return
     fi
-    export SDIRECT_CROSS_USER="$cross"
     it_stats_open "$name-server"
     it_start "$name-server" 60 "${ngx[@]}"
     srv=$it_pid
     if ! it_wait_listen "$port" "$srv"; then
         it_bad "$name: nginx did not listen on 127.0.0.1:$port"
         it_stop "$srv" TERM 3
-        unset SDIRECT_CROSS_USER
         return
     fi
     # The workers drop their ids right after the fork: wait (bounded) for it.
@@ -100,22 +97,17 @@ CONF
     else
         it_bad "$name: no pid file"
     fi
-    if [[ "$cli_as" == www-data ]]; then
-        it_fetch_as "$name" www-data "$port" "$www" empty.bin one.bin 100k.bin 4m.bin
-    else
-        it_curl_as "$name" root "$port" "$www/4m.bin"
-    fi
+    it_fetch_as "$name" "$cli_as" "$port" "$www" empty.bin one.bin 100k.bin 4m.bin
     it_stop "$srv" TERM
     it_check "$it_stop_rc" "$name: nginx ended on SIGTERM: $it_stop_text"
     if grep -E '\[(alert|crit|emerg)\]' "$it_tmp/$name-error.log" >"$it_tmp/$name-alerts.log"; then
         it_bad "$name: nginx error.log: $(head -n 1 "$it_tmp/$name-alerts.log" | cut -c 1-200)"
     fi
-    unset SDIRECT_CROSS_USER
-    # keep-alive 1 + parallel 4 + HTTP/1.0 1, or 4 curls
-    it_expect_direct "$port" "$([[ "$cli_as" == www-data ]] && echo 6 || echo 4)" \
+    # keep-alive 1 + parallel 4 + HTTP/1.0 1
+    it_expect_direct "$port" 6 \
         "$name-server" "$name-client"
 }
 
-round same-user www-data 0
-round root-client root 1
+round same-user www-data
+round root-client root
 it_finish

@@ -9,7 +9,7 @@
 # balances sum to the history's deltas, and the history holds every
 # transaction):
 #   as postgres, every setting at its default on both ends;
-#   as root, SDIRECT_CROSS_USER=1 on both ends (two uids).
+#   as root, every setting at its default too (two uids).
 # Each time every connection must have run direct on both ends.
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/private_shm.sh"
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib.sh"
@@ -34,9 +34,9 @@ if ((!it_kernel)); then
     export SDIRECT_LIB="$it_tmp/tools/libsdirect.so"
 fi
 
-# round NAME CLIENT-AS CROSS
+# round NAME CLIENT-AS
 round() {
-    local name="$1" cli_as="$2" cross="$3" port srv rc data pre=() i done failed answer
+    local name="$1" cli_as="$2" port srv rc data pre=() i done failed answer
     data="$it_tmp/$name-data"
     mkdir -p "$data"
     chown postgres "$data"
@@ -48,7 +48,6 @@ round() {
     fi
     [[ "$cli_as" == postgres ]] && pre=("${as_pg[@]}")
     port="$(it_free_port)"
-    export SDIRECT_CROSS_USER="$cross"
     it_stats_open "$name-server"
     it_start "$name-server" 80 "${as_pg[@]}" "$pgbin/postgres" -D "$data" -k "$it_tmp" \
         -c listen_addresses=127.0.0.1 -p "$port" -c fsync=off -c synchronous_commit=off \
@@ -63,7 +62,6 @@ round() {
         ! it_listening "$port"; then
         it_bad "$name: postgres is not ready on 127.0.0.1:$port"
         it_stop "$srv" TERM 5
-        unset SDIRECT_CROSS_USER
         return
     fi
     it_run "$name-init" 60 "${pre[@]}" pgbench -h 127.0.0.1 -p "$port" -U postgres -i -s 1 -q postgres \
@@ -96,11 +94,10 @@ round() {
     it_check $? "$name: psql as $cli_as: balances match the history, 400 rows: '$answer'"
     it_stop "$srv" TERM 20
     it_check "$it_stop_rc" "$name: postgres: $it_stop_text"
-    unset SDIRECT_CROSS_USER
     it_expect_direct "$port" 1 "$name-init" "$name-select" "$name-tpcb" "$name-psql"
     it_expect_direct "$port" 6 "$name-server"
 }
 
-round as-postgres postgres 0
-round root-client root 1
+round as-postgres postgres
+round root-client root
 it_finish

@@ -5,7 +5,7 @@
 # redis-cli session of SETs and GETs of values of 1 B to 512 KiB whose
 # replies must be exactly the values:
 #   as redis, every setting at its default on both ends;
-#   as root, SDIRECT_CROSS_USER=1 on both ends (two uids).
+#   as root, every setting at its default too (two uids).
 # Each time every connection must have run direct on both ends.
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/private_shm.sh"
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib.sh"
@@ -31,14 +31,13 @@ open(sys.argv[1], "w").write("\n".join(cmds) + "\n")
 open(sys.argv[2], "w").write("\n".join(want) + "\n")
 PY
 
-# round NAME CLIENT-AS CROSS
+# round NAME CLIENT-AS
 round() {
-    local name="$1" cli_as="$2" cross="$3" port srv rc pre=() uid
+    local name="$1" cli_as="$2" port srv rc pre=() uid
     port="$(it_free_port)"
     mkdir -p "$it_tmp/$name-data"
     chown redis "$it_tmp/$name-data"
     [[ "$cli_as" == redis ]] && pre=("${as_redis[@]}")
-    export SDIRECT_CROSS_USER="$cross"
     it_stats_open "$name-server"
     it_start "$name-server" 60 "${as_redis[@]}" redis-server --bind 127.0.0.1 --port "$port" \
         --save '' --appendonly no --dir "$it_tmp/$name-data" --daemonize no --protected-mode no
@@ -46,7 +45,6 @@ round() {
     if ! it_wait_listen "$port" "$srv"; then
         it_bad "$name: redis-server did not listen on 127.0.0.1:$port"
         it_stop "$srv" TERM 3
-        unset SDIRECT_CROSS_USER
         return
     fi
     uid="$(it_child_uids "$srv")"
@@ -66,12 +64,11 @@ round() {
     it_check $? "$name: redis-cli as $cli_as: $(it_status "$rc"), $(wc -l <"$it_tmp/session.in") commands, replies exact"
     it_stop "$srv" TERM
     it_check "$it_stop_rc" "$name: redis-server ended on SIGTERM: $it_stop_text"
-    unset SDIRECT_CROSS_USER
     it_expect_direct "$port" 9 "$name-server"
     it_expect_direct "$port" 8 "$name-bench"
     it_expect_direct "$port" 1 "$name-cli"
 }
 
-round as-redis redis 0
-round root-client root 1
+round as-redis redis
+round root-client root
 it_finish
