@@ -561,10 +561,8 @@ it_fetch_as() {
 # it_curl_as NAME USER PORT FILE: 4 curl processes as USER, one after the
 # other, each 2 keep-alive GETs of /FILE from 127.0.0.1:PORT, every body
 # compared by sha256 with FILE's on disk ($4 is its path; its name is
-# the URL's), role NAME-client. One process per connection: 4
-# connections from one process at once hang at times between two uids
-# (SDIRECT_CROSS_USER=1; nginx started as www-data without any id change
-# too), which is that setting's matter, not the tests'.
+# the URL's), role NAME-client: a client of its own, curl, beside the
+# python one of it_fetch_as.
 it_curl_as() {
     local name="$1" user="$2" port="$3" file="$4" k rc want got ok=0 pre=()
     if [[ "$user" != root ]]; then
