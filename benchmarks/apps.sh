@@ -165,7 +165,9 @@ start_bg() {
         pre=("$run")
         [[ -n "$run_lib" ]] && pre=(env "SDIRECT_LIB=$run_lib" "$run")
     fi
-    rm -f "$tmp/$role.stats"
+    # The redirections below truncate in the child, after this returns:
+    # a caller reading ROLE's output at once must not see the last run's.
+    rm -f "$tmp/$role.stats" "$tmp/$role.out" "$tmp/$role.err"
     # Without the library SDIRECT_STATS_FILE is inert.
     SDIRECT_STATS_FILE="$tmp/$role.stats" timeout -k 3 "$secs" "${pinning[@]}" "${pre[@]}" "$@" \
         </dev/null >"$tmp/$role.out" 2>"$tmp/$role.err" &
@@ -947,11 +949,13 @@ apps_table() {
             echo "failed runs (left out of the medians) and retries:"
             sed 's/^/  /' "$tmp/failures"
         fi
-        local ng
+        local ng first=1
         for ng in "${groups[@]}"; do
-            [[ -n "${na_reason[$ng]:-}" ]] && echo "not measured: $ng rows n/a: ${na_reason[$ng]}"
+            [[ -n "${na_reason[$ng]:-}" ]] || continue
+            ((first)) && echo
+            first=0
+            echo "not measured: $ng rows n/a: ${na_reason[$ng]}"
         done
-        true
     } >"$pdir/apps.txt"
     cat "$pdir/apps.txt"
 }
