@@ -25,8 +25,16 @@
 #             every transaction). Every backend is forked by the
 #             postmaster, which closes its copy of the connection: the
 #             backend's connection is upgraded after that fork. As root,
-#             PostgreSQL runs as nobody (it refuses root), pgbench too (an
-#             upgrade needs both ends to be one user).
+#             PostgreSQL runs as nobody (it refuses root), pgbench too:
+#             both ends one user (pg-users has them apart).
+#   pg-users  PostgreSQL as Debian runs it: the server as the user
+#             postgres (setpriv from root, as pg_ctlcluster changes to
+#             postgres), in a data directory of its own owned by postgres
+#             (initdb as postgres, scale 1), the library copied where
+#             postgres may read it; pgbench -S as root against it, 1
+#             client and 8 (-j 2), BENCH_PG_SECS each: transactions/s and
+#             mean latency. The postmaster must be postgres, and every
+#             connection direct on both ends (server and clients' stats).
 #   netperf   netserver in its default forking mode (the child it forks for
 #             each test makes the data connection) and netperf -P 0 for
 #             TCP_RR, TCP_STREAM and TCP_MAERTS, BENCH_NETPERF_SECS (3)
@@ -38,7 +46,17 @@
 #             port) serving a 4 KiB file to ab (apache2-utils) for
 #             BENCH_AB_SECS (3) seconds each: without keep-alive (a
 #             connection per request) and with (-k), 1 and 4 concurrent
-#             requests: requests/s.
+#             requests: requests/s. As root the workers stay root
+#             (`user root root;`), as ab is (nginx-users has them apart).
+#   nginx-users  nginx as Debian configures it: `user www-data;` in the
+#             same configuration, the master started as root (it listens)
+#             and its two workers www-data (checked: the rows fail
+#             otherwise); ab as root, BENCH_AB_SECS each: with keep-alive,
+#             1 and 4 concurrent requests (every connection direct on both
+#             ends, the workers' stats and ab's), and without keep-alive, 1
+#             at a time (a connection per request, the library's own
+#             settings, modes counted, see below): requests/s. (wrk is not
+#             used: ab serves all three rows.)
 #   idle      benchmarks/idle_conns.py: a server and a client process hold
 #             BENCH_IDLE_CONNS (100) connections that carried one byte each
 #             way and are now idle, the server blocked in epoll_wait on
@@ -60,30 +78,40 @@
 # (its port taken meanwhile, e.g. as some connection's ephemeral port) is
 # tried once more on the next port.
 #
+# pg-users and nginx-users need root and their users (postgres, www-data):
+# otherwise their rows are n/a, with the reason in the mode column and
+# under the table, never a pass. Their connections join two uids, direct
+# through the library's queues between users (SDIRECT_CROSS_USER, 1 by
+# default); their processes write their stats files into a folder owned by
+# the service's user.
+#
 # Each sdirect run of a program that keeps its connections must prove it
 # ran direct: the library writes every connection to SDIRECT_STATS_FILE at
 # exit, and every connection on the benchmark's port, on both ends, must
 # end in mode=direct having moved bytes over the fabric; otherwise the row
 # says NOT DIRECT and misses its target. The rows that make a process or a
-# connection per transaction (redis-cli ping, TCP_CRR, ab, pgbench -C) run
+# connection per transaction (redis-cli ping, TCP_CRR, ab, pgbench -C,
+# nginx-users without keep-alive) run
 # both ends with the library's own settings (SDIRECT_ENGINE_WAIT_MS left
 # unset unless you set it; the other rows wait for the engine so that they
 # measure direct mode from the first byte), and the library may leave such
 # short connections on TCP: their mode column counts the client's
 # connections by the mode they ended in (e.g. "kernel 100/100"; a process
-# records its last 4096 connections), and their target is on speed alone.
+# records its last 4096 connections; ab's connections that closed before
+# asking to go direct, of which the library keeps no counters, count as
+# "unasked"), and their target is on speed alone.
 #
 # Output, in the run's folder (BENCH_OUT, or a new benchmarks/results/<UTC
 # time>/) per placement: apps.tsv and apps.txt (the table, also on stdout);
 # then benchmarks/summary.sh's summary.txt (unless BENCH_SUMMARY=0).
 #
-# Quick run (BENCH_QUICK=1): redis, pg, netperf and nginx only (sockperf
-# and idle when named), 1 repeat, redis-benchmark -n 2000 / 10000, 20
-# redis-cli processes, pgbench 1 s, netperf 1 s, ab 1 s (sockperf 2 s,
-# idle 3 s).
+# Quick run (BENCH_QUICK=1): redis, pg, pg-users, netperf, nginx and
+# nginx-users only (sockperf and idle when named), 1 repeat,
+# redis-benchmark -n 2000 / 10000, 20 redis-cli processes, pgbench 1 s,
+# netperf 1 s, ab 1 s (sockperf 2 s, idle 3 s).
 #
-# Usage: benchmarks/apps.sh [sockperf] [redis] [pg] [netperf] [nginx] [idle]
-#        (default: all six)
+# Usage: benchmarks/apps.sh [sockperf] [redis] [pg] [pg-users] [netperf]
+#        [nginx] [nginx-users] [idle]   (default: all eight)
 # Environment: BENCH_PLACEMENTS, BENCH_QUICK, BENCH_REPEATS,
 # BENCH_HOG_WORKERS, SDIRECT_BUILD_DIR as for run.sh; BENCH_APPS_PORT
 # (first port, default BENCH_PORT + 100 = 47200; up to 100 ports above it
