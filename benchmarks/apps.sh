@@ -25,8 +25,16 @@
 #             every transaction). Every backend is forked by the
 #             postmaster, which closes its copy of the connection: the
 #             backend's connection is upgraded after that fork. As root,
-#             PostgreSQL runs as nobody (it refuses root), pgbench too (an
-#             upgrade needs both ends to be one user).
+#             PostgreSQL runs as nobody (it refuses root), pgbench too:
+#             both ends one user (pg-users has them apart).
+#   pg-users  PostgreSQL as Debian runs it: the server as the user
+#             postgres (setpriv from root, as pg_ctlcluster changes to
+#             postgres), in a data directory of its own owned by postgres
+#             (initdb as postgres, scale 1), the library copied where
+#             postgres may read it; pgbench -S as root against it, 1
+#             client and 8 (-j 2), BENCH_PG_SECS each: transactions/s and
+#             mean latency. The postmaster must be postgres, and every
+#             connection direct on both ends (server and clients' stats).
 #   netperf   netserver in its default forking mode (the child it forks for
 #             each test makes the data connection) and netperf -P 0 for
 #             TCP_RR, TCP_STREAM and TCP_MAERTS, BENCH_NETPERF_SECS (3)
@@ -38,7 +46,17 @@
 #             port) serving a 4 KiB file to ab (apache2-utils) for
 #             BENCH_AB_SECS (3) seconds each: without keep-alive (a
 #             connection per request) and with (-k), 1 and 4 concurrent
-#             requests: requests/s.
+#             requests: requests/s. As root the workers stay root
+#             (`user root root;`), as ab is (nginx-users has them apart).
+#   nginx-users  nginx as Debian configures it: `user www-data;` in the
+#             same configuration, the master started as root (it listens)
+#             and its two workers www-data (checked: the rows fail
+#             otherwise); ab as root, BENCH_AB_SECS each: with keep-alive,
+#             1 and 4 concurrent requests (every connection direct on both
+#             ends, the workers' stats and ab's), and without keep-alive, 1
+#             at a time (a connection per request, the library's own
+#             settings, modes counted, see below): requests/s. (wrk is not
+#             used: ab serves all three rows.)
 #   idle      benchmarks/idle_conns.py: a server and a client process hold
 #             BENCH_IDLE_CONNS (100) connections that carried one byte each
 #             way and are now idle, the server blocked in epoll_wait on
@@ -60,30 +78,40 @@
 # (its port taken meanwhile, e.g. as some connection's ephemeral port) is
 # tried once more on the next port.
 #
+# pg-users and nginx-users need root and their users (postgres, www-data):
+# otherwise their rows are n/a, with the reason in the mode column and
+# under the table, never a pass. Their connections join two uids, direct
+# through the library's queues between users (SDIRECT_CROSS_USER, 1 by
+# default); their processes write their stats files into a folder owned by
+# the service's user.
+#
 # Each sdirect run of a program that keeps its connections must prove it
 # ran direct: the library writes every connection to SDIRECT_STATS_FILE at
 # exit, and every connection on the benchmark's port, on both ends, must
 # end in mode=direct having moved bytes over the fabric; otherwise the row
 # says NOT DIRECT and misses its target. The rows that make a process or a
-# connection per transaction (redis-cli ping, TCP_CRR, ab, pgbench -C) run
+# connection per transaction (redis-cli ping, TCP_CRR, ab, pgbench -C,
+# nginx-users without keep-alive) run
 # both ends with the library's own settings (SDIRECT_ENGINE_WAIT_MS left
 # unset unless you set it; the other rows wait for the engine so that they
 # measure direct mode from the first byte), and the library may leave such
 # short connections on TCP: their mode column counts the client's
 # connections by the mode they ended in (e.g. "kernel 100/100"; a process
-# records its last 4096 connections), and their target is on speed alone.
+# records its last 4096 connections; ab's connections that closed before
+# asking to go direct, of which the library keeps no counters, count as
+# "unasked"), and their target is on speed alone.
 #
 # Output, in the run's folder (BENCH_OUT, or a new benchmarks/results/<UTC
 # time>/) per placement: apps.tsv and apps.txt (the table, also on stdout);
 # then benchmarks/summary.sh's summary.txt (unless BENCH_SUMMARY=0).
 #
-# Quick run (BENCH_QUICK=1): redis, pg, netperf and nginx only (sockperf
-# and idle when named), 1 repeat, redis-benchmark -n 2000 / 10000, 20
-# redis-cli processes, pgbench 1 s, netperf 1 s, ab 1 s (sockperf 2 s,
-# idle 3 s).
+# Quick run (BENCH_QUICK=1): redis, pg, pg-users, netperf, nginx and
+# nginx-users only (sockperf and idle when named), 1 repeat,
+# redis-benchmark -n 2000 / 10000, 20 redis-cli processes, pgbench 1 s,
+# netperf 1 s, ab 1 s (sockperf 2 s, idle 3 s).
 #
-# Usage: benchmarks/apps.sh [sockperf] [redis] [pg] [netperf] [nginx] [idle]
-#        (default: all six)
+# Usage: benchmarks/apps.sh [sockperf] [redis] [pg] [pg-users] [netperf]
+#        [nginx] [nginx-users] [idle]   (default: all eight)
 # Environment: BENCH_PLACEMENTS, BENCH_QUICK, BENCH_REPEATS,
 # BENCH_HOG_WORKERS, SDIRECT_BUILD_DIR as for run.sh; BENCH_APPS_PORT
 # (first port, default BENCH_PORT + 100 = 47200; up to 100 ports above it
@@ -118,11 +146,12 @@ for v in sp_secs redis_n1 redis_n50 rcli_n pg_secs np_secs ab_secs idle_secs idl
     fi
 done
 apps=("$@")
-((${#apps[@]})) || read -r -a apps <<<"$(qdef "sockperf redis pg netperf nginx idle" "redis pg netperf nginx")"
+((${#apps[@]})) || read -r -a apps <<<"$(qdef "sockperf redis pg pg-users netperf nginx nginx-users idle" \
+    "redis pg pg-users netperf nginx nginx-users")"
 for app in "${apps[@]}"; do
     case "$app" in
-        sockperf | redis | pg | netperf | nginx | idle) ;;
-        *) echo "usage: $me [sockperf] [redis] [pg] [netperf] [nginx] [idle]" >&2; exit 2 ;;
+        sockperf | redis | pg | pg-users | netperf | nginx | nginx-users | idle) ;;
+        *) echo "usage: $me [sockperf] [redis] [pg] [pg-users] [netperf] [nginx] [nginx-users] [idle]" >&2; exit 2 ;;
     esac
 done
 
@@ -153,12 +182,20 @@ trap 'exit 143' TERM
 # bounded by timeout (SIGTERM at SECONDS, SIGKILL 3 s later), preloaded if
 # HOW is sdirect, stats in $tmp/ROLE.stats, output in $tmp/ROLE.out and
 # .err. Sets bg_pid (the timeout wrapper; it passes signals on to CMD).
+# run_lib, if a caller sets it: the copy of the library sdirect-run
+# preloads (one that another user may read).
+run_lib=""
 start_bg() {
     local role="$1" secs="$2" how="$3" pre=()
     local -n pinning="$4"
     shift 4
-    [[ "$how" == sdirect ]] && pre=("$run")
-    rm -f "$tmp/$role.stats"
+    if [[ "$how" == sdirect ]]; then
+        pre=("$run")
+        [[ -n "$run_lib" ]] && pre=(env "SDIRECT_LIB=$run_lib" "$run")
+    fi
+    # The redirections below truncate in the child, after this returns:
+    # a caller reading ROLE's output at once must not see the last run's.
+    rm -f "$tmp/$role.stats" "$tmp/$role.out" "$tmp/$role.err"
     # Without the library SDIRECT_STATS_FILE is inert.
     SDIRECT_STATS_FILE="$tmp/$role.stats" timeout -k 3 "$secs" "${pinning[@]}" "${pre[@]}" "$@" \
         </dev/null >"$tmp/$role.out" 2>"$tmp/$role.err" &
@@ -475,12 +512,28 @@ measure_netperf() {
     return 0
 }
 
+# users_lib: the library copied into $tmp/tools, where
+# processes of other users may read them (the build may sit in a
+# directory they cannot); sets users_lib_path. $tmp becomes searchable
+# and readable by all.
+users_lib_path=""
+users_lib() {
+    [[ -n "$users_lib_path" ]] && return 0
+    chmod 755 "$tmp"
+    mkdir -p "$tmp/tools"
+    chmod 755 "$tmp/tools"
+    if bench_have_sdirect; then
+        cp "$build/intercept/libsdirect.so" "$tmp/tools/" || return 1
+        chmod a+rx "$tmp/tools/libsdirect.so"
+        users_lib_path="$tmp/tools/libsdirect.so"
+    fi
+}
+
 # PostgreSQL: one database for every run, made at the first pg measurement
 # (initdb and pgbench -i, nothing preloaded); as root everything runs as
-# nobody, with its own copy of the library (the build may sit in a
-# directory nobody cannot read).
+# nobody, with its own copy of the library (users_lib).
 pg_as=()
-pg_run_prefix=()
+pg_lib=""
 pg_ready=0
 pg_setup() {
     ((pg_ready)) && return 0
@@ -492,13 +545,9 @@ pg_setup() {
     fi
     if ((EUID == 0)); then
         pg_as=(setpriv --reuid=nobody --regid=nogroup --clear-groups --)
-        chmod 755 "$tmp"
+        users_lib
         chown nobody:nogroup "$tmp"
-        mkdir -p "$tmp/tools"
-        if bench_have_sdirect; then
-            cp "$build/intercept/libsdirect.so" "$run" "$tmp/tools/"
-            pg_run_prefix=(env "SDIRECT_LIB=$tmp/tools/libsdirect.so")
-        fi
+        pg_lib="$users_lib_path"
     fi
     local port_init
     next_port
@@ -519,10 +568,9 @@ pg_setup() {
 # pg_start HOW PORT [PREFIX...]: the server on the database (PREFIX before
 # it, e.g. bench_defaults), ready for connections; pg_srv its pid.
 pg_start() {
-    local how="$1" port="$2" i pre=()
+    local how="$1" port="$2" i run_lib="$pg_lib"
     shift 2
-    [[ "$how" == sdirect ]] && pre=("${pg_run_prefix[@]}")
-    start_bg pg-srv 300 "$how" srv_pin "${pre[@]}" "$@" "${pg_as[@]}" "$pgbin/postgres" -D "$tmp/pgdata" \
+    start_bg pg-srv 300 "$how" srv_pin "$@" "${pg_as[@]}" "$pgbin/postgres" -D "$tmp/pgdata" \
         -k "$tmp" -c listen_addresses=127.0.0.1 -p "$port" -c fsync=off -c synchronous_commit=off \
         -c full_page_writes=off -c max_connections=30 -c autovacuum=off
     pg_srv=$bg_pid
@@ -534,8 +582,20 @@ pg_start() {
     return 1
 }
 
+# pgbench_result FILE: "TPS LATENCY" of pgbench's report in FILE, if no
+# transaction failed. "latency average = 0.083 ms", "tps = 12003.1
+# (without initial connection time)", "number of failed transactions: 0
+# (0.000%)".
+pgbench_result() {
+    awk '
+        /^latency average = / { lat = $4 }
+        /^tps = / { tps = $3 }
+        /^number of failed transactions: 0 / { clean = 1 }
+        END { if (tps != "" && lat != "" && clean) print tps, lat }' "$1"
+}
+
 measure_pg() {
-    local how="$1" cfg script clients rc vals tps lat ok=0 pre=()
+    local how="$1" cfg script clients rc vals tps lat ok=0 run_lib
     pg_setup || return 1
     next_port
     if ! pg_start "$how" "$port"; then
@@ -543,22 +603,16 @@ measure_pg() {
         stop_pid "$pg_srv" TERM 20
         return 2
     fi
-    [[ "$how" == sdirect ]] && pre=("${pg_run_prefix[@]}")
+    run_lib="$pg_lib"
     for cfg in S1 S8 S16 B1 B8; do
         script="${cfg:0:1}"
         clients="${cfg:1}"
         local opts=(-n -T "$pg_secs" -c "$clients" -j "$((clients > 1 ? 2 : 1))")
         [[ "$script" == S ]] && opts+=(-S)
-        run_fg "pg-cli-$script$clients" "$((pg_secs + 30))" "$how" cli_pin "${pre[@]}" "${pg_as[@]}" \
+        run_fg "pg-cli-$script$clients" "$((pg_secs + 30))" "$how" cli_pin "${pg_as[@]}" \
             pgbench -h 127.0.0.1 -p "$port" -U postgres "${opts[@]}" postgres
         rc=$?
-        # "latency average = 0.083 ms", "tps = 12003.1 (without initial
-        # connection time)", "number of failed transactions: 0 (0.000%)"
-        vals="$(awk '
-            /^latency average = / { lat = $4 }
-            /^tps = / { tps = $3 }
-            /^number of failed transactions: 0 / { clean = 1 }
-            END { if (tps != "" && lat != "" && clean) print tps, lat }' "$tmp/pg-cli-$script$clients.out")"
+        vals="$(pgbench_result "$tmp/pg-cli-$script$clients.out")"
         if ((rc != 0)) || [[ -z "$vals" ]]; then
             failed "pg $how -$script -c $clients: $(status_text "$rc"), $(output_of "$tmp/pg-cli-$script$clients.out" "$tmp/pg-cli-$script$clients.err")"
             continue
@@ -581,6 +635,10 @@ measure_pg() {
 # measure_npcrr, measure_ab, measure_pgc.
 # shellcheck source=benchmarks/apps_fresh.sh
 source "$bench_dir/apps_fresh.sh"
+# The rows of services under their own users with root's clients:
+# measure_pgx, measure_abx, measure_abxc.
+# shellcheck source=benchmarks/apps_users.sh
+source "$bench_dir/apps_users.sh"
 
 # cpu_of PID: "ticks switches" of a process: utime + stime (all its
 # threads, /proc/PID/stat) and the context switches of its live threads.
@@ -670,27 +728,41 @@ measure_idle() {
 declare -A need=([sp]="sockperf" [rd1]="redis-server redis-benchmark"
     [rd50]="redis-server redis-benchmark" [rcli]="redis-server redis-cli" [pg]="pgbench setpriv"
     [pgc]="pgbench setpriv" [np]="netperf netserver" [npcrr]="netperf netserver"
-    [ab]="ab $nginx" [idle]="$py")
+    [ab]="ab $nginx" [pgx]="pgbench setpriv" [abx]="ab $nginx" [abxc]="ab $nginx" [idle]="$py")
 groups=()
 for app in "${apps[@]}"; do
     case "$app" in
         sockperf) groups+=(sp) ;;
         redis) groups+=(rd1 rd50 rcli) ;;
         pg) groups+=(pg pgc) ;;
+        pg-users) groups+=(pgx) ;;
         netperf) groups+=(np npcrr) ;;
         nginx) groups+=(ab) ;;
+        nginx-users) groups+=(abx abxc) ;;
         idle) groups+=(idle) ;;
     esac
 done
-declare -A usable=()
+# na_reason[GROUP]: why GROUP's rows are n/a here (shown in their mode
+# column and under the table).
+declare -A usable=() na_reason=()
 for g in "${groups[@]}"; do
     usable[$g]=1
     for prog in ${need[$g]}; do
         if ! command -v "$prog" >/dev/null 2>&1; then
             echo "$me: $prog not installed (scripts/setup.sh installs it); its rows are n/a" >&2
             usable[$g]=0
+            na_reason[$g]="${na_reason[$g]:-$prog not installed}"
         fi
     done
+    case "$g" in
+        pgx | abx | abxc)
+            why="$(users_missing "$g")"
+            if [[ -n "$why" && -z "${na_reason[$g]:-}" ]]; then
+                echo "$me: $g rows n/a: $why" >&2
+                usable[$g]=0
+                na_reason[$g]="$why"
+            fi ;;
+    esac
 done
 measure() {  # GROUP HOW
     case "$1" in
@@ -703,6 +775,9 @@ measure() {  # GROUP HOW
         np) measure_netperf "$2" ;;
         npcrr) measure_npcrr "$2" ;;
         ab) measure_ab "$2" ;;
+        pgx) measure_pgx "$2" ;;
+        abx) measure_abx "$2" ;;
+        abxc) measure_abxc "$2" ;;
         idle) measure_idle "$2" ;;
     esac
 }
@@ -718,6 +793,9 @@ group_limit() {
         np) echo $((3 * (np_secs + 26) + 10)) ;;
         npcrr) echo $((np_secs + 40)) ;;
         ab) echo $((4 * (ab_secs + 26) + 20)) ;;
+        pgx) echo $((2 * (pg_secs + 36) + 220)) ;;
+        abx) echo $((2 * (ab_secs + 26) + 30)) ;;
+        abxc) echo $((ab_secs + 56)) ;;
         idle) echo $((idle_secs + 130)) ;;
     esac
 }
@@ -786,6 +864,13 @@ rows=(
     "ab_c4 ab ab+nginx_4_KiB,_no_keep-alive,_c=4 req/s higher 1.0 counts"
     "ab_k1 ab ab+nginx_4_KiB,_keep-alive,_c=1 req/s higher 1.0 counts"
     "ab_k4 ab ab+nginx_4_KiB,_keep-alive,_c=4 req/s higher 1.0 counts"
+    "pgx_S1_tps pgx pg-users_select-only,_1_client tx/s higher 1.5"
+    "pgx_S1_lat pgx pg-users_select-only,_1_client,_latency ms lower -"
+    "pgx_S8_tps pgx pg-users_select-only,_8_clients tx/s higher 1.3"
+    "pgx_S8_lat pgx pg-users_select-only,_8_clients,_latency ms lower -"
+    "abx_k1 abx nginx-users_ab_4_KiB,_keep-alive,_c=1 req/s higher 1.0"
+    "abx_k4 abx nginx-users_ab_4_KiB,_keep-alive,_c=4 req/s higher 1.0"
+    "abx_c1 abxc nginx-users_ab_4_KiB,_no_keep-alive,_c=1 req/s higher 1.0 counts"
     "idle_srv_cpu idle idle_${idle_conns}_conns:_server_CPU_(epoll) %_core max 1"
     "idle_cli_cpu idle idle_${idle_conns}_conns:_client_CPU_(poll) %_core max 1"
     "idle_srv_wake idle idle_${idle_conns}_conns:_server_wake-ups /s info -"
@@ -823,7 +908,9 @@ apps_table() {
             higher) speedup="$(ratio "$s" "$k")" ;;
             *) speedup=- ;;
         esac
-        if [[ "$s" == n/a ]]; then
+        if [[ -n "${na_reason[$g]:-}" ]]; then
+            mode="n/a: ${na_reason[$g]}"
+        elif [[ "$s" == n/a ]]; then
             mode=n/a
         elif [[ "$check" == counts ]]; then
             mode=unknown
@@ -862,9 +949,11 @@ apps_table() {
         echo "pg: PostgreSQL + pgbench, scale 1, ${pg_secs} s a run; transactions/s and mean latency (select-only and TPC-B-like; -C: a new connection per transaction)"
         echo "netperf: netserver forking a child per test, netperf -P 0 for ${np_secs} s a test (TCP_RR: 1-byte transactions/s; TCP_STREAM/TCP_MAERTS: 10^6 bit/s; TCP_CRR: connections/s)"
         echo "ab+nginx: requests/s for a 4 KiB file, ${ab_secs} s a run, c = concurrent requests"
+        echo "pg-users: PostgreSQL run as postgres (its own data directory), pgbench -S as root, ${pg_secs} s a run; nginx-users: nginx with \`user www-data;\` (master root, workers www-data), ab as root"
         echo "idle: $idle_conns idle connections, CPU in % of one core and context switches/s of each process over ${idle_secs} s"
         echo "speedup: kernel/sdirect for latency, sdirect/kernel for rates; runs: good/attempted; sdirect mode: as recorded by the library"
-        echo "(MODE n/N: the client's connections by the mode they ended in, over all runs; a process records its last 4096)"
+        echo "(MODE n/N: the client's connections by the mode they ended in, over all runs; a process records its last 4096;"
+        echo " unasked: ab connections that closed before asking to go direct, on TCP, of which the library keeps no counters)"
         [[ -n "${hog_note:-}" ]] && echo "$hog_note"
         echo
         awk -F'\t' '
@@ -888,6 +977,13 @@ apps_table() {
             echo "failed runs (left out of the medians) and retries:"
             sed 's/^/  /' "$tmp/failures"
         fi
+        local ng first=1
+        for ng in "${groups[@]}"; do
+            [[ -n "${na_reason[$ng]:-}" ]] || continue
+            ((first)) && echo
+            first=0
+            echo "not measured: $ng rows n/a: ${na_reason[$ng]}"
+        done
     } >"$pdir/apps.txt"
     cat "$pdir/apps.txt"
 }

@@ -1,4 +1,4 @@
-# shellcheck shell=bash disable=SC2154
+# shellcheck shell=bash disable=SC2034,SC2154
 # The rows of benchmarks/apps.sh that make a process or a connection per
 # transaction (sourced by apps.sh, not run): fresh redis-cli processes,
 # netperf TCP_CRR, ab against nginx, pgbench -C. Both ends of these run
@@ -81,42 +81,79 @@ measure_npcrr() {
 # keep-alive (a connection per request) and with it, 1 and 4 requests at a
 # time. Both ends with the library's own settings.
 nginx="$(command -v nginx || echo /usr/sbin/nginx)"
+
+# nginx_conf DIR PORT USER_LINE: nginx's configuration into DIR/nginx.conf
+# (its pid file, logs and temporary files in DIR, the files it serves in
+# DIR/www), listening on 127.0.0.1:PORT; USER_LINE is its `user` directive
+# (empty: none).
+nginx_conf() {
+    cat >"$1/nginx.conf" <<EOF
+daemon off;
+master_process on;
+worker_processes 2;
+$3
+pid $1/nginx.pid;
+error_log $1/error.log warn;
+events {
+    worker_connections 256;
+}
+http {
+    access_log off;
+    client_body_temp_path $1/temp/body;
+    proxy_temp_path $1/temp/proxy;
+    fastcgi_temp_path $1/temp/fastcgi;
+    uwsgi_temp_path $1/temp/uwsgi;
+    scgi_temp_path $1/temp/scgi;
+    default_type application/octet-stream;
+    sendfile on;
+    keepalive_timeout 30;
+    keepalive_requests 1000000;
+    server {
+        listen 127.0.0.1:$2;
+        root $1/www;
+    }
+}
+EOF
+}
+
+# ab_rate FILE: the requests/s of ab's report in FILE, if no request
+# failed. "Requests per second:    9342.66 [#/sec] (mean)", "Failed
+# requests:        0"; "Non-2xx responses:" only when there were.
+ab_rate() {
+    awk '
+        /^Requests per second:/ { r = $4 }
+        /^Failed requests: +0$/ { clean = 1 }
+        /^Non-2xx responses:/ { bad = 1 }
+        END { if (r != "" && clean && !bad) print r }' "$1"
+}
+
+# ab_counts PORT VARIANT ROLE COUNTS: the modes of ab's connections (ab
+# run ROLE, VARIANT k or c then the concurrency) appended to COUNTS. An ab
+# that wrote no stats file had no connection that asked to go direct (each
+# closed before SDIRECT_UPGRADE_AFTER_MS; the library keeps no counters
+# for those): all its connections, one per completed request without
+# keep-alive, count as "unasked" (on TCP).
+ab_counts() {
+    local n
+    if [[ -s "$tmp/$3.stats" ]]; then
+        mode_counts "$1" on "$tmp/$3.stats" >>"$4"
+        return
+    fi
+    n="${2#?}"
+    [[ "$2" == c* ]] && n="$(awk '/^Complete requests:/ { print $3 }' "$tmp/$3.out")"
+    [[ "$n" =~ ^[1-9][0-9]*$ ]] && echo "unasked $n" >>"$4"
+}
+
 measure_ab() {
     local how="$1" rc val v conc opts user_line="" ok=0
     next_port
     rm -rf "$tmp/nginx"
     mkdir -p "$tmp/nginx/www" "$tmp/nginx/temp"
     head -c 4096 /dev/urandom >"$tmp/nginx/www/4k.bin"
-    # As root the workers would become nobody, another user than ab (no
-    # upgrade between two users): they stay the current user.
+    # As root the workers would become nobody, another user than ab: they
+    # stay the current user here (the abx rows measure Debian's www-data).
     ((EUID == 0)) && user_line="user $(id -un) $(id -gn);"
-    cat >"$tmp/nginx/nginx.conf" <<EOF
-daemon off;
-master_process on;
-worker_processes 2;
-$user_line
-pid $tmp/nginx/nginx.pid;
-error_log $tmp/nginx/error.log warn;
-events {
-    worker_connections 256;
-}
-http {
-    access_log off;
-    client_body_temp_path $tmp/nginx/temp/body;
-    proxy_temp_path $tmp/nginx/temp/proxy;
-    fastcgi_temp_path $tmp/nginx/temp/fastcgi;
-    uwsgi_temp_path $tmp/nginx/temp/uwsgi;
-    scgi_temp_path $tmp/nginx/temp/scgi;
-    default_type application/octet-stream;
-    sendfile on;
-    keepalive_timeout 30;
-    keepalive_requests 1000000;
-    server {
-        listen 127.0.0.1:$port;
-        root $tmp/nginx/www;
-    }
-}
-EOF
+    nginx_conf "$tmp/nginx" "$port" "$user_line"
     start_bg ngx-srv 300 "$how" srv_pin "${bench_defaults[@]}" "$nginx" -p "$tmp/nginx/" \
         -c "$tmp/nginx/nginx.conf" -e "$tmp/nginx/error.log"
     local srv=$bg_pid
@@ -132,19 +169,13 @@ EOF
         run_fg "ab-$v" "$((ab_secs + 20))" "$how" cli_pin "${bench_defaults[@]}" \
             ab "${opts[@]}" "http://127.0.0.1:$port/4k.bin"
         rc=$?
-        # "Requests per second:    9342.66 [#/sec] (mean)", "Failed
-        # requests:        0"; "Non-2xx responses:" only when there were.
-        val="$(awk '
-            /^Requests per second:/ { r = $4 }
-            /^Failed requests: +0$/ { clean = 1 }
-            /^Non-2xx responses:/ { bad = 1 }
-            END { if (r != "" && clean && !bad) print r }' "$tmp/ab-$v.out")"
+        val="$(ab_rate "$tmp/ab-$v.out")"
         if ((rc != 0)) || [[ -z "$val" ]]; then
             failed "ab -$v $how: $(status_text "$rc"), $(output_of "$tmp/ab-$v.out" "$tmp/ab-$v.err")"
             continue
         fi
         put "ab_$v" "$how" "$val"
-        [[ "$how" == sdirect ]] && mode_counts "$port" on "$tmp/ab-$v.stats" >>"$tmp/v/ab_$v.counts"
+        [[ "$how" == sdirect ]] && ab_counts "$port" "$v" "ab-$v" "$tmp/v/ab_$v.counts"
         ok=$((ok + 1))
         echo "  ab -$v $how: $val req/s" >&2
     done
@@ -158,7 +189,7 @@ EOF
 # for it; both ends with the library's own settings. The modes counted are
 # those of pgbench's connections.
 measure_pgc() {
-    local how="$1" rc vals tps pre=()
+    local how="$1" rc vals tps run_lib
     pg_setup || return 1
     next_port
     if ! pg_start "$how" "$port" "${bench_defaults[@]}"; then
@@ -166,8 +197,8 @@ measure_pgc() {
         stop_pid "$pg_srv" TERM 20
         return 2
     fi
-    [[ "$how" == sdirect ]] && pre=("${pg_run_prefix[@]}")
-    run_fg pgc-cli "$((pg_secs + 30))" "$how" cli_pin "${pre[@]}" "${bench_defaults[@]}" "${pg_as[@]}" \
+    run_lib="$pg_lib"
+    run_fg pgc-cli "$((pg_secs + 30))" "$how" cli_pin "${bench_defaults[@]}" "${pg_as[@]}" \
         pgbench -h 127.0.0.1 -p "$port" -U postgres -n -C -S -T "$pg_secs" -c 1 -j 1 postgres
     rc=$?
     stop_pid "$pg_srv" TERM 20

@@ -3,7 +3,9 @@
 # row's ratio sdirect vs kernel (above 1: sdirect better; kernel/sdirect for
 # times, sdirect/kernel for rates), its target and whether it is met, and a
 # list of the rows where sdirect misses its target or is slower than the
-# kernel, with the connection modes the library recorded.
+# kernel, with the connection modes the library recorded; then the rows
+# that could not be measured there (n/a, e.g. the rows of services under
+# their own users when not root), with the reason, never counted as met.
 #
 # Usage: benchmarks/summary.sh [RUN_FOLDER]   (default benchmarks/results/latest)
 # Reads each placement's pingpong.tsv, netpipe.tsv and apps.tsv; writes
@@ -125,6 +127,16 @@ rows() {
                 tot[p] = sprintf("%s: %d of %d targets met, %d rows slower than the kernel", p, met_n, tgt_n, slow)
             }
             if (!bad) printf "  nowhere\n"
+            na = 0
+            for (i = 1; i <= np; i++) {
+                p = pl[i]
+                for (j = 1; j <= n; j++) {
+                    k = keys[j]
+                    if (!((k, p) in mode) || mode[k, p] !~ /^n\/a: /) continue
+                    if (!na++) printf "\nNot measured (n/a):\n"
+                    printf "  %-9s %-44s %s\n", p, substr(label[k], 1, 44), substr(mode[k, p], 6)
+                }
+            }
             printf "\n"
             for (i = 1; i <= np; i++) print tot[pl[i]]
         }' "$dir/summary.tsv"
