@@ -33,7 +33,8 @@
 # above it are used), BENCH_SIZES (space-separated, default below),
 # BENCH_HOG_WORKERS (2), SDIRECT_BUILD_DIR (build), BENCH_TUNE (1, quick 0;
 # 0 skips sdirect-tune), BENCH_NETPIPE (1, quick 0; 0 skips netpipe.sh,
-# NPtcp's full curve), BENCH_APPS (1; 0 skips apps.sh, whose own settings
+# NPtcp's full curve), BENCH_APP_LIST (apps.sh's arguments: which programs;
+# default all), BENCH_APPS (1; 0 skips apps.sh, whose own settings
 # are listed there), BENCH_OUT (the run's folder; default a new one).
 set -uo pipefail
 
@@ -396,7 +397,8 @@ if [[ "${BENCH_NETPIPE:-$(qdef 1 0)}" != 0 ]]; then
 fi
 if [[ "${BENCH_APPS:-1}" != 0 ]]; then
     echo
-    BENCH_SUMMARY=0 bash "$bench_dir/apps.sh"
+    # shellcheck disable=SC2086 # a list of app names, split on purpose
+    BENCH_SUMMARY=0 bash "$bench_dir/apps.sh" ${BENCH_APP_LIST:-}
 fi
 echo
 bash "$bench_dir/summary.sh" "$out"
