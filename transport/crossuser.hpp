@@ -26,6 +26,10 @@ struct Tuple;
 // SDIRECT_CROSS_USER is set (and the registry is the default one).
 bool cross_user_on() noexcept;
 
+// This process is dumpable now (prctl). One that is not goes through the
+// queues with every peer, as across users (handshake.cpp).
+bool dumpable() noexcept;
+
 // The registry directory the processes of `uid` use: the first of
 // /dev/shm/sdirect-UID, -1, -2 ... that exists as a real directory owned by
 // `uid` and writable by nobody else, passing over names another user took

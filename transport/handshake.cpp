@@ -21,7 +21,6 @@
 #include <cstring>
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -49,8 +48,6 @@ void set_peer_locked(Conn *c, Peer *peer, const CtlMsg &m, bool cross) noexcept 
     c->peer_ring_key = cross ? 0 : m.ring_key;
     c->peer_ring_cap = m.window;
 }
-
-int dumpable() noexcept { return prctl(PR_GET_DUMPABLE) == 1; }
 
 // The initiator's last word: from this datagram on, both ends are direct.
 // SEQPACKET delivery is atomic: once sendmsg returns, the message is in the
@@ -82,7 +79,7 @@ void Engine::set_final(Conn *c, Reason r) noexcept {
     c->wake_locked();
 }
 
-int Engine::make_ring(Conn *c) noexcept {
+int Engine::make_ring(Conn *c, bool offer) noexcept {
     // Under rx_lock, which every delivery takes: the first one (sent by a
     // peer that learnt of the ring through the control socket) then sees
     // the ring in the memory model too, not only in time.
@@ -92,6 +89,10 @@ int Engine::make_ring(Conn *c) noexcept {
     c->stage = static_cast<char *>(std::malloc(chunk_));
     if (!c->ring || !c->stage) return -ENOMEM;
     c->ring_cap = c->window;
+    // A ring never offered (a peer through the queues) is not registered
+    // either: nothing of it is named to the provider, whose region other
+    // processes of our uid may write to.
+    if (!offer) return 0;
     Guard guard;
     InProvider in;
     int rc = !in.ok() ? -FI_ECANCELED
@@ -165,7 +166,6 @@ void Engine::try_initiate(Conn *c) noexcept {
                                 sizeof far_dir);
         if (fd < 0) errno = -fd;
     }
-    const bool cross = far_dir[0] != '\0';
     if (fd < 0) {
         // No fd to look with (RLIMIT_NOFILE): whether the peer published
         // cannot be known now, and an upgrade would need more fds. Said
@@ -183,9 +183,18 @@ void Engine::try_initiate(Conn *c) noexcept {
     sys.close(fd);
     if (!ok || e.kernel_why) return;  // that end will not upgrade: judge() reports it
     e.addr[sizeof e.addr - 1] = '\0';
+    // A pair of one uid where either end is not dumpable goes through the
+    // queues as a pair of two uids does, under the same restrictions: the
+    // one that is not must expose nothing of its memory to other processes
+    // of its uid (no shm region, no ring, no process_vm_*). Our own
+    // registry then serves as `far_dir`.
+    const bool foreign = far_dir[0] != '\0';
+    if (!foreign && (!dumpable() || e.queues))
+        std::snprintf(far_dir, sizeof far_dir, "%s", settings().registry);
+    const bool cross = far_dir[0] != '\0';
     if (!c->acceptor && e.acceptor && acceptor_will_ask(c, e)) return;
     if (e.pid != pid_ && kill(e.pid, 0) != 0 && errno == ESRCH) {
-        if (!cross) unlink(path);  // stale: its process is gone
+        if (!foreign) unlink(path);  // stale: its process is gone
         return;
     }
     if (e.pid == pid_ && !settings().same_process) {
@@ -212,7 +221,7 @@ void Engine::try_initiate(Conn *c) noexcept {
     int xl = -1;
     {
         std::lock_guard lock(conn_lock_);
-        if (make_ring(c) != 0) why = Reason::fabric_error;
+        if (make_ring(c, !cross) != 0) why = Reason::fabric_error;
         else if (!cross) peer = attach_peer(e.pid, e.addr, -1, &why);
         // Across users the peer opens its page to us only once we proved
         // we hold the connection (the request): we attach after its
@@ -410,11 +419,16 @@ void Engine::answer_upgrade(int fd, CtlMsg &req, int proof, int bell, int queue)
     if (!peer_cred_ok(fd, req.pid, &uid)) return refuse(std::uint32_t(Reason::other_user));
     req.addr[sizeof req.addr - 1] = '\0';
     // Another uid (SDIRECT_CROSS_USER): its page and control socket are in
-    // its own registry, and its doorbell must be what it claims.
-    const bool cross = uid != unsigned(getuid());
+    // its own registry, and its doorbell must be what it claims. A request
+    // of our uid that carries a queue comes from a pair where one end is
+    // not dumpable: the same path, our registry.
+    const bool foreign = uid != unsigned(getuid());
+    const bool cross = foreign || queue >= 0;
     char far_dir[64] = {};
-    if (cross && (registry_of_uid(uid, far_dir, sizeof far_dir) != 0 || !is_eventfd(bell)))
+    if (foreign && registry_of_uid(uid, far_dir, sizeof far_dir) != 0)
         return refuse(std::uint32_t(Reason::other_user));
+    if (!foreign) std::snprintf(far_dir, sizeof far_dir, "%s", settings().registry);
+    if (cross && !is_eventfd(bell)) return refuse(std::uint32_t(Reason::other_user));
 
     Conn *c = nullptr;
     std::uint32_t id = 0, gen = 0;
@@ -427,7 +441,11 @@ void Engine::answer_upgrade(int fd, CtlMsg &req, int proof, int bell, int queue)
             SD_LOG(info, "upgrade request from pid %d without valid proof", int(req.pid));
             return refuse(std::uint32_t(Reason::proof_failed));
         }
-        if (!we_dump || !req.dumpable) {
+        // Either end not dumpable and no queue offered: the initiator read
+        // an entry of ours written while we were dumpable (a change since,
+        // prctl or set*id), or was itself dumpable then. The next
+        // connection goes through the queues; this one stays on TCP.
+        if (!cross && (!we_dump || !req.dumpable)) {
             set_final(c, Reason::not_dumpable);
             return refuse(std::uint32_t(Reason::not_dumpable));
         }
@@ -462,7 +480,7 @@ void Engine::answer_upgrade(int fd, CtlMsg &req, int proof, int bell, int queue)
         }
         Reason why = Reason::none;
         Peer *peer = nullptr;
-        if (make_ring(c) == 0)
+        if (make_ring(c, !cross) == 0)
             peer = attach_peer(req.pid, req.addr, bell, &why, cross ? far_dir : nullptr, xl);
         else sys.close(bell), link_put(xl);
         bell = -1;  // kept by attach_peer, or closed
@@ -492,7 +510,7 @@ void Engine::answer_upgrade(int fd, CtlMsg &req, int proof, int bell, int queue)
     rep.status = std::uint32_t(Reason::none);
     if (proof >= 0) sys.close(proof);
     bool committed = false;
-    if (queue >= 0) sys.close(queue);  // of our uid: none expected
+    if (queue >= 0) sys.close(queue);  // not taken: refused before the link
     const int answer_fds[3] = {doorbell_, my_proof, my_queue};
     const int nanswer = cross ? 3 : (req.status & kHaveBell) ? 0 : 1;
     const ssize_t answered = send_ctl(fd, rep, answer_fds, nanswer, MSG_DONTWAIT);

@@ -59,6 +59,9 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
             continue;
         }
         if (q.ended || q.addr == FI_ADDR_UNSPEC) continue;  // gone, or forgotten (retired)
+        // Through the provider before, through the queues now (or the
+        // reverse: one end's dumpability changed): a peer of each kind.
+        if (q.cross != (dir != nullptr)) continue;
         if (q.idle_since) {
             q.idle_since = 0;
             --idle_peers_;
@@ -105,7 +108,7 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
             return refuse(Reason::av_full);
         }
     }
-    if (pid == pid_) {
+    if (pid == pid_ && !dir) {
         p->page = page_;
         p->doorbell = doorbell_;
         if (doorbell >= 0) sys.close(doorbell);
@@ -202,7 +205,7 @@ void Engine::drop_peer(Peer *p) noexcept {
         InProvider in;
         if (in.ok()) fi_av_remove(ep_.av, &p->addr, 1, 0);
     }
-    if (p->pid != pid_) {
+    if (p->pid != pid_ || p->cross) {
         if (p->cross) {
             if (p->page_fd >= 0) sys.close(p->page_fd);
         } else {
