@@ -98,7 +98,7 @@ void Engine::deliver(const char *buf, std::size_t len, const XLink *from) noexce
                    int(from->pid), h.dst_conn);
             return;
         }
-        if (!across_users(MsgType(h.type))) {
+        if (c->peer->cross && !across_users(MsgType(h.type))) {
             SD_LOG(error, "conn %u: message type %u from a peer of another uid: connection broken",
                    c->id, unsigned(h.type));
             c->broken = true;

@@ -44,6 +44,11 @@ struct Peer {
     // (xqlink.cpp), and its control socket and page are in `dir`, its
     // uid's registry.
     bool cross = false;
+    // Its messages and ours go through link `xl`: every peer `cross`, and
+    // a trusted one under SDIRECT_QUEUES=all (which keeps all the rest:
+    // its address vector entry for RMA, its mapped page, every message
+    // type).
+    bool queued = false;
     int xl = -1;
     int page_fd = -1;  // its page, read with pread (page points to zeros)
     char dir[64] = {};
