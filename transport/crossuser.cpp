@@ -107,7 +107,10 @@ int tcp_socket_uid(const Tuple &t, unsigned *uid) noexcept {
 }
 
 int proof_dup(int fd, const Tuple &t) noexcept {
-    int d = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    // libc's own: our fcntl would track the copy as a second fd of the
+    // application's socket, and the application's close of it would then
+    // never be its last.
+    int d = sys.fcntl(fd, F_DUPFD_CLOEXEC, 0);
     Tuple now;
     if (d >= 0 && (tuple_of(d, now) != 0 || !(now == t))) {
         sys.close(d);

@@ -13,7 +13,9 @@
 // xqlink.cpp). Every byte across such a pair goes inline, in messages
 // (no ring write, no zero-copy, no process_vm_*: the kernel refuses it one
 // way, by ptrace rules). docs/ARCHITECTURE.md, "Between users", says what
-// this guarantees and what it does not.
+// this guarantees and what it does not. A pair of one uid where either
+// end is not dumpable goes the same way, under the same restrictions
+// (docs/ARCHITECTURE.md, "Not dumpable").
 #pragma once
 
 #include <cstddef>
