@@ -159,6 +159,13 @@ std::vector<std::string> child_env(const Scratch &scratch, const Launch &l, cons
         for (const std::string &v : l.env) own_policy |= v.rfind("SDIRECT_UPGRADE_AFTER_MS=", 0) == 0;
         if (!own_policy) env.push_back("SDIRECT_UPGRADE_AFTER_MS=0");
         if (const char *log = std::getenv("SDIRECT_TEST_LOG")) env.push_back(std::string("SDIRECT_LOG=") + log);
+        // The whole suite runs under either message path: SDIRECT_QUEUES
+        // set for the test run reaches every preloaded process that does
+        // not set its own.
+        bool own_queues = false;
+        for (const std::string &v : l.env) own_queues |= v.rfind("SDIRECT_QUEUES=", 0) == 0;
+        if (const char *q = std::getenv("SDIRECT_QUEUES"); q && !own_queues)
+            env.push_back(std::string("SDIRECT_QUEUES=") + q);
         for (const std::string &v : l.env) env.push_back(v);
     }
     return env;

@@ -13,7 +13,9 @@
 // xqlink.cpp). Every byte across such a pair goes inline, in messages
 // (no ring write, no zero-copy, no process_vm_*: the kernel refuses it one
 // way, by ptrace rules). docs/ARCHITECTURE.md, "Between users", says what
-// this guarantees and what it does not.
+// this guarantees and what it does not. A pair of one uid where either
+// end is not dumpable goes the same way, under the same restrictions
+// (docs/ARCHITECTURE.md, "Not dumpable").
 #pragma once
 
 #include <cstddef>
@@ -25,6 +27,10 @@ struct Tuple;
 
 // SDIRECT_CROSS_USER is set (and the registry is the default one).
 bool cross_user_on() noexcept;
+
+// This process is dumpable now (prctl). One that is not goes through the
+// queues with every peer, as across users (handshake.cpp).
+bool dumpable() noexcept;
 
 // The registry directory the processes of `uid` use: the first of
 // /dev/shm/sdirect-UID, -1, -2 ... that exists as a real directory owned by

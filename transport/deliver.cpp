@@ -94,12 +94,12 @@ void Engine::deliver(const char *buf, std::size_t len, const XLink *from) noexce
         lock.lock();
         if (c->peer != from->peer.load(std::memory_order_relaxed) ||
             from->state.load(std::memory_order_acquire) != kLinkLive) {
-            SD_LOG(debug, "dropping a message of pid %d (another uid) for conn %u, not its own",
+            SD_LOG(debug, "dropping a message of pid %d (its queue) for conn %u, not its own",
                    int(from->pid), h.dst_conn);
             return;
         }
-        if (!across_users(MsgType(h.type))) {
-            SD_LOG(error, "conn %u: message type %u from a peer of another uid: connection broken",
+        if (c->peer->cross && !across_users(MsgType(h.type))) {
+            SD_LOG(error, "conn %u: message type %u from a restricted peer: connection broken",
                    c->id, unsigned(h.type));
             c->broken = true;
             c->wake_locked();

@@ -446,13 +446,13 @@ int Engine::post(Conn *c, MsgType type, const iovec *iov, int iovcnt, std::uint3
     msg.msg_iov = v;
     msg.iov_count = std::size_t(n);
     msg.addr = c->peer->addr;
-    // A peer of another uid: its queue (xqlink.cpp), never the provider.
+    // A queued peer: its queue (xqlink.cpp), never the provider's send.
     const int xl = c->peer->xl;
-    if (c->peer->cross && xl < 0) {  // forgotten (retire.cpp)
+    if (c->peer->queued && xl < 0) {  // forgotten (retire.cpp)
         c->unreturned.fetch_add(h.credits, std::memory_order_relaxed);
         return -EPIPE;
     }
-    XLink *link = c->peer->cross ? &links_[xl] : nullptr;
+    XLink *link = c->peer->queued ? &links_[xl] : nullptr;
     const std::uint32_t whole = std::uint32_t(sizeof h + (n == 2 ? v[1].iov_len : 0));
     Guard guard;
     std::uint64_t start = 0, kicked = 0;

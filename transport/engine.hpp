@@ -37,12 +37,18 @@ struct Peer {
     char name[96] = {};
     std::uint64_t idle_since = 0;      // the cache's clock when it went idle
     bool ended = false;                // its process ended while in use: drop when idle
-    // Of another uid (SDIRECT_CROSS_USER): nothing of the provider with
-    // it (no address vector entry: `addr` is kQueueAddr), no process_vm_*;
+    // Of another uid (SDIRECT_CROSS_USER), or of ours where either end is
+    // not dumpable: nothing of the provider with it (no address vector
+    // entry: `addr` is kQueueAddr), no process_vm_*;
     // its messages and ours go through the queues of link `xl`
     // (xqlink.cpp), and its control socket and page are in `dir`, its
     // uid's registry.
     bool cross = false;
+    // Its messages and ours go through link `xl`: every peer `cross`, and
+    // a trusted one under SDIRECT_QUEUES=all (which keeps all the rest:
+    // its address vector entry for RMA, its mapped page, every message
+    // type).
+    bool queued = false;
     int xl = -1;
     int page_fd = -1;  // its page, read with pread (page points to zeros)
     char dir[64] = {};
@@ -563,11 +569,14 @@ class Engine {
     // The connecting side found the acceptor's entry: its request is sure
     // to come.
     bool acceptor_will_ask(const Conn *c, const Entry &e) noexcept;
-    // `queue`: across users, the initiator's queue for our messages.
+    // `queue`: the initiator's queue for our messages (across users, or
+    // where either end is not dumpable).
     void answer_upgrade(int fd, CtlMsg &req, int proof, int bell, int queue) noexcept;
     // Both ends committed: the connection is direct from here (conn_lock_).
     void go_direct(Conn *c) noexcept;
-    int make_ring(Conn *c) noexcept;
+    // The receive ring; `offer`: registered with the provider too, for a
+    // peer that may write it.
+    int make_ring(Conn *c, bool offer) noexcept;
     std::uint64_t next_key_ = 1;
     void set_final(Conn *c, Reason r) noexcept;
     // hold.cpp: a holder of one of our direct sockets asks us to leave.

@@ -21,7 +21,6 @@
 #include <cstring>
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -49,8 +48,6 @@ void set_peer_locked(Conn *c, Peer *peer, const CtlMsg &m, bool cross) noexcept 
     c->peer_ring_key = cross ? 0 : m.ring_key;
     c->peer_ring_cap = m.window;
 }
-
-int dumpable() noexcept { return prctl(PR_GET_DUMPABLE) == 1; }
 
 // The initiator's last word: from this datagram on, both ends are direct.
 // SEQPACKET delivery is atomic: once sendmsg returns, the message is in the
@@ -82,7 +79,7 @@ void Engine::set_final(Conn *c, Reason r) noexcept {
     c->wake_locked();
 }
 
-int Engine::make_ring(Conn *c) noexcept {
+int Engine::make_ring(Conn *c, bool offer) noexcept {
     // Under rx_lock, which every delivery takes: the first one (sent by a
     // peer that learnt of the ring through the control socket) then sees
     // the ring in the memory model too, not only in time.
@@ -92,6 +89,10 @@ int Engine::make_ring(Conn *c) noexcept {
     c->stage = static_cast<char *>(std::malloc(chunk_));
     if (!c->ring || !c->stage) return -ENOMEM;
     c->ring_cap = c->window;
+    // A ring never offered (a peer through the queues) is not registered
+    // either: nothing of it is named to the provider, whose region other
+    // processes of our uid may write to.
+    if (!offer) return 0;
     Guard guard;
     InProvider in;
     int rc = !in.ok() ? -FI_ECANCELED
@@ -165,7 +166,6 @@ void Engine::try_initiate(Conn *c) noexcept {
                                 sizeof far_dir);
         if (fd < 0) errno = -fd;
     }
-    const bool cross = far_dir[0] != '\0';
     if (fd < 0) {
         // No fd to look with (RLIMIT_NOFILE): whether the peer published
         // cannot be known now, and an upgrade would need more fds. Said
@@ -183,9 +183,23 @@ void Engine::try_initiate(Conn *c) noexcept {
     sys.close(fd);
     if (!ok || e.kernel_why) return;  // that end will not upgrade: judge() reports it
     e.addr[sizeof e.addr - 1] = '\0';
+    // A pair of one uid where either end is not dumpable goes through the
+    // queues as a pair of two uids does, under the same restrictions: the
+    // one that is not must expose nothing of its memory to other processes
+    // of its uid (no shm region, no ring, no process_vm_*). Our own
+    // registry then serves as `far_dir`.
+    const bool foreign = far_dir[0] != '\0';
+    if (!foreign && (!dumpable() || e.queues))
+        std::snprintf(far_dir, sizeof far_dir, "%s", settings().registry);
+    // `cross` (untrusted: restricted as across users) may still turn true
+    // below, when the answer says the responder is not dumpable; `queued`
+    // says whether our queue goes with the request, which decides the path
+    // for both ends. SDIRECT_QUEUES=all queues trusted pairs too.
+    bool cross = far_dir[0] != '\0';
+    const bool queued = cross || settings().queues_all;
     if (!c->acceptor && e.acceptor && acceptor_will_ask(c, e)) return;
     if (e.pid != pid_ && kill(e.pid, 0) != 0 && errno == ESRCH) {
-        if (!cross) unlink(path);  // stale: its process is gone
+        if (!foreign) unlink(path);  // stale: its process is gone
         return;
     }
     if (e.pid == pid_ && !settings().same_process) {
@@ -212,8 +226,8 @@ void Engine::try_initiate(Conn *c) noexcept {
     int xl = -1;
     {
         std::lock_guard lock(conn_lock_);
-        if (make_ring(c) != 0) why = Reason::fabric_error;
-        else if (!cross) peer = attach_peer(e.pid, e.addr, -1, &why);
+        if (make_ring(c, !cross) != 0) why = Reason::fabric_error;
+        else if (!queued) peer = attach_peer(e.pid, e.addr, -1, &why);
         // Across users the peer opens its page to us only once we proved
         // we hold the connection (the request): we attach after its
         // answer, and open ours to its uid now, for its attach. That uid
@@ -231,9 +245,9 @@ void Engine::try_initiate(Conn *c) noexcept {
     int s = -1;
     int their_proof = -1;
     int their_queue = -1;
-    if (peer || (cross && why == Reason::none)) {
+    if (peer || (queued && why == Reason::none)) {
         char cpath[108];
-        ctl_path(cpath, sizeof cpath, e.pid, cross ? far_dir : nullptr);
+        ctl_path(cpath, sizeof cpath, e.pid, far_dir[0] ? far_dir : nullptr);
         s = sys.socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
         const bool no_fd = s < 0 && (errno == EMFILE || errno == ENFILE);
         sockaddr_un sa{};
@@ -269,18 +283,18 @@ void Engine::try_initiate(Conn *c) noexcept {
                 const bool ring = c->ring_mr && !cross;
                 req.ring_addr = ring ? std::uint64_t(std::uintptr_t(c->ring)) : 0;
                 req.ring_key = ring ? fi_mr_key(c->ring_mr) : 0;
-                int app_fd = cross ? proof_dup(c->stat->fd, c->tuple) : c->stat->fd;
-                int fds[3] = {app_fd, doorbell_, cross ? links_[xl].in_fd : -1};
+                int app_fd = queued ? proof_dup(c->stat->fd, c->tuple) : c->stat->fd;
+                int fds[3] = {app_fd, doorbell_, queued ? links_[xl].in_fd : -1};
                 ssize_t sent = -1;
-                if (app_fd >= 0) do sent = send_ctl(s, req, fds, cross ? 3 : 2);
+                if (app_fd >= 0) do sent = send_ctl(s, req, fds, queued ? 3 : 2);
                     while (sent < 0 && errno == EINTR && monotonic_ns() < deadline);
-                if (cross && app_fd >= 0) sys.close(app_fd);
+                if (queued && app_fd >= 0) sys.close(app_fd);
                 if (sent == sizeof req) {
                     // Across users the answer also carries the peer's own
                     // socket (its proof that it holds the other end) and
                     // its queue for our messages.
                     int got_fds[3] = {-1, -1, -1};
-                    int got = recv_ctl_until(s, reply, got_fds, cross ? 3 : 1, deadline);
+                    int got = recv_ctl_until(s, reply, got_fds, queued ? 3 : 1, deadline);
                     their_doorbell = got_fds[0];
                     their_proof = got_fds[1];
                     their_queue = got_fds[2];
@@ -295,7 +309,10 @@ void Engine::try_initiate(Conn *c) noexcept {
             }
         }
     }
-    if (cross && why == Reason::none && reply.pid == e.pid) {
+    // The responder not dumpable: it restricts the pair as across users
+    // (answer_upgrade), and so do we.
+    if (queued && why == Reason::none && reply.pid == e.pid && !reply.dumpable) cross = true;
+    if (queued && why == Reason::none && reply.pid == e.pid) {
         Tuple proven;
         if (their_proof < 0 || tuple_of(their_proof, proven) != 0 ||
             !(proven == reversed(c->tuple)) || their_doorbell < 0 || !is_eventfd(their_doorbell)) {
@@ -309,7 +326,9 @@ void Engine::try_initiate(Conn *c) noexcept {
                              "memfd of the expected size", int(e.pid), far_uid);
                 why = Reason::proof_failed;
             } else {
-                peer = attach_peer(e.pid, e.addr, their_doorbell, &why, far_dir, xl);
+                peer = attach_peer(e.pid, e.addr, their_doorbell, &why,
+                                   cross ? (far_dir[0] ? far_dir : settings().registry) : nullptr,
+                                   xl);
                 their_doorbell = -1;  // kept by attach_peer, or closed
                 xl = -1;              // the peer's now, or dropped
             }
@@ -318,7 +337,7 @@ void Engine::try_initiate(Conn *c) noexcept {
     if (their_queue >= 0) sys.close(their_queue);
     if (their_proof >= 0) sys.close(their_proof);
     const bool accepted = why == Reason::none && reply.pid == e.pid &&
-                          (their_doorbell >= 0 || have_bell || (cross && peer));
+                          (their_doorbell >= 0 || have_bell || (queued && peer));
 
     std::lock_guard lock(conn_lock_);
     link_put(xl);  // the request's, if no peer took it
@@ -410,11 +429,17 @@ void Engine::answer_upgrade(int fd, CtlMsg &req, int proof, int bell, int queue)
     if (!peer_cred_ok(fd, req.pid, &uid)) return refuse(std::uint32_t(Reason::other_user));
     req.addr[sizeof req.addr - 1] = '\0';
     // Another uid (SDIRECT_CROSS_USER): its page and control socket are in
-    // its own registry, and its doorbell must be what it claims.
-    const bool cross = uid != unsigned(getuid());
+    // its own registry, and its doorbell must be what it claims. A request
+    // of our uid that carries a queue comes from a pair where one end is
+    // not dumpable: the same path, our registry.
+    const bool foreign = uid != unsigned(getuid());
+    const bool queued = foreign || queue >= 0;
+    const bool cross = foreign || (queued && (!we_dump || !req.dumpable));
     char far_dir[64] = {};
-    if (cross && (registry_of_uid(uid, far_dir, sizeof far_dir) != 0 || !is_eventfd(bell)))
+    if (foreign && registry_of_uid(uid, far_dir, sizeof far_dir) != 0)
         return refuse(std::uint32_t(Reason::other_user));
+    if (!foreign) std::snprintf(far_dir, sizeof far_dir, "%s", settings().registry);
+    if (queued && !is_eventfd(bell)) return refuse(std::uint32_t(Reason::other_user));
 
     Conn *c = nullptr;
     std::uint32_t id = 0, gen = 0;
@@ -427,7 +452,11 @@ void Engine::answer_upgrade(int fd, CtlMsg &req, int proof, int bell, int queue)
             SD_LOG(info, "upgrade request from pid %d without valid proof", int(req.pid));
             return refuse(std::uint32_t(Reason::proof_failed));
         }
-        if (!we_dump || !req.dumpable) {
+        // Either end not dumpable and no queue offered: the initiator read
+        // an entry of ours written while we were dumpable (a change since,
+        // prctl or set*id), or was itself dumpable then. The next
+        // connection goes through the queues; this one stays on TCP.
+        if (!queued && (!we_dump || !req.dumpable)) {
             set_final(c, Reason::not_dumpable);
             return refuse(std::uint32_t(Reason::not_dumpable));
         }
@@ -437,7 +466,7 @@ void Engine::answer_upgrade(int fd, CtlMsg &req, int proof, int bell, int queue)
         }
         // Proven to hold the other end: only now is anything of ours opened
         // to its uid, and our answer proves the same to it.
-        if (cross && (open_to_uid(uid) != 0 || (my_proof = proof_dup(c->stat->fd, c->tuple)) < 0))
+        if (queued && (open_to_uid(uid) != 0 || (my_proof = proof_dup(c->stat->fd, c->tuple)) < 0))
             return refuse(std::uint32_t(Reason::other_user));
         ConnState st = c->state.load();
         if (c->held.load(std::memory_order_acquire) ||
@@ -447,7 +476,7 @@ void Engine::answer_upgrade(int fd, CtlMsg &req, int proof, int bell, int queue)
         // before anything of it is mapped (it must not be able to shrink
         // it under us), ours passed back.
         int xl = -1;
-        if (cross) {
+        if (queued) {
             xl = link_for(req.pid, req.addr);
             if (xl < 0)
                 return refuse(std::uint32_t(xl == -EPROTO ? Reason::proof_failed
@@ -462,7 +491,7 @@ void Engine::answer_upgrade(int fd, CtlMsg &req, int proof, int bell, int queue)
         }
         Reason why = Reason::none;
         Peer *peer = nullptr;
-        if (make_ring(c) == 0)
+        if (make_ring(c, !cross) == 0)
             peer = attach_peer(req.pid, req.addr, bell, &why, cross ? far_dir : nullptr, xl);
         else sys.close(bell), link_put(xl);
         bell = -1;  // kept by attach_peer, or closed
@@ -492,9 +521,9 @@ void Engine::answer_upgrade(int fd, CtlMsg &req, int proof, int bell, int queue)
     rep.status = std::uint32_t(Reason::none);
     if (proof >= 0) sys.close(proof);
     bool committed = false;
-    if (queue >= 0) sys.close(queue);  // of our uid: none expected
+    if (queue >= 0) sys.close(queue);  // not taken: refused before the link
     const int answer_fds[3] = {doorbell_, my_proof, my_queue};
-    const int nanswer = cross ? 3 : (req.status & kHaveBell) ? 0 : 1;
+    const int nanswer = queued ? 3 : (req.status & kHaveBell) ? 0 : 1;
     const ssize_t answered = send_ctl(fd, rep, answer_fds, nanswer, MSG_DONTWAIT);
     if (my_proof >= 0) sys.close(my_proof);
     if (my_queue >= 0) sys.close(my_queue);

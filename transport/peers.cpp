@@ -59,6 +59,9 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
             continue;
         }
         if (q.ended || q.addr == FI_ADDR_UNSPEC) continue;  // gone, or forgotten (retired)
+        // Through the provider before, through the queues now (or the
+        // reverse: one end's dumpability changed): a peer of each kind.
+        if (q.cross != (dir != nullptr) || q.queued != (xl >= 0)) continue;
         if (q.idle_since) {
             q.idle_since = 0;
             --idle_peers_;
@@ -105,7 +108,7 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
             return refuse(Reason::av_full);
         }
     }
-    if (pid == pid_) {
+    if (pid == pid_ && !dir) {
         p->page = page_;
         p->doorbell = doorbell_;
         if (doorbell >= 0) sys.close(doorbell);
@@ -130,8 +133,6 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
         p->doorbell = doorbell;
         p->cross = true;
         std::snprintf(p->dir, sizeof p->dir, "%s", dir);
-        p->xl = xl;
-        links_[xl].peer.store(p, std::memory_order_release);
         p->pidfd = int(syscall(SYS_pidfd_open, pid, 0));
     } else {
         char path[300];
@@ -156,6 +157,12 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
         p->page = static_cast<ProcPage *>(map);
         p->doorbell = doorbell;
         p->pidfd = int(syscall(SYS_pidfd_open, pid, 0));
+    }
+    if (xl >= 0) {
+        // From here progress() delivers the link's messages to it.
+        p->queued = true;
+        p->xl = xl;
+        links_[xl].peer.store(p, std::memory_order_release);
     }
     std::snprintf(p->name, sizeof p->name, "%s", addr);
     if (!p->cross) p->region.watch(addr, pid);  // no view of another uid's region
@@ -190,9 +197,8 @@ void Engine::release_peer(Peer *p) noexcept {
 
 void Engine::drop_peer(Peer *p) noexcept {
     if (p->idle_since) --idle_peers_;
-    if (p->cross) {
-        link_put(p->xl);  // else forget_peers() let it go
-    } else if (p->addr != FI_ADDR_UNSPEC) {  // else forget_peers() removed it
+    if (p->queued) link_put(p->xl);  // else forget_peers() let it go
+    if (!p->cross && p->addr != FI_ADDR_UNSPEC) {  // else forget_peers() removed it
         // Through the gate: a peer that ends while this process exits is
         // dropped by the control thread, and the provider's removal reads
         // the endpoint names libfabric's destructor frees (TSan: a
@@ -202,7 +208,7 @@ void Engine::drop_peer(Peer *p) noexcept {
         InProvider in;
         if (in.ok()) fi_av_remove(ep_.av, &p->addr, 1, 0);
     }
-    if (p->pid != pid_) {
+    if (p->pid != pid_ || p->cross) {
         if (p->cross) {
             if (p->page_fd >= 0) sys.close(p->page_fd);
         } else {

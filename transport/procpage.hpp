@@ -28,7 +28,7 @@ enum class Reason : std::uint32_t {
     no_peer,           // peer never published (not running the library)
     peer_refused,      // peer answered no (e.g. resource limit on its side)
     other_user,        // SO_PEERCRED: different uid
-    not_dumpable,      // one side is not dumpable (CMA would fail)
+    not_dumpable,      // one side not dumpable, and the request offered no queue
     proof_failed,      // passed socket does not match the connection
     av_full,           // address vector limit reached
     no_fabric,         // libfabric or the provider unavailable

@@ -110,6 +110,7 @@ void Engine::publish(Conn *c, Reason kernel_why) noexcept {
     e.conn_id = c->id;
     e.gen = c->gen;
     e.acceptor = c->acceptor;
+    e.queues = std::uint32_t(!dumpable());
     // A name cut short would send the peer elsewhere: not published (we
     // may still find the peer's entry and initiate).
     const std::size_t name_len = std::strlen(ep_.name);

@@ -27,7 +27,10 @@ struct Entry {
     // Not 0: this end stays on the kernel for this Reason (no upgrade);
     // the other end reports it (peer_kernel) instead of no_peer.
     std::uint32_t kernel_why;
-    std::uint32_t pad;
+    // Not 0: this end takes its peers' messages only through the message
+    // queues (it was not dumpable when it wrote this): the initiator
+    // offers its queue in the request (handshake.cpp).
+    std::uint32_t queues;
     // CLOCK_MONOTONIC just before the entry was written: a connecting
     // side that finished writing its own entry before this time knows that
     // the acceptor's lookup, which follows its write, finds it (and so

@@ -65,12 +65,11 @@ void Engine::forget_peers() noexcept {
                           "maps stay", int(p.pid));
             continue;
         }
-        if (p.cross) {
-            // Both queues unmapped (ours at once, where this thread may
-            // wait for progress; else by the next pass); a post of a
-            // connection that still names the peer finds no queue.
-            link_put(std::exchange(p.xl, -1));
-        } else {
+        // Both queues unmapped (ours at once, where this thread may wait
+        // for progress; else by the next pass); a post of a connection
+        // that still names the peer finds no queue.
+        if (p.queued) link_put(std::exchange(p.xl, -1));
+        if (!p.cross) {
             Guard guard;
             InProvider in;
             if (in.ok()) fi_av_remove(ep_.av, &p.addr, 1, 0);  // the provider unmaps the peer's region

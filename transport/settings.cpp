@@ -91,6 +91,12 @@ constexpr Setting table[] = {
      "only its process page, read only, to the other's uid. 0: only "
      "processes of one uid go direct (see docs/ARCHITECTURE.md, \"Between "
      "users\")."},
+    {"SDIRECT_QUEUES", SettingKind::text, "cross",
+     "Which pairs of processes carry their messages through the library's "
+     "own queues instead of the provider's: cross (pairs of two uids, and "
+     "pairs where either end is not dumpable, which must) or all (pairs of "
+     "one uid too; the ring and zero-copy stay, by process_vm_* or the "
+     "provider's RMA). Both ends of a pair follow the initiator's choice."},
     {"SDIRECT_UPGRADE_TIMEOUT_MS", SettingKind::integer, "1000",
      "Longest wait for a peer's answer to an upgrade request, and for the "
      "peer's commit after this side accepted one; on expiry both ends of the "
@@ -262,6 +268,7 @@ void load_settings() noexcept {
     // name (/dev/shm/sdirect-UID).
     values.cross_user =
         boolean(Key::cross_user) && !std::strcmp(reg, table[std::size_t(Key::registry)].fallback);
+    values.queues_all = !std::strcmp(raw(Key::queues), "all");
     values.upgrade_timeout_ms = integer(Key::upgrade_timeout_ms);
     values.leave_timeout_ms = integer(Key::leave_timeout_ms);
     values.leave_pause_us = integer(Key::leave_pause_us);

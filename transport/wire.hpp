@@ -70,7 +70,8 @@ constexpr bool is_stream_msg(MsgType t) noexcept {
            t == MsgType::fin || t == MsgType::close || t == MsgType::leave;
 }
 
-// What a peer of another uid may send: every byte goes inline, and no
+// What a restricted peer (of another uid, or where either end is not
+// dumpable: Peer::cross) may send: every byte goes inline, and no
 // ring, advertisement or sink is ever offered either way (xqlink.cpp);
 // any other type from it breaks its connection.
 constexpr bool across_users(MsgType t) noexcept {

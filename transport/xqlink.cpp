@@ -207,8 +207,8 @@ void Engine::poison_link(XLink &l) noexcept {
     const Peer *p = l.peer.load(std::memory_order_acquire);
     int expect = kLinkLive;
     if (!l.state.compare_exchange_strong(expect, kLinkPoisoned)) return;
-    SD_LOG(error, "pid %d (another uid) broke the queue it writes to us: its connections are "
-                  "reset", int(l.pid));
+    SD_LOG(error, "pid %d broke the queue it writes to us: its connections are reset",
+           int(l.pid));
     for (std::uint32_t id = 0; id < kSlots; ++id) {
         Conn *c = conns_[id].load(std::memory_order_acquire);
         if (!c) continue;

@@ -11,12 +11,11 @@
 #
 # With Debian's configuration the children are not dumpable (the kernel
 # clears the flag when they change their uid, and apache2 sets it again
-# only where CoreDumpDirectory is configured): process_vm_* into them is
-# refused, so their connections stay on TCP, reason not_dumpable on both
-# ends (checked: not privilege, which would mean the id change itself
-# kept them there). With `CoreDumpDirectory` set, the children make
-# themselves dumpable again after setuid, and every connection must run
-# direct on both ends.
+# only where CoreDumpDirectory is configured): their connections go
+# through the message queues, as across users, and every one must run
+# direct on both ends, every byte inline (no ring write, no zero-copy).
+# With `CoreDumpDirectory` set, the children make themselves dumpable
+# again after setuid, and every connection must run direct on both ends.
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/private_shm.sh"
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib.sh"
 if [[ -x /usr/sbin/apache2 ]] && ! command -v apache2 >/dev/null 2>&1; then
@@ -122,13 +121,12 @@ CONF
         it_bad "$name: apache2 error log: $(head -n 1 "$it_tmp/$name-alerts.log" | cut -c 1-200)"
     fi
     unset SDIRECT_CROSS_USER
-    if ((dumpable)); then
-        # keep-alive 1 + parallel 4 + HTTP/1.0 1, or 4 curls
-        it_expect_direct "$port" "$([[ "$cli_as" == www-data ]] && echo 6 || echo 4)" \
-            "$name-server" "$name-client"
-    else
-        it_expect_mode "$port" "$name-server" kernel not_dumpable "tx_fabric=0"
-        it_expect_mode "$port" "$name-client" kernel not_dumpable "tx_fabric=0"
+    # keep-alive 1 + parallel 4 + HTTP/1.0 1, or 4 curls
+    it_expect_direct "$port" "$([[ "$cli_as" == www-data ]] && echo 6 || echo 4)" \
+        "$name-server" "$name-client"
+    if ((!dumpable)); then
+        it_expect_mode "$port" "$name-server" direct none "tx_ring=0" "tx_zcopy=0"
+        it_expect_mode "$port" "$name-client" direct none "tx_ring=0" "tx_zcopy=0"
     fi
 }
 

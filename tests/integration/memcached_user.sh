@@ -5,11 +5,11 @@
 # (values of 0 B to 512 KiB, multi-get, cas, 300 pipelined sets and gets,
 # a second connection), every reply compared exactly.
 #   -u memcache, client as memcache, every setting at its default: the
-#     change of ids no longer keeps memcached on TCP (it holds nothing of
-#     the fabric then), but the kernel leaves it not dumpable after
-#     setuid and memcached does not set the flag again, so process_vm_*
-#     into it is refused: its connections stay on TCP, reason
-#     not_dumpable on both ends (checked: not privilege).
+#     change of ids does not keep memcached on TCP (it holds nothing of
+#     the fabric then), and the kernel leaves it not dumpable after
+#     setuid (memcached does not set the flag again): its connections go
+#     through the message queues, as across users, direct on both ends,
+#     every byte inline (no ring write, no zero-copy).
 #   started as memcache (setpriv, as systemd's User= would): direct with
 #     a client of memcache at the defaults, and with a root client when
 #     both ends set SDIRECT_CROSS_USER=1.
@@ -51,8 +51,9 @@ round() {
     [[ "$uid" == *"$(id -u memcache) "* ]]
     it_check $? "$name: memcached ran as uid $(id -u memcache) (memcache): uids '$uid'"
     if [[ "$how" == dash-u ]]; then
-        it_expect_mode "$port" "$name-server" kernel not_dumpable "tx_fabric=0"
-        it_expect_mode "$port" "$name-client" kernel not_dumpable "tx_fabric=0"
+        it_expect_direct "$port" 2 "$name-server" "$name-client"
+        it_expect_mode "$port" "$name-server" direct none "tx_ring=0" "tx_zcopy=0"
+        it_expect_mode "$port" "$name-client" direct none "tx_ring=0" "tx_zcopy=0"
     else
         it_expect_direct "$port" 2 "$name-server" "$name-client"
     fi

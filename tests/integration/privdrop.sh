@@ -17,8 +17,8 @@
 #     registry and /dev/shm, maps, control socket).
 #   not-dumpable: as before-listen, but the server does not make itself
 #     dumpable again after the change (the kernel makes it not dumpable):
-#     the connection stays on TCP, reason not_dumpable on both ends
-#     (process_vm_* would be refused), and not privilege.
+#     the pair goes through the message queues, as across users: direct
+#     on both ends, every byte inline (no ring write, no zero-copy).
 #   holds-direct: a root server whose connection with a root client is
 #     direct, and that becomes nobody after 1 MiB: the connection goes on
 #     over the kernel, byte-exact, reason privilege on both ends (direct
@@ -110,8 +110,10 @@ if echo_pair after-listen nobody --after-listen "$nobody"; then
 fi
 
 if echo_pair not-dumpable nobody --before-listen "$nobody" --not-dumpable; then
-    it_expect_mode "$pair_port" not-dumpable-server kernel not_dumpable "tx_fabric=0"
-    it_expect_mode "$pair_port" not-dumpable-client kernel not_dumpable "tx_fabric=0"
+    it_expect_mode "$pair_port" not-dumpable-server direct none "rx_fabric+rx_kernel=$bytes" \
+        "tx_fabric>0" "tx_inline>0" "tx_ring=0" "tx_zcopy=0"
+    it_expect_mode "$pair_port" not-dumpable-client direct none "tx_fabric+tx_kernel=$bytes" \
+        "tx_fabric>0" "tx_inline>0" "tx_ring=0" "tx_zcopy=0"
 fi
 
 # xuser_echo.py's own server drops mid-stream (--drop-to).
