@@ -107,8 +107,11 @@
 #
 # Quick run (BENCH_QUICK=1): redis, pg, pg-users, netperf, nginx and
 # nginx-users only (sockperf and idle when named), 1 repeat,
-# redis-benchmark -n 2000 / 10000, 20 redis-cli processes, pgbench 1 s,
-# netperf 1 s, ab 1 s (sockperf 2 s, idle 3 s).
+# redis-benchmark -n 40000 / 100000 (about a second each: a client
+# process builds its fabric engine in about 0.35 s after its connection
+# earned its upgrade, and a shorter run ends on TCP, NOT DIRECT), 20
+# redis-cli processes, pgbench 1 s, netperf 1 s, ab 1 s (sockperf 2 s,
+# idle 3 s).
 #
 # Usage: benchmarks/apps.sh [sockperf] [redis] [pg] [pg-users] [netperf]
 #        [nginx] [nginx-users] [idle]   (default: all eight)
@@ -125,8 +128,8 @@ me=apps.sh
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib.sh"
 port_base="${BENCH_APPS_PORT:-$((${BENCH_PORT:-47100} + 100))}"
 sp_secs="${BENCH_SOCKPERF_SECS:-$(qdef 5 2)}"
-redis_n1="${BENCH_REDIS_N1:-$(qdef 20000 2000)}"
-redis_n50="${BENCH_REDIS_N50:-$(qdef 100000 10000)}"
+redis_n1="${BENCH_REDIS_N1:-$(qdef 20000 40000)}"
+redis_n50="${BENCH_REDIS_N50:-$(qdef 100000 100000)}"
 rcli_n="${BENCH_REDIS_CLI_N:-$(qdef 100 20)}"
 idle_secs="${BENCH_IDLE_SECS:-$(qdef 10 3)}"
 pg_secs="${BENCH_PG_SECS:-$(qdef 5 1)}"
