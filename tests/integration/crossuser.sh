@@ -19,22 +19,9 @@
 # Needs root (setpriv to other uids); it runs in a mount namespace of its
 # own with a private /dev/shm, so that the registries it opens to other
 # users are not the host's.
-if [[ "${SDIRECT_IT_PRIVATE_SHM:-0}" != 1 ]]; then
-    name="integration-$(basename "$0" .sh)"
-    skip() { printf 'SKIP %s: %s\n' "$name" "$1"; printf 'SKIP %s: %s\n' "$name" "$1" >&2; exit 77; }
-    ((EUID == 0)) || skip "needs root (runs one side as nobody, probes as daemon)"
-    command -v setpriv >/dev/null || skip "setpriv is not installed (util-linux)"
-    command -v unshare >/dev/null || skip "unshare is not installed (util-linux)"
-    getent passwd nobody >/dev/null && getent passwd daemon >/dev/null ||
-        skip "users nobody and daemon are needed"
-    unshare --mount --propagation private true 2>/dev/null ||
-        skip "cannot make a mount namespace here (unshare --mount)"
-    SDIRECT_IT_PRIVATE_SHM=1 exec unshare --mount --propagation private bash "$0" "$@"
-fi
-mount -t tmpfs -o mode=1777,size=512m sdirect-crossuser /dev/shm || {
-    echo "SKIP: cannot mount a private /dev/shm"
-    exit 77
-}
+private_shm_why="runs one side as nobody, probes as daemon"
+private_shm_users="nobody daemon"
+source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/private_shm.sh"
 
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib.sh"
 it_need setpriv:util-linux

@@ -10,21 +10,13 @@
 # neither die of it nor hang, and the honest connection must stay direct
 # and byte-exact: a peer of another uid can at most break its own
 # connections. Three seeds. Root only, private /dev/shm.
-if [[ "${SDIRECT_IT_PRIVATE_SHM:-0}" != 1 ]]; then
-    name="integration-$(basename "$0" .sh)"
-    skip() { printf 'SKIP %s: %s\n' "$name" "$1"; printf 'SKIP %s: %s\n' "$name" "$1" >&2; exit 77; }
-    ((EUID == 0)) || skip "needs root (runs the hostile side as nobody)"
-    command -v setpriv >/dev/null && command -v unshare >/dev/null || skip "needs setpriv and unshare (util-linux)"
-    getent passwd nobody >/dev/null || skip "user nobody is needed"
-    [[ "${SDIRECT_IT_KERNEL:-0}" == 1 ]] && skip "nothing is shared without the library"
-    unshare --mount --propagation private true 2>/dev/null ||
-        skip "cannot make a mount namespace here (unshare --mount)"
-    SDIRECT_IT_PRIVATE_SHM=1 exec unshare --mount --propagation private bash "$0" "$@"
-fi
-mount -t tmpfs -o mode=1777,size=512m sdirect-hostile /dev/shm || {
-    echo "SKIP: cannot mount a private /dev/shm"
+if [[ "${SDIRECT_IT_KERNEL:-0}" == 1 ]]; then
+    printf 'SKIP integration-%s: nothing is shared without the library\n' "$(basename "$0" .sh)"
     exit 77
-}
+fi
+private_shm_why="runs the hostile side as nobody"
+private_shm_users="nobody daemon"
+source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/private_shm.sh"
 
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib.sh"
 it_need setpriv:util-linux
