@@ -35,18 +35,6 @@ as_nobody=(setpriv "--reuid=$nobody" "--regid=$(id -g nobody)" --clear-groups)
 as_daemon=(setpriv "--reuid=$third" "--regid=$(id -g daemon)" --clear-groups)
 bytes=6000000
 
-# check_bytes NAME: the client's bytes went there and back unchanged.
-check_bytes() {
-    local name="$1" sent recv_c recv_s
-    sent="$(awk '/^client sent/ {print $3, $4}' "$it_tmp/$name-client.log")"
-    recv_c="$(awk '/^client received/ {print $3, $4}' "$it_tmp/$name-client.log")"
-    recv_s="$(awk '/^server received/ {print $3, $4}' "$it_tmp/$name-server.log")"
-    if [[ -n "$sent" && "$sent" == "$recv_s" && "$sent" == "$recv_c" && "${sent%% *}" == "$bytes" ]]; then
-        it_ok "$name: $bytes bytes each way, byte-exact (${sent#* })"
-    else
-        it_bad "$name: sent '$sent', server received '$recv_s', client received back '$recv_c'"
-    fi
-}
 
 # pair NAME CROSS SERVER-AS CLIENT-AS: one echo; SERVER-AS and CLIENT-AS
 # are root, nobody or daemon; CROSS is the SDIRECT_CROSS_USER value, or
@@ -87,7 +75,7 @@ pair() {
         it_bad "$name: server still running 10 s after its client ended"
     fi
     unset SDIRECT_CROSS_USER
-    check_bytes "$name"
+    it_echo_bytes "$name" "$bytes"
     if ((${#srv_probe[@]} + ${#cli_probe[@]})); then
         local line
         line="$(grep -h '^probe' "$it_tmp/$name-server.log" "$it_tmp/$name-client.log")"
@@ -140,7 +128,7 @@ drop() {
         it_bad "$name: server still running 10 s after its client ended"
     fi
     unset SDIRECT_CROSS_USER
-    check_bytes "$name"
+    it_echo_bytes "$name" "$bytes"
     if ((!it_kernel)); then
         local line
         line="$(grep -h '^maps' "$it_tmp/$name-server.log")"
@@ -190,7 +178,7 @@ forged() {
     else
         it_bad "$name: server still running 10 s after its client ended"
     fi
-    check_bytes "$name"
+    it_echo_bytes "$name" "$bytes"
     line="$(grep -h '^acl' "$it_tmp/$name-client.log")"
     [[ "$line" == "acl ok" ]]
     it_check $? "$name: the client's region is not opened to uid $third: $line"

@@ -270,6 +270,22 @@ it_bad() {
     printf '  FAIL %s\n' "$*"
 }
 
+# it_echo_bytes NAME BYTES: an echo's client (NAME-client.log) sent BYTES
+# and got them back unchanged, and its server (NAME-server.log) received
+# the same: the "client sent", "client received" and "server received"
+# lines (count and digest) all agree.
+it_echo_bytes() {
+    local name="$1" bytes="$2" sent recv_c recv_s
+    sent="$(awk '/^client sent/ {print $3, $4}' "$it_tmp/$name-client.log")"
+    recv_c="$(awk '/^client received/ {print $3, $4}' "$it_tmp/$name-client.log")"
+    recv_s="$(awk '/^server received/ {print $3, $4}' "$it_tmp/$name-server.log")"
+    if [[ -n "$sent" && "$sent" == "$recv_s" && "$sent" == "$recv_c" && "${sent%% *}" == "$bytes" ]]; then
+        it_ok "$name: $bytes bytes each way, byte-exact (${sent#* })"
+    else
+        it_bad "$name: sent '$sent', server received '$recv_s', client received back '$recv_c'"
+    fi
+}
+
 # it_check CONDITION-STATUS TEXT: it_ok if the status is 0, else it_bad.
 it_check() {
     local st="$1"
