@@ -111,6 +111,19 @@ TEST_CASE("a forked child and its parent writing a shared connection at once del
     run_shared(driven_by("server", {"--scenario", "fork-share-write", "--records", "300"}));
 }
 
+TEST_CASE("a forked child and its parent writing a shared connection at once deliver every "
+          "record whole when each send takes many messages",
+          "[fork]") {
+    // Records of up to 4 KiB in messages of at most 256 bytes: the child's
+    // first write asks the parent to leave the fabric while the parent is
+    // between two messages of one send. That send must not be cut there
+    // (it waits for nothing): a kernel send that finds room in the send
+    // buffer is never split by another writer's bytes either.
+    PairSpec spec = driven_by("server", {"--scenario", "fork-share-write", "--records", "300"});
+    spec.env = {"SDIRECT_CHUNK=256"};
+    run_shared(spec);
+}
+
 TEST_CASE("a forked child and its parent reading a shared connection in turns get every "
           "record once, in order",
           "[fork]") {

@@ -359,7 +359,13 @@ ssize_t direct_send(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, 
     // deadline); which pieces: transport/protocol.hpp.
     bool zc_ok = !nb && s.engine->can_read() && total > settings().chunk;
     while (sent < total) {
-        if (leave_requested(c)) {
+        // A leave takes the connection between two sends, or where this one
+        // would wait for credits (wait_credit): the pieces of a send that
+        // waits for nothing stay together in the stream, as the kernel
+        // never splits a send that finds room in its buffer to let another
+        // writer's bytes in between (a fork child's first write asks for
+        // the leave, and its bytes go to the kernel once it is done).
+        if (sent == 0 && leave_requested(c)) {
             rc = -ESTALE;
             break;
         }
