@@ -210,12 +210,12 @@ bool hand_over_for_exec(Stream &s, std::uint64_t &tx, std::uint64_t &rx, int &sl
     return s.engine && s.engine->hand_over_for_exec(c, tx, rx) == 0;
 }
 
-// SDIRECT_EXEC_STDIO as the new image will read it (from `envp`).
+// SDIRECT_EXEC_STDIO as the new image will read it (from `envp`; on
+// unless set to 0).
 bool stdio_allowed(char *const envp[]) noexcept {
     for (char *const *e = envp; e && *e; ++e)
-        if (std::strncmp(*e, "SDIRECT_EXEC_STDIO=", 19) == 0)
-            return std::strcmp(*e + 19, "0") != 0 && (*e)[19] != '\0';
-    return false;
+        if (std::strncmp(*e, "SDIRECT_EXEC_STDIO=", 19) == 0) return std::strcmp(*e + 19, "0") != 0;
+    return true;
 }
 
 }  // namespace

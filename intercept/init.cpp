@@ -14,7 +14,8 @@
 #include "transport/sys.hpp"
 
 namespace sd::intercept {
-void memhooks_check() noexcept;  // shim_mem.cpp
+void memhooks_check() noexcept;    // shim_mem.cpp
+void std_streams_init() noexcept;  // shim_stdio.cpp
 }
 
 namespace {
@@ -35,6 +36,7 @@ __attribute__((constructor(101))) void sdirect_start() {
     sd::fallback::table_init();
     sd::forking::inherit_init();
     sd::forking::install();
+    if (sd::transport::settings().enable) sd::intercept::std_streams_init();
 }
 
 }  // namespace

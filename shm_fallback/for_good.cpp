@@ -1,7 +1,6 @@
 // A socket that goes back to the kernel for good: connect(AF_UNSPEC)
-// disconnects it, a stdio stream uses it (glibc's stdio reads and writes
-// through calls nobody can interpose), it is passed to another process, or
-// the process changes its privileges (the table-wide forms:
+// disconnects it, it is passed to another process, or the process changes
+// its privileges (the table-wide forms:
 // fork_protocol/for_good.cpp). What fork left on it (an owner elsewhere, a
 // share) is settled through the fork protocol's hooks (fork_hooks.hpp).
 #include "stream.hpp"

@@ -74,3 +74,32 @@ TEST_CASE("a direct connection handed to a program exec'd without the library st
         CHECK(client.num("rx_kernel") > 0);
     });
 }
+
+TEST_CASE("a socket that becomes stdin and stdout of a program exec'd with the library goes "
+          "direct there, and what the program echoes with getc, fread, fwrite and fflush comes "
+          "back byte-exact",
+          "[exec]") {
+    PairSpec spec;
+    // More than the kernel's buffers hold: the client's first megabytes
+    // go on TCP while the server execs; the rest, both ways, direct.
+    spec.args = {"--scenario", "echo-plain", "--size", "16000000"};
+    spec.server_args = {"--exec-stdio", "1"};
+    spec.check_modes = false;
+    spec.timeout = 90;
+    run_pair(spec, [](Pair &pair, const Placement &pl) {
+        if (pl.expect(true) != Expect::direct) {
+            check_modes(pair.server, pl.expect(true));
+            check_modes(pair.client, pl.expect(false));
+            return;
+        }
+        // The server's statistics are the new image's.
+        for (const Proc *p : {&pair.server, &pair.client}) {
+            const StatLine s = only_conn_stat(*p);
+            INFO(s.text);
+            CHECK(s.mode == "direct");
+            CHECK(s.num("tx_fabric") > 0);
+            CHECK(s.num("rx_fabric") > 0);
+            CHECK(s.num("tx_kernel") + s.num("tx_fabric") == 16000000);
+        }
+    });
+}

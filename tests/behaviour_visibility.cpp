@@ -153,7 +153,7 @@ TEST_CASE("a move back to the kernel is one info line on each end naming both en
         Scratch scratch;
         const std::string log = scratch.file("log");
         PairSpec spec;
-        spec.args = {"--scenario", "bypass", "--part", "stdio"};
+        spec.args = {"--scenario", "bypass", "--part", "hand-off"};
         spec.env = {"SDIRECT_LOG=info", "SDIRECT_LOG_FILE=" + log};
         Pair pair = start_pair(scratch, spec, pl, "leave");
         INFO("placement: " << pl.label());
@@ -166,8 +166,8 @@ TEST_CASE("a move back to the kernel is one info line on each end naming both en
         for (const Proc *p : {&pair.server, &pair.client}) {
             INFO("statistics:\n" << read_text(p->stats));
             for (const StatLine &s : read_stats(p->stats))
-                if (!s.mode.empty()) CHECK(s.reason == "stdio");
-            check_logged(*p, text, ": back to the kernel: stdio");
+                if (!s.mode.empty()) CHECK(s.reason == "passed");
+            check_logged(*p, text, ": back to the kernel: passed");
         }
     }
 }

@@ -658,8 +658,9 @@ void hand_off(int *fd, const Options &opt) {
     close(u[0]);
 }
 
-// A stdio stream over (a dup of) the connection: glibc's stdio reads and
-// writes it through calls of its own, the socket's other fd goes on.
+// A stdio stream over (a dup of) the connection: its reads and writes are
+// the library's (the connection stays direct); the socket's other fd goes
+// on after fclose.
 void stdio_stream(int s, const Options &opt) {
     std::uint64_t seed = seed_of(opt, 60);
     echo_round(s, s, 300000, seed++);

@@ -7,6 +7,8 @@
 //   peer upgrade --scenario stopped|signals|fdlimit  the upgrade disturbed
 //   peer fd-helper --unix FD --seed N                takes a connection passed on FD
 //   peer exec-handler --fd FD                        answers commands on FD (--exec-self)
+//   peer stdio-echo                                  echoes stdin to stdout through stdio
+//                                                    (--exec-stdio)
 //   peer spawn-child --fd FD --local ADDR [--size N --seed S] [--say TEXT]
 //                                                    a child of spawn-child (peer_spawn.cpp)
 // Common options: --family 4|6, --settle-ms N, --seed N, --watchdog S, and
@@ -166,6 +168,37 @@ Options parse(int argc, char **argv, int first) {
     fail("execve: %s", errno_name(errno));
 }
 
+// --exec-stdio 1 (server): the accepted socket, before any I/O, becomes
+// stdin and stdout of a new image of this program started by execve with
+// this environment (as inetd or git daemon start a handler), which echoes
+// through stdio (mode stdio-echo).
+[[noreturn]] void exec_stdio(int fd) {
+    std::fflush(stdout);
+    if (dup2(fd, 0) != 0 || dup2(fd, 1) != 1) fail("dup2: %s", errno_name(errno));
+    if (fd > 1) close(fd);
+    char name[] = "behaviour-peer", mode[] = "stdio-echo";
+    char *argv[] = {name, mode, nullptr};
+    execve("/proc/self/exe", argv, environ);
+    fail("execve: %s", errno_name(errno));
+}
+
+// What arrives on stdin goes back on stdout, through glibc's stdio only:
+// getc, fread of what the stream's buffer holds, fwrite, fflush. Nothing
+// else may write stdout here: it is the connection.
+int run_stdio_echo() {
+    std::vector<char> buf(65536);
+    for (int c; (c = std::getc(stdin)) != EOF;) {
+        buf[0] = char(c);
+        const auto held = std::size_t(stdin->_IO_read_end - stdin->_IO_read_ptr);
+        const std::size_t n =
+            1 + std::fread(buf.data() + 1, 1, std::min(held, buf.size() - 1), stdin);
+        if (std::fwrite(buf.data(), 1, n, stdout) != n || std::fflush(stdout) != 0)
+            fail("stdio-echo: fwrite: %s", errno_name(errno));
+    }
+    if (std::ferror(stdin)) fail("stdio-echo: getc: %s", errno_name(errno));
+    return 0;
+}
+
 int run_exec_handler(const Options &opt) {
     int fd = int(opt.num("fd", 1000000));
     respond(&fd);
@@ -280,6 +313,7 @@ int run_server(const std::string &port_file, const Options &opt) {
         for (std::size_t i = 0; i < conns; ++i) {
             int fd = nonblocking ? accept_nonblocking(l, i) : accept_one(l);
             report_conn(fd, "server");
+            if (opt.num("exec-stdio", 0)) exec_stdio(fd);
             if (opt.num("exec-cat", 0)) {
                 serve_by_cat(fd);
                 continue;
@@ -516,6 +550,7 @@ int main(int argc, char **argv) {
     else if (mode == "upgrade") rc = run_upgrade(opt);
     else if (mode == "fd-helper") rc = run_fd_helper(opt);
     else if (mode == "exec-handler") rc = run_exec_handler(opt);
+    else if (mode == "stdio-echo") rc = run_stdio_echo();
     else if (mode == "spawn-child") rc = run_spawn_child(opt);
     else fail("unknown mode '%s'", mode.c_str());
     std::fflush(stdout);

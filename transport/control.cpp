@@ -234,7 +234,6 @@ void Engine::handle_request(int fd) noexcept {
         if (queue >= 0) sys.close(queue);
         // A leave for good keeps its reason; any other is for sharing.
         const Reason why = req.status == std::uint32_t(Reason::exec) ||
-                                   req.status == std::uint32_t(Reason::stdio) ||
                                    req.status == std::uint32_t(Reason::passed) ||
                                    req.status == std::uint32_t(Reason::privilege)
                                ? Reason(req.status)

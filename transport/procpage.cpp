@@ -26,7 +26,7 @@ const char *reason_name(Reason r) noexcept {
         "none",        "no_peer",      "peer_refused", "other_user",
         "not_dumpable", "proof_failed", "av_full",     "no_fabric",
         "timeout",     "same_process", "inherited",    "fabric_error", "shared",
-        "exec",        "stdio",        "passed",      "privilege",   "oob",
+        "exec",        "passed",      "privilege",   "oob",
         "other_registry", "peer_kernel", "fd_limit", "other_host",
         "ended_early", "disconnect", "rule"};
     static_assert(sizeof(names) / sizeof(names[0]) == std::size_t(Reason::count_));

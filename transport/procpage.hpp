@@ -38,7 +38,6 @@ enum class Reason : std::uint32_t {
     fabric_error,      // fabric failure; continued on TCP
     shared,            // was direct, went back to the kernel: shared after fork
     exec,              // was direct, went back to the kernel before exec/spawn
-    stdio,             // on the kernel for good: a stdio stream (fdopen) uses it
     passed,            // on the kernel for good: passed to another process (SCM_RIGHTS)
     privilege,         // on the kernel for good: the process changed its privileges
     oob,               // urgent data (MSG_OOB): the kernel carries the connection

@@ -125,14 +125,15 @@ constexpr Setting table[] = {
      "listen() start the engine build, connect() and accept() wait for it "
      "up to SDIRECT_ENGINE_WAIT_MS, and the connection is direct from its "
      "first byte)."},
-    {"SDIRECT_EXEC_STDIO", SettingKind::boolean, "0",
+    {"SDIRECT_EXEC_STDIO", SettingKind::boolean, "1",
      "A program started by exec in place of one that runs the library, and "
      "running it too, re-adopts the connections it inherits and upgrades "
-     "them again; with 0 not those on fd 0, 1 or 2, which stay on TCP: "
-     "glibc's stdin, stdout and stderr read and write through calls no "
-     "interposer sees, and their bytes would bypass a direct connection. "
-     "1: those too, for programs that never use stdio on them (sshd, "
-     "python). Read from the environment the exec passes."},
+     "them again, those on fd 0, 1 and 2 included: its stdin, stdout and "
+     "stderr over a TCP socket are streams whose reads and writes go "
+     "through the library. 0: sockets on fd 0, 1 or 2 stay on TCP in the "
+     "new program (for one that reaches them through a stream the library "
+     "does not see, such as C++'s std::cout). Read from the environment "
+     "the exec passes."},
     {"SDIRECT_STATS_FILE", SettingKind::text, "",
      "If set, every connection's counters are appended to this file when the "
      "process exits (one line per connection, sdirect-stat format), also "

@@ -171,6 +171,8 @@ Sys sys = {
     Lazy<&Sys::recvmmsg>::call,
     Lazy<&Sys::closefrom>::call,
     Lazy<&Sys::fdopen>::call,
+    Lazy<&Sys::vdprintf>::call,
+    Lazy<&Sys::vdprintf_chk>::call,
     Lazy<&Sys::execve>::call,
     Lazy<&Sys::execvpe>::call,
     Lazy<&Sys::fexecve>::call,
@@ -320,6 +322,8 @@ SD_UNINSTRUMENTED void resolve_sys() noexcept {
     bind_or(sys.recvmmsg, "recvmmsg", &raw_recvmmsg);
     bind_or(sys.closefrom, "closefrom", &raw_closefrom);
     bind_or_enosys(sys.fdopen, "fdopen");
+    bind_or_enosys(sys.vdprintf, "vdprintf");
+    bind_or_enosys(sys.vdprintf_chk, "__vdprintf_chk");
 
     bind_or_enosys(sys.execve, "execve");
     bind_or_enosys(sys.execvpe, "execvpe");

@@ -11,6 +11,7 @@
 // No symbol is versioned here: each is the default version, the one a
 // program links against (no dlvsym).
 #pragma once
+#include <cstdarg>
 #include <cstddef>
 #include <csignal>
 #include <cstdint>
@@ -79,6 +80,8 @@ struct Sys {
     int (*recvmmsg)(int, mmsghdr *, unsigned, int, timespec *);  // raw syscall
     void (*closefrom)(int);                                      // close_range syscall
     FILE *(*fdopen)(int, const char *);
+    int (*vdprintf)(int, const char *, va_list);
+    int (*vdprintf_chk)(int, int, const char *, va_list);  // __vdprintf_chk
 
     // Programs: the exec family (execv, execvp and the execl forms reach
     // execve and execvpe), posix_spawn and its file actions, system, popen.

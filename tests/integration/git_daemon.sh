@@ -8,16 +8,15 @@
 # which inherits the socket (not close-on-exec) without using it.
 # Checks: two clones of a repository (a 3 MB random file and 50 text
 # files), each compared with the source (HEAD, every file byte for byte).
-# With the library: the socket reaches each exec'd program on fd 0/1, and
-# git upload-pack writes its ref list (protocol v2's ls-refs) through
-# stdout's stdio buffer, which glibc writes with calls no interposer sees:
-# bytes that would bypass a direct connection. So the socket is not handed
-# over at those execs (SDIRECT_EXEC_STDIO unset, as by default) and the
-# client's connection stays on TCP (reason peer_kernel): checked. With
-# SDIRECT_EXEC_STDIO=1 the clone hangs (the ref list went to the kernel
-# socket while the connection was direct), which is why that is not the
-# default. That both ends go direct after the exec is then a visible skip
-# (exit 77 once every check passed), not a pass.
+# With the library: the socket is handed over at each exec, on fd 0 and 1
+# of the new program, whose stdin and stdout are streams that read and
+# write through the library. Each clone's connection goes direct twice
+# (with `git daemon --serve`, then with upload-pack), and the ref list
+# upload-pack writes through stdout's buffer crosses the fabric: checked.
+# Then git clone's forked child execs index-pack with the socket, and an
+# inherited socket's exec asks its owner to move it to the kernel, so the
+# pack comes over TCP (reason shared). The clone direct to its end is a
+# visible skip (exit 77 once every check passed), not a pass.
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib.sh"
 it_need git:git cmp:diffutils
 it_preflight
@@ -72,14 +71,14 @@ if ((it_kernel)); then
     it_finish
 fi
 for n in $(seq 1 "$clones"); do
-    if it_mode_check "$port" "clone$n" kernel peer_kernel upgrades=0 tx_fabric+rx_fabric=0; then
-        it_ok "clone $n: on TCP, its peer's end moved to the kernel for the exec: $it_mode_text"
+    if it_mode_check "$port" "clone$n" kernel shared upgrades=2 "rx_fabric>0"; then
+        it_ok "clone $n: direct with both exec'd programs, the ref list over the fabric, then TCP for index-pack's exec: $it_mode_text"
     else
         it_bad "$it_mode_text"
     fi
 done
 if ((it_failures == 0)); then
     echo "  ok   $it_checks checks passed"
-    it_skip "both ends direct after the exec: git's programs get the socket on fd 0/1 and write through stdio (see the header)"
+    it_skip "the clone direct to its end: git clone's child execs index-pack holding the socket, and that exec moves it to the kernel (see the header)"
 fi
 it_finish
