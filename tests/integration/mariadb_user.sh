@@ -24,7 +24,6 @@
 # (nothing preloaded) the same checks of the results, and mariadbd must
 # not have the library mapped.
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/private_shm.sh"
-export SDIRECT_IT_BUDGET="${SDIRECT_IT_BUDGET:-180}"
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib.sh"
 [[ -x /usr/sbin/mariadbd ]] && PATH="$PATH:/usr/sbin"
 it_need mariadbd:mariadb-server mariadb-install-db:mariadb-server mysql:mariadb-client \
