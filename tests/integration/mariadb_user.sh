@@ -8,9 +8,10 @@
 #              and before it listens, and is then not dumpable;
 #   as-mysql   started as mysql (setpriv, as the unit's User=mysql), with
 #              --user=mysql too, which changes nothing then.
-# Clients, over TCP, every setting at its default on both ends:
-#   mysqlslap --auto-generate-sql, 4 connections at a time, 3 iterations,
-#   as root and as nobody;
+# Clients, over TCP, every setting at its default on both ends (but for
+# lib.sh's upgrades at once):
+#   mysqlslap --auto-generate-sql, 400 queries by 4 connections at a time,
+#   3 iterations, as root and as nobody;
 #   the mysql client as root inserts 10 rows of 0 B to 1 MiB (random
 #   bytes, every byte value, the bytes SQL escapes, UTF-8 text) as
 #   _binary literals (max_allowed_packet 64 MiB on both ends); the
@@ -20,9 +21,9 @@
 # Every connection must run direct on both ends (the server's stats and
 # every client's), the blob rows' bytes over the fabric; each joins two
 # uids, so every byte goes inline through the message queues between
-# users (no ring write, no zero-copy). In kernel mode
-# (nothing preloaded) the same checks of the results, and mariadbd must
-# not have the library mapped.
+# users (no ring write, no zero-copy). In kernel mode (nothing
+# preloaded) the same checks of the results, mariadbd must not have the
+# library mapped, and no process may have written stats.
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/private_shm.sh"
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib.sh"
 [[ -x /usr/sbin/mariadbd ]] && PATH="$PATH:/usr/sbin"
