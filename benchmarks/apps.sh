@@ -57,6 +57,18 @@
 #             at a time (a connection per request, the library's own
 #             settings, modes counted, see below): requests/s. (wrk is not
 #             used: ab serves all three rows.)
+#   mariadb-users  MariaDB as Debian runs it: mariadbd started by root with
+#             --user=mysql (as the init script starts it through
+#             mysqld_safe; it becomes mysql before it listens; checked), on
+#             a data directory of its own made by mariadb-install-db as
+#             mysql; mysqlslap as root, BENCH_MARIADB_QUERIES (50000)
+#             primary-key reads (--auto-generate-sql-load-type=key) by 1
+#             client and by 8, one iteration: queries/s (the queries over
+#             mysqlslap's own seconds, which count from the clients'
+#             connect). Both ends upgrade at once
+#             (SDIRECT_UPGRADE_AFTER_MS=0, see apps_users.sh), and every
+#             connection must be direct on both ends (the server's stats
+#             and mysqlslap's).
 #   idle      benchmarks/idle_conns.py: a server and a client process hold
 #             BENCH_IDLE_CONNS (100) connections that carried one byte each
 #             way and are now idle, the server blocked in epoll_wait on
@@ -78,7 +90,8 @@
 # (its port taken meanwhile, e.g. as some connection's ephemeral port) is
 # tried once more on the next port.
 #
-# pg-users and nginx-users need root and their users (postgres, www-data):
+# pg-users, nginx-users and mariadb-users need root and their users
+# (postgres, www-data, mysql):
 # otherwise their rows are n/a, with the reason in the mode column and
 # under the table, never a pass. Their connections join two uids, direct
 # through the library's queues between users (SDIRECT_CROSS_USER, 1 by
@@ -105,16 +118,16 @@
 # time>/) per placement: apps.tsv and apps.txt (the table, also on stdout);
 # then benchmarks/summary.sh's summary.txt (unless BENCH_SUMMARY=0).
 #
-# Quick run (BENCH_QUICK=1): redis, pg, pg-users, netperf, nginx and
-# nginx-users only (sockperf and idle when named), 1 repeat,
+# Quick run (BENCH_QUICK=1): redis, pg, pg-users, netperf, nginx,
+# nginx-users and mariadb-users only (sockperf and idle when named), 1 repeat,
 # redis-benchmark -n 40000 / 100000 (about a second each: a client
 # process builds its fabric engine in about 0.35 s after its connection
 # earned its upgrade, and a shorter run ends on TCP, NOT DIRECT), 20
 # redis-cli processes, pgbench 1 s, netperf 1 s, ab 1 s (sockperf 2 s,
-# idle 3 s).
+# idle 3 s; mysqlslap 20000 queries).
 #
 # Usage: benchmarks/apps.sh [sockperf] [redis] [pg] [pg-users] [netperf]
-#        [nginx] [nginx-users] [idle]   (default: all eight)
+#        [nginx] [nginx-users] [mariadb-users] [idle]   (default: all nine)
 # Environment: BENCH_PLACEMENTS, BENCH_QUICK, BENCH_REPEATS,
 # BENCH_HOG_WORKERS, SDIRECT_BUILD_DIR as for run.sh; BENCH_APPS_PORT
 # (first port, default BENCH_PORT + 100 = 47200; up to 100 ports above it
@@ -135,6 +148,7 @@ idle_secs="${BENCH_IDLE_SECS:-$(qdef 10 3)}"
 pg_secs="${BENCH_PG_SECS:-$(qdef 5 1)}"
 np_secs="${BENCH_NETPERF_SECS:-$(qdef 3 1)}"
 ab_secs="${BENCH_AB_SECS:-$(qdef 3 1)}"
+myx_queries="${BENCH_MARIADB_QUERIES:-$(qdef 50000 20000)}"
 idle_conns="${BENCH_IDLE_CONNS:-100}"
 idle_settle=1  # seconds between "ready" and the first CPU reading
 redis_limit=20  # seconds for one redis-benchmark run (kernel: 2-6 s here)
@@ -142,19 +156,19 @@ py=/usr/bin/python3
 [[ -x "$py" ]] || py="$(command -v python3 || echo python3)"
 clk_tck="$(getconf CLK_TCK)"
 
-for v in sp_secs redis_n1 redis_n50 rcli_n pg_secs np_secs ab_secs idle_secs idle_conns; do
+for v in sp_secs redis_n1 redis_n50 rcli_n pg_secs np_secs ab_secs myx_queries idle_secs idle_conns; do
     if ! [[ "${!v}" =~ ^[1-9][0-9]*$ ]]; then
         echo "$me: ${v} must be a positive integer (got '${!v}')" >&2
         exit 1
     fi
 done
 apps=("$@")
-((${#apps[@]})) || read -r -a apps <<<"$(qdef "sockperf redis pg pg-users netperf nginx nginx-users idle" \
-    "redis pg pg-users netperf nginx nginx-users")"
+((${#apps[@]})) || read -r -a apps <<<"$(qdef "sockperf redis pg pg-users netperf nginx nginx-users mariadb-users idle" \
+    "redis pg pg-users netperf nginx nginx-users mariadb-users")"
 for app in "${apps[@]}"; do
     case "$app" in
-        sockperf | redis | pg | pg-users | netperf | nginx | nginx-users | idle) ;;
-        *) echo "usage: $me [sockperf] [redis] [pg] [pg-users] [netperf] [nginx] [nginx-users] [idle]" >&2; exit 2 ;;
+        sockperf | redis | pg | pg-users | netperf | nginx | nginx-users | mariadb-users | idle) ;;
+        *) echo "usage: $me [sockperf] [redis] [pg] [pg-users] [netperf] [nginx] [nginx-users] [mariadb-users] [idle]" >&2; exit 2 ;;
     esac
 done
 
@@ -639,7 +653,7 @@ measure_pg() {
 # shellcheck source=benchmarks/apps_fresh.sh
 source "$bench_dir/apps_fresh.sh"
 # The rows of services under their own users with root's clients:
-# measure_pgx, measure_abx, measure_abxc.
+# measure_pgx, measure_abx, measure_abxc, measure_myx.
 # shellcheck source=benchmarks/apps_users.sh
 source "$bench_dir/apps_users.sh"
 
@@ -731,7 +745,8 @@ measure_idle() {
 declare -A need=([sp]="sockperf" [rd1]="redis-server redis-benchmark"
     [rd50]="redis-server redis-benchmark" [rcli]="redis-server redis-cli" [pg]="pgbench setpriv"
     [pgc]="pgbench setpriv" [np]="netperf netserver" [npcrr]="netperf netserver"
-    [ab]="ab $nginx" [pgx]="pgbench setpriv" [abx]="ab $nginx" [abxc]="ab $nginx" [idle]="$py")
+    [ab]="ab $nginx" [pgx]="pgbench setpriv" [abx]="ab $nginx" [abxc]="ab $nginx"
+    [myx]="mysqlslap $mariadbd mariadb-install-db setpriv" [idle]="$py")
 groups=()
 for app in "${apps[@]}"; do
     case "$app" in
@@ -742,6 +757,7 @@ for app in "${apps[@]}"; do
         netperf) groups+=(np npcrr) ;;
         nginx) groups+=(ab) ;;
         nginx-users) groups+=(abx abxc) ;;
+        mariadb-users) groups+=(myx) ;;
         idle) groups+=(idle) ;;
     esac
 done
@@ -758,7 +774,7 @@ for g in "${groups[@]}"; do
         fi
     done
     case "$g" in
-        pgx | abx | abxc)
+        pgx | abx | abxc | myx)
             why="$(users_missing "$g")"
             if [[ -n "$why" && -z "${na_reason[$g]:-}" ]]; then
                 echo "$me: $g rows n/a: $why" >&2
@@ -781,6 +797,7 @@ measure() {  # GROUP HOW
         pgx) measure_pgx "$2" ;;
         abx) measure_abx "$2" ;;
         abxc) measure_abxc "$2" ;;
+        myx) measure_myx "$2" ;;
         idle) measure_idle "$2" ;;
     esac
 }
@@ -799,6 +816,7 @@ group_limit() {
         pgx) echo $((2 * (pg_secs + 36) + 220)) ;;
         abx) echo $((2 * (ab_secs + 26) + 30)) ;;
         abxc) echo $((ab_secs + 56)) ;;
+        myx) echo $((2 * 60 + 120)) ;;
         idle) echo $((idle_secs + 130)) ;;
     esac
 }
@@ -874,6 +892,8 @@ rows=(
     "abx_k1 abx nginx-users_ab_4_KiB,_keep-alive,_c=1 req/s higher 1.0"
     "abx_k4 abx nginx-users_ab_4_KiB,_keep-alive,_c=4 req/s higher 1.0"
     "abx_c1 abxc nginx-users_ab_4_KiB,_no_keep-alive,_c=1 req/s higher 1.0 counts"
+    "myx_c1_qps myx mariadb-users_key_reads,_1_client q/s higher 1.0"
+    "myx_c8_qps myx mariadb-users_key_reads,_8_clients q/s higher 1.0"
     "idle_srv_cpu idle idle_${idle_conns}_conns:_server_CPU_(epoll) %_core max 1"
     "idle_cli_cpu idle idle_${idle_conns}_conns:_client_CPU_(poll) %_core max 1"
     "idle_srv_wake idle idle_${idle_conns}_conns:_server_wake-ups /s info -"
@@ -953,6 +973,7 @@ apps_table() {
         echo "netperf: netserver forking a child per test, netperf -P 0 for ${np_secs} s a test (TCP_RR: 1-byte transactions/s; TCP_STREAM/TCP_MAERTS: 10^6 bit/s; TCP_CRR: connections/s)"
         echo "ab+nginx: requests/s for a 4 KiB file, ${ab_secs} s a run, c = concurrent requests"
         echo "pg-users: PostgreSQL run as postgres (its own data directory), pgbench -S as root, ${pg_secs} s a run; nginx-users: nginx with \`user www-data;\` (master root, workers www-data), ab as root"
+        echo "mariadb-users: mariadbd started by root with --user=mysql (its own data directory), mysqlslap as root, $myx_queries primary-key reads a run; both ends SDIRECT_UPGRADE_AFTER_MS=0"
         echo "idle: $idle_conns idle connections, CPU in % of one core and context switches/s of each process over ${idle_secs} s"
         echo "speedup: kernel/sdirect for latency, sdirect/kernel for rates; runs: good/attempted; sdirect mode: as recorded by the library"
         echo "(MODE n/N: the client's connections by the mode they ended in, over all runs; a process records its last 4096;"

@@ -11,13 +11,20 @@
 #         its two workers www-data; ab as root, keep-alive.
 #   abxc  the same, ab without keep-alive (a connection per request), both
 #         ends with the library's own settings, modes counted.
+#   myx   MariaDB's mariadbd started by root with --user=mysql (as Debian's
+#         init script starts it through mysqld_safe: it changes to mysql
+#         itself before it listens), in a data directory of its own made
+#         by mariadb-install-db as mysql; mysqlslap as root.
 # Each needs root and its user; otherwise users_missing says why, and
 # apps.sh shows the rows as n/a with that reason.
 
 # users_missing GROUP: why GROUP cannot run here (nothing if it can).
 users_missing() {
     local user=www-data pkg=base-passwd
-    [[ "$1" == pgx ]] && user=postgres pkg=postgresql
+    case "$1" in
+        pgx) user=postgres pkg=postgresql ;;
+        myx) user=mysql pkg=mariadb-server ;;
+    esac
     if ((EUID != 0)); then
         echo "not root: the server must be started by root and run as $user"
     elif ! getent passwd "$user" >/dev/null; then
@@ -225,5 +232,119 @@ ngx_users() {
         for v in "$@"; do all=$((all + ${v#?})); done
         combine_verdicts "$(direct_verdict "$port" "$all" "$g/srv")" "${verdicts[@]}" >>"$tmp/v/abx.mode"
     fi
+    return 0
+}
+
+# MariaDB as mysql: one data directory for every run, made at the first
+# myx measurement (mariadb-install-db as mysql, root without a password on
+# 127.0.0.1). mysqlslap times its clients from their connect on, and a
+# process builds its fabric engine (~0.35 s, more on a loaded host) only
+# when a connection asks: with the library's own settings a run of a
+# second or two would be half over on TCP before the client's engine is
+# there, and connections that end before it stay on TCP unrecorded. So
+# both ends upgrade at once (SDIRECT_UPGRADE_AFTER_MS=0): mysqlslap's
+# first connection, made before its timed part (it creates and loads the
+# table), waits for the engine, and every client connection is direct
+# from its first byte.
+myx_ready=0  # 1: made; 2: failed (myx_why says why)
+myx_why=""
+myx_at_once=(env SDIRECT_UPGRADE_AFTER_MS=0)
+mariadbd="$(command -v mariadbd || echo /usr/sbin/mariadbd)"
+myx_setup() {
+    ((myx_ready == 1)) && return 0
+    ((myx_ready == 2)) && return 1
+    myx_ready=2
+    if ! users_dir mysql myx; then
+        myx_why="cannot make $tmp/myx for mysql"
+        return 1
+    fi
+    mkdir -p "$tmp/myx/data" "$tmp/myx/run"
+    chown mysql: "$tmp/myx/data" "$tmp/myx/run"
+    chmod 0700 "$tmp/myx/data"
+    if ! (cd "$tmp/myx" && timeout 60 setpriv --reuid=mysql --regid=mysql --init-groups -- \
+        mariadb-install-db --no-defaults --user=mysql --datadir="$tmp/myx/data" \
+        --auth-root-authentication-method=normal --skip-test-db) >"$tmp/myx-install.log" 2>&1; then
+        myx_why="mariadb-install-db failed: $(output_of "$tmp/myx-install.log")"
+        return 1
+    fi
+    myx_ready=1
+}
+
+# myx_start HOW PORT: mariadbd as root with --user=mysql on its data
+# directory, ready for connections; myx_srv its pid (the timeout wrapper),
+# myx_pid the server's own. Its stats file: $tmp/myx/srv.stats.
+myx_start() {
+    local how="$1" port="$2" i run_lib="$users_lib_path"
+    myx_srv=""
+    myx_pid=""
+    start_bg myx/srv 300 "$how" srv_pin "${myx_at_once[@]}" "$mariadbd" --no-defaults --user=mysql \
+        --datadir="$tmp/myx/data" --bind-address=127.0.0.1 --port="$port" \
+        --socket="$tmp/myx/run/mysqld.sock" --pid-file="$tmp/myx/run/mysqld.pid" --tmpdir="$tmp/myx/run" \
+        --skip-name-resolve --max-connections=50 --innodb-buffer-pool-size=64M
+    myx_srv=$bg_pid
+    for ((i = 0; i < 600; i++)); do
+        if grep -q "ready for connections" "$tmp/myx/srv.err" 2>/dev/null; then
+            myx_pid="$(cat "$tmp/myx/run/mysqld.pid" 2>/dev/null)"
+            return 0
+        fi
+        kill -0 "$myx_srv" 2>/dev/null || return 1
+        sleep 0.05
+    done
+    return 1
+}
+
+# mysqlslap_secs FILE: the "Average number of seconds to run all queries"
+# of mysqlslap's report in FILE.
+mysqlslap_secs() {
+    awk '/Average number of seconds to run all queries:/ { s = $(NF - 1) }
+        END { if (s + 0 > 0) print s }' "$1"
+}
+
+# mysqlslap as root against mariadbd as mysql: myx_queries primary-key
+# reads (--auto-generate-sql-load-type=key) spread over 1 client and over
+# 8, one iteration: queries/s (the queries over mysqlslap's seconds). Every
+# connection on the port must be direct on both ends: the server's, and
+# mysqlslap's (the one that makes the table, and one per client).
+measure_myx() {
+    local how="$1" clients rc secs qps ok=0 uid
+    if ! myx_setup; then
+        failed "mariadb-users $how: $myx_why"
+        return 1
+    fi
+    next_port
+    if ! myx_start "$how" "$port"; then
+        failed "mariadb-users $how: server did not start: $(output_of "$tmp/myx/srv.err")"
+        stop_pid "$myx_srv" TERM 30
+        return 2
+    fi
+    # Proof of who runs as whom: the server is mysql.
+    uid="$(ps -o uid= -p "${myx_pid:-0}" 2>/dev/null | tr -d ' ')"
+    if [[ "$uid" != "$(id -u mysql)" ]]; then
+        failed "mariadb-users $how: mariadbd runs as uid '${uid:-?}', not mysql"
+        stop_pid "$myx_srv" TERM 30
+        return 1
+    fi
+    for clients in 1 8; do
+        run_fg "myx-cli-c$clients" 60 "$how" cli_pin "${myx_at_once[@]}" \
+            mysqlslap --no-defaults --protocol=tcp -h 127.0.0.1 -P "$port" -u root \
+            --concurrency="$clients" --iterations=1 --number-of-queries="$myx_queries" \
+            --auto-generate-sql --auto-generate-sql-load-type=key --auto-generate-sql-add-autoincrement
+        rc=$?
+        secs="$(mysqlslap_secs "$tmp/myx-cli-c$clients.out")"
+        if ((rc != 0)) || [[ -z "$secs" ]]; then
+            failed "mariadb-users $how -c $clients: $(status_text "$rc"), $(output_of "$tmp/myx-cli-c$clients.out" "$tmp/myx-cli-c$clients.err")"
+            continue
+        fi
+        qps="$(awk -v n="$myx_queries" -v s="$secs" 'BEGIN { printf "%.0f", n / s }')"
+        put "myx_c${clients}_qps" "$how" "$qps"
+        ok=$((ok + 1))
+        echo "  mariadb-users $how -c $clients: $myx_queries queries in $secs s, $qps/s" >&2
+    done
+    # mariadbd shuts down on SIGTERM and ends through exit() (stats written).
+    stop_pid "$myx_srv" TERM 30
+    ((ok == 2)) || return 1
+    [[ "$how" == sdirect ]] &&
+        combine_verdicts "$(direct_verdict "$port" 11 myx/srv)" "$(direct_verdict "$port" 2 myx-cli-c1)" \
+            "$(direct_verdict "$port" 9 myx-cli-c8)" >>"$tmp/v/myx.mode"
     return 0
 }

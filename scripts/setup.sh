@@ -27,6 +27,7 @@ packages=(
     apache2-utils stress-ng
     iproute2 procps
     redis-server redis-tools postgresql memcached nginx-light apache2 curl
+    mariadb-server mariadb-client
     openssh-server openssh-client socat git
     python3
 )
