@@ -5,6 +5,8 @@
 // kernel for good first (before_exec).
 #include "claim.hpp"
 
+#include "handover.hpp"
+
 #include "transport/log.hpp"
 #include "transport/sys.hpp"
 
@@ -96,7 +98,7 @@ void before_exec(Stream &s, bool vforked, int kept) noexcept {
     Phase p = s.phase.load(std::memory_order_acquire);
     if (p == Phase::fresh || p == Phase::listener) return;
     if (s.orphan.load(std::memory_order_acquire)) {
-        (void)claim_inherited(s, kept, transport::Reason::exec);
+        if (!handed_as_orphan(s)) (void)claim_inherited(s, kept, transport::Reason::exec);
         return;
     }
     Conn *c = s.conn.load(std::memory_order_acquire);

@@ -56,11 +56,20 @@ struct Entry {
     std::uint64_t ino, tx, rx, ktx, krx;
     bool acceptor;
     int share;  // slot of the sharers arena, or -1: offsets tx/rx
+    // Direct in process `owner` (we were forked from it), never used here:
+    // held as a fork child holds it (share: the holders' slot, or -1).
+    int owner;
     std::atomic<int> state;  // 0 waiting, 1 being adopted, 2 done (adopted or dropped)
 };
 Entry entries[kMaxEntries];
 int nentries = 0;
 std::atomic<int> waiting{0};
+
+// The hand-over under way (table_hand_over_for_exec): an orphan handed to
+// the new image as an orphan carries its number (Stream::exec_pass), and
+// the exec's table_before_exec leaves it alone. A failed exec ends it.
+unsigned handing_pass = 0;
+bool handing = false;
 
 void nap_ms(int ms) noexcept {
     timespec t{0, long(ms) * 1000000};
@@ -131,10 +140,38 @@ namespace {
 // False when it cannot be handed over (shared and the arena cannot be
 // passed, unless the others let go within 100 ms; half-closed; the peer's
 // bytes in a prefix); before_exec then applies.
-bool hand_over_for_exec(Stream &s, std::uint64_t &tx, std::uint64_t &rx, int &slot) noexcept {
+bool hand_over_for_exec(Stream &s, std::uint64_t &tx, std::uint64_t &rx, int &slot,
+                        int &owner) noexcept {
     slot = -1;
+    owner = 0;
     Phase p = s.phase.load(std::memory_order_acquire);
     if (p == Phase::fresh || p == Phase::listener) return false;
+    // Direct in the process we were forked from, and not used here since:
+    // the new image holds it as we do, and only its first use asks that
+    // owner to move it to the kernel (git clone's child execs index-pack
+    // with the socket, which it never uses: the clone stays direct). It
+    // keeps our place among the holders (the arena passed on), marked
+    // blind: the owner never spills unread bytes into memory of the fork
+    // tree that the new image does not map. Bytes spilled already, or no
+    // arena to pass: claimed now, as below.
+    if (s.orphan.load(std::memory_order_acquire)) {
+        std::lock_guard lock(s.pend_lock);
+        Sharers *h = s.holders.load(std::memory_order_acquire);
+        Prefix *pf = s.prefix.load(std::memory_order_acquire);
+        int afd = -1;
+        std::uint32_t index = 0;
+        if (s.orphan.load(std::memory_order_relaxed) &&
+            s.orphan_lost.load(std::memory_order_relaxed) == Stream::kNotLost && h &&
+            !sharers_left(h) && sharers_handle(h, &afd, &index) && (!pf || !prefix_left(pf)) &&
+            !s.rd_shut.load(std::memory_order_acquire) &&
+            !s.kernel_wr_shut.load(std::memory_order_acquire)) {
+            sharers_blind(h);
+            slot = int(index);
+            owner = s.owner;
+            tx = rx = 0;
+            return true;
+        }
+    }
     // Direct in the process we were forked from (a server that forks a
     // handler on a connection it has served): that owner leaves the
     // fabric for sharing, its offsets added to the holders' counts, and
@@ -222,6 +259,8 @@ bool stdio_allowed(char *const envp[]) noexcept {
 
 std::size_t table_hand_over_for_exec(char *const envp[], char *out, std::size_t cap) noexcept {
     if (foreign_process() || cap < 64) return 0;
+    ++handing_pass;
+    handing = true;
     ino_t kept[256];
     int kept_fd[256];
     const int n = inherited_sockets(kept, kept_fd, 256);
@@ -229,7 +268,7 @@ std::size_t table_hand_over_for_exec(char *const envp[], char *out, std::size_t 
     struct Done {
         Stream *s;
         bool ok;
-        int slot;
+        int slot, owner;
         std::uint64_t tx, rx, ktx, krx;
     };
     Done done[kMaxEntries];
@@ -247,18 +286,23 @@ std::size_t table_hand_over_for_exec(char *const envp[], char *out, std::size_t 
             if (done[k].s == s) d = &done[k];
         if (!d && ndone < kMaxEntries) {
             d = &done[ndone++];
-            *d = {s, false, -1, 0, 0, 0, 0};
+            *d = {s, false, -1, 0, 0, 0, 0, 0};
             // On a standard fd in the new program: stdio may bypass us.
             bool std_fd = false;
             for (int k = 0; k < n; ++k) std_fd |= kept[k] == kept[i] && kept_fd[k] <= 2;
-            d->ok = (stdio || !std_fd) && hand_over_for_exec(*s, d->tx, d->rx, d->slot) &&
+            d->ok = (stdio || !std_fd) &&
+                    hand_over_for_exec(*s, d->tx, d->rx, d->slot, d->owner) &&
                     (d->slot >= 0 || kernel_position(kept_fd[i], d->ktx, d->krx));
             shares |= d->ok && d->slot >= 0;
             if (!d->ok)
                 SD_LOG(debug, "fd %d: not handed over to the new program (shared, half-closed, "
                               "or its connection could not settle on the kernel): on TCP there",
                        kept_fd[i]);
-            if (d->ok && d->slot >= 0)
+            if (d->ok && d->owner)
+                SD_LOG(info, "fd %d: handed over to the new program, direct in pid %d: its "
+                             "first use there asks that process to move it to the kernel",
+                       kept_fd[i], d->owner);
+            else if (d->ok && d->slot >= 0)
                 SD_LOG(info, "fd %d: handed over to the new program, shared through fork: it "
                              "holds it in the same place", kept_fd[i]);
             else if (d->ok)
@@ -269,12 +313,13 @@ std::size_t table_hand_over_for_exec(char *const envp[], char *out, std::size_t 
         if (d && d->ok) {
             int w = std::snprintf(body + len, sizeof body - std::size_t(len),
                                   ";%d,%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64
-                                  ",%d,%d",
+                                  ",%d,%d,%d",
                                   kept_fd[i], std::uint64_t(kept[i]), d->tx, d->rx, d->ktx, d->krx,
-                                  s->acceptor ? 1 : 0, d->slot);
+                                  s->acceptor ? 1 : 0, d->slot, d->owner);
             if (w > 0 && std::size_t(len + w) < sizeof body) {
                 len += w;
                 ++written;
+                if (d->owner) s->exec_pass = handing_pass;
             }
         }
         release(s);
@@ -282,21 +327,33 @@ std::size_t table_hand_over_for_exec(char *const envp[], char *out, std::size_t 
     // Everything not handed over: back to the kernel for good, as for a
     // program without the library (a no-op for those handed over).
     table_before_exec();
-    if (!written) return 0;
+    if (!written) {
+        handing = false;
+        return 0;
+    }
     int fd = -1;
     std::uint32_t index = 0;
     if (shares) {
         for (int k = 0; k < ndone && fd < 0; ++k)
-            if (done[k].ok && done[k].slot >= 0)
-                if (Sharers *sh = done[k].s->share.load(std::memory_order_acquire))
-                    (void)sharers_handle(sh, &fd, &index);
+            if (done[k].ok && done[k].slot >= 0) {
+                Sharers *sh = done[k].s->share.load(std::memory_order_acquire);
+                if (!sh) sh = done[k].s->holders.load(std::memory_order_acquire);
+                if (sh) (void)sharers_handle(sh, &fd, &index);
+            }
         sharers_pass_on_exec(true);
     }
-    const int total = std::snprintf(out, cap, "%s=1:%d:%d%s", kInheritVar, int(getpid()), fd, body);
+    const int total = std::snprintf(out, cap, "%s=2:%d:%d%s", kInheritVar, int(getpid()), fd, body);
     return total > 0 && std::size_t(total) < cap ? std::size_t(total) : 0;
 }
 
-void hand_over_failed() noexcept { sharers_pass_on_exec(false); }
+void hand_over_failed() noexcept {
+    handing = false;
+    sharers_pass_on_exec(false);
+}
+
+bool handed_as_orphan(const Stream &s) noexcept {
+    return handing && s.exec_pass == handing_pass && s.orphan.load(std::memory_order_acquire);
+}
 
 void inherit_init() noexcept {
     const char *v = getenv(kInheritVar);
@@ -307,7 +364,7 @@ void inherit_init() noexcept {
     // exec, rewritten.
     unsetenv(kInheritVar);
     int version = 0, pid = 0, arena_fd = -1, at = 0;
-    if (std::sscanf(copy, "%d:%d:%d%n", &version, &pid, &arena_fd, &at) != 3 || version != 1 ||
+    if (std::sscanf(copy, "%d:%d:%d%n", &version, &pid, &arena_fd, &at) != 3 || version != 2 ||
         pid != int(getpid()))
         return;  // written for another process (or another format)
     const bool arena = arena_fd >= 0 && sharers_map_inherited(arena_fd);
@@ -315,13 +372,20 @@ void inherit_init() noexcept {
     while (*p == ';' && nentries < kMaxEntries) {
         Entry &e = entries[nentries];
         int acc = 0, used = 0;
-        if (std::sscanf(p, ";%d,%" SCNu64 ",%" SCNu64 ",%" SCNu64 ",%" SCNu64 ",%" SCNu64 ",%d,%d%n",
-                        &e.fd, &e.ino, &e.tx, &e.rx, &e.ktx, &e.krx, &acc, &e.share, &used) != 8)
+        if (std::sscanf(p, ";%d,%" SCNu64 ",%" SCNu64 ",%" SCNu64 ",%" SCNu64 ",%" SCNu64
+                           ",%d,%d,%d%n",
+                        &e.fd, &e.ino, &e.tx, &e.rx, &e.ktx, &e.krx, &acc, &e.share, &e.owner,
+                        &used) != 9)
             break;
         p += used;
         e.acceptor = acc != 0;
         // Shared, and the arena could not be mapped: it stays on TCP here.
-        if (e.share >= 0 && !arena) continue;
+        // An orphan is still one (its owner is asked at the first use),
+        // only outside the holders' slot.
+        if (e.share >= 0 && !arena) {
+            if (e.owner <= 0) continue;
+            e.share = -1;
+        }
         e.state.store(0, std::memory_order_relaxed);
         ++nentries;
     }
@@ -348,8 +412,10 @@ bool still_handed(const Entry &e, int *domain) noexcept {
            sys.getsockopt(e.fd, SOL_SOCKET, SO_DOMAIN, domain, &l3) == 0 &&
            (*domain == AF_INET || *domain == AF_INET6) &&
            getpeername(e.fd, reinterpret_cast<sockaddr *>(&peer), &pl) == 0 &&
-           // Shared: every holder's bytes are counted in the slot instead.
-           (e.share >= 0 || (kernel_position(e.fd, w, r) && w == e.ktx && r == e.krx));
+           // Shared: every holder's bytes are counted in the slot instead;
+           // an orphan's are its owner's to say.
+           (e.share >= 0 || e.owner > 0 ||
+            (kernel_position(e.fd, w, r) && w == e.ktx && r == e.krx));
 }
 
 void finish(Entry &e) noexcept {
@@ -388,10 +454,14 @@ Stream *adopt_inherited(int fd) noexcept {
     Sharers *sh = nullptr;
     if (s && e->share >= 0) {
         sh = sharers_at(std::uint32_t(e->share));
-        if (!sh || !sharers_hold(sh) || sharers_stuck(sh)) {
-            // Not ours in that slot: untracked, plain TCP.
-            release(unmap(fd));
-            s = nullptr;
+        if (!sh || !sharers_hold(sh) || (e->owner <= 0 && sharers_stuck(sh))) {
+            sh = nullptr;
+            // Not ours in that slot: untracked, plain TCP; an orphan is
+            // one still, outside the slot (its owner is asked first).
+            if (e->owner <= 0) {
+                release(unmap(fd));
+                s = nullptr;
+            }
         }
     }
     if (s) {
@@ -407,7 +477,19 @@ Stream *adopt_inherited(int fd) noexcept {
             finish(o);
         }
         s->refs.fetch_add(1, std::memory_order_relaxed);  // the caller's
-        if (sh) {
+        if (e->owner > 0) {
+            // As a fork child holds a socket direct in its parent: the
+            // first I/O here asks that owner to leave the fabric
+            // (claim_inherited), and its holders count from there.
+            SD_LOG(info, "fd %d: inherited through exec, direct in pid %d: its first use here "
+                         "asks that process to move it to the kernel", fd, e->owner);
+            s->acceptor = e->acceptor;
+            s->forked = true;
+            s->owner = e->owner;
+            s->holders.store(sh, std::memory_order_release);
+            s->orphan.store(true, std::memory_order_release);
+            s->phase.store(Phase::deferred, std::memory_order_release);
+        } else if (sh) {
             // As a fork child holds it: counted, upgraded by the last
             // holder left (adopt_share, share.cpp).
             SD_LOG(info, "fd %d: inherited through exec, shared through fork: upgraded once "

@@ -39,6 +39,10 @@ std::size_t table_hand_over_for_exec(char *const envp[], char *out, std::size_t 
 // is undone (the arena's fd closes on exec again). The sockets stay on TCP.
 void hand_over_failed() noexcept;
 
+// The hand-over under way passed this orphan on as one: the exec leaves
+// it to the new image, which asks its owner to leave at its first use.
+bool handed_as_orphan(const fallback::Stream &s) noexcept;
+
 // The new image, at its start: reads (and removes) the variable when it
 // was written for this process.
 void inherit_init() noexcept;

@@ -28,13 +28,15 @@ inline constexpr int kEntries = 27;
 struct Sharers {
     std::atomic<std::uint32_t> used;
     std::atomic<std::uint32_t> stuck;  // more holders than entries: shared for good
-    // sent, received, left: consecutive (sharers_counts hands them to the
-    // connection of the process that owns it).
+    // sent, received, left, blind: consecutive (sharers_counts hands them
+    // to the connection of the process that owns it).
     std::atomic<std::uint64_t> sent;
     std::atomic<std::uint64_t> received;
     std::atomic<std::uint64_t> left;  // its connection left the fabric, counts set
+    // A holder cannot read a prefix (an exec'd image: the owner's spill
+    // goes to memory only the fork tree maps).
+    std::atomic<std::uint64_t> blind;
     std::atomic<std::uint64_t> entry[kEntries];
-    std::uint64_t spare;
 };
 static_assert(sizeof(Sharers) == 256);
 
@@ -267,6 +269,8 @@ bool sharers_hold(const Sharers *sh) noexcept {
         if (e.load(std::memory_order_acquire) == self) return true;
     return false;
 }
+
+void sharers_blind(Sharers *sh) noexcept { sh->blind.store(1, std::memory_order_release); }
 
 void sharers_rejoin(Sharers *sh) noexcept {
     if (sh->used.load(std::memory_order_acquire) && !sharers_hold(sh) && !put(sh, me()))

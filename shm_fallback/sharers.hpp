@@ -48,8 +48,11 @@ std::uint64_t sharers_received(const Sharers *sh) noexcept;
 // A socket that was direct at the fork: its owner's connection, when it
 // leaves the fabric because another holder uses it, adds its stream
 // offsets to the counts and marks them (transport::Conn::holder_counts
-// takes these three consecutive counters: sent, received, left). From
-// then on the holders count as for a socket shared before its upgrade.
+// takes these four consecutive counters: sent, received, left, blind).
+// From then on the holders count as for a socket shared before its
+// upgrade. `blind` set: a holder cannot read what the owner would spill
+// into the fork tree's memory (sharers_blind), so the owner spills
+// nothing.
 std::atomic<std::uint64_t> *sharers_counts(Sharers *sh) noexcept;
 bool sharers_left(const Sharers *sh) noexcept;
 
@@ -71,6 +74,9 @@ bool sharers_map_inherited(int fd) noexcept;
 Sharers *sharers_at(std::uint32_t index) noexcept;
 // This process has its holder entry in the slot.
 bool sharers_hold(const Sharers *sh) noexcept;
+// A holder of the slot will be an exec'd image, which maps the arena but
+// not the fork tree's anonymous memory.
+void sharers_blind(Sharers *sh) noexcept;
 // Holds it again (an exec that would have dropped it failed): its entry
 // back, or the slot stuck when there is no room.
 void sharers_rejoin(Sharers *sh) noexcept;

@@ -130,6 +130,9 @@ class Stream {
     std::atomic<int> orphan_lost{kNotLost};
     std::atomic<Sharers *> holders{nullptr};
     unsigned fork_mark = 0;  // the fork pass that saw it last (dups)
+    // The exec hand-over that passed this orphan on as an orphan
+    // (fork_protocol/handover.cpp): that exec does not claim it.
+    unsigned exec_pass = 0;
     std::atomic<Sharers *> share{nullptr};
     std::uint64_t share_check_ns = 0;  // next look at other holders' lives
     // The peer's bytes read before the kernel socket by every holder

@@ -103,3 +103,48 @@ TEST_CASE("a socket that becomes stdin and stdout of a program exec'd with the l
         }
     });
 }
+
+TEST_CASE("a direct socket inherited by a forked child that execs a program with the library, "
+          "which holds it unused, stays direct in its owner, byte-exact",
+          "[exec]") {
+    // As git clone's child execs index-pack with the clone's socket.
+    PairSpec spec = exec_spec("none");
+    spec.server_args = {"--fork-exec-idle-ms", "300"};
+    run_pair(spec, [](Pair &pair, const Placement &pl) {
+        if (pl.expect(true) != Expect::direct) {
+            check_modes(pair.server, pl.expect(true));
+            check_modes(pair.client, pl.expect(false));
+            return;
+        }
+        for (const Proc *p : {&pair.server, &pair.client}) {
+            const StatLine s = only_conn_stat(*p);
+            INFO(s.text);
+            CHECK(s.mode == "direct");
+            CHECK(s.num("upgrades") == 1);
+            CHECK(s.num("leaves") == 0);
+            CHECK(s.num("tx_kernel") + s.num("rx_kernel") < 1000);
+        }
+    });
+}
+
+TEST_CASE("a direct socket handed by a forking server to a child that execs a handler with the "
+          "library is answered there byte-exact, and direct again once the server closed its copy",
+          "[exec]") {
+    PairSpec spec = exec_spec("none");
+    spec.server_args = {"--fork-exec-handler", "1"};
+    run_pair(spec, [](Pair &pair, const Placement &pl) {
+        if (pl.expect(true) != Expect::direct) {
+            check_modes(pair.server, pl.expect(true));
+            check_modes(pair.client, pl.expect(false));
+            return;
+        }
+        // The client's end: direct with the server, back to the kernel
+        // when the handler's first use claimed it, direct with the handler.
+        const StatLine client = only_conn_stat(pair.client);
+        INFO("client: " << client.text);
+        CHECK(client.mode == "direct");
+        CHECK(client.num("upgrades") == 2);
+        CHECK(client.num("leaves") == 1);
+        CHECK(client.num("rx_fabric") > 0);
+    });
+}

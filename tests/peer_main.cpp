@@ -9,6 +9,7 @@
 //   peer exec-handler --fd FD                        answers commands on FD (--exec-self)
 //   peer stdio-echo                                  echoes stdin to stdout through stdio
 //                                                    (--exec-stdio)
+//   peer exec-idle --fd FD --ms N                    holds FD N ms, unused (--fork-exec-idle-ms)
 //   peer spawn-child --fd FD --local ADDR [--size N --seed S] [--say TEXT]
 //                                                    a child of spawn-child (peer_spawn.cpp)
 // Common options: --family 4|6, --settle-ms N, --seed N, --watchdog S, and
@@ -206,7 +207,44 @@ int run_exec_handler(const Options &opt) {
     return 0;
 }
 
+// --fork-exec-idle-ms N (server): after the settle (direct), a forked
+// child execs this program with the library (mode exec-idle), which holds
+// the socket N ms without using it and exits, as git clone's index-pack
+// holds git clone's socket; the server answers meanwhile and reaps the
+// child at the end.
+pid_t fork_exec_idle(int fd, std::uint64_t ms) {
+    std::fflush(stdout);
+    const pid_t kid = fork();
+    if (kid < 0) fail("fork: %s", errno_name(errno));
+    if (kid > 0) return kid;
+    const int fl = fcntl(fd, F_GETFD);
+    if (fl < 0 || fcntl(fd, F_SETFD, fl & ~FD_CLOEXEC) != 0) fail("fcntl: %s", errno_name(errno));
+    std::string fd_text = std::to_string(fd), ms_text = std::to_string(ms);
+    char name[] = "behaviour-peer", mode[] = "exec-idle", opt_fd[] = "--fd", opt_ms[] = "--ms";
+    char *argv[] = {name, mode, opt_fd, fd_text.data(), opt_ms, ms_text.data(), nullptr};
+    execve("/proc/self/exe", argv, environ);
+    fail("execve: %s", errno_name(errno));
+}
+
+// --fork-exec-handler 1 (server): after the settle (direct), a forked
+// child execs this program with the library in mode exec-handler, which
+// answers the client on the socket it inherited (its first use asks this
+// process, the owner, to leave the fabric).
+pid_t fork_exec_handler(int fd) {
+    std::fflush(stdout);
+    const pid_t kid = fork();
+    if (kid < 0) fail("fork: %s", errno_name(errno));
+    if (kid == 0) exec_self(fd, "library");
+    return kid;
+}
+
+int run_exec_idle(const Options &opt) {
+    sleep_us(opt.num("ms", 1000) * 1000);
+    return 0;
+}
+
 void serve_connection(int *fd, bool is_client, const Options &opt) {
+    pid_t idle_child = -1;
     const std::string scenario = opt.get("scenario", "bulk");
     const bool client_drives = opt.get("driver", "client") == "client";
     // Shut down before any upgrade: the settle would start one first.
@@ -223,12 +261,25 @@ void serve_connection(int *fd, bool is_client, const Options &opt) {
         } else {
             settle_server(*fd);
             if (const std::string how = opt.get("exec-self"); !how.empty()) exec_self(*fd, how);
+            if (const auto ms = opt.num("fork-exec-idle-ms", 0)) idle_child = fork_exec_idle(*fd, ms);
+            if (opt.num("fork-exec-handler", 0)) {
+                // A forking server: the child execs the handler on the
+                // socket, the server closes its copy at once and waits.
+                const pid_t kid = fork_exec_handler(*fd);
+                close(*fd);
+                *fd = -1;
+                reap(kid, "the exec'd handler");
+                return;
+            }
         }
         if (is_sendpath_scenario(scenario)) serve_sendpath(fd, is_client, opt);
         else if (is_storm_scenario(scenario)) serve_storm(*fd, is_client, opt);
         else if (is_client == client_drives) drive(scenario, fd, opt);
         else respond(fd);
     }
+    // The child let go first: the close below ends a connection that only
+    // this process held.
+    if (idle_child > 0) reap(idle_child, "the exec'd child holding the socket");
     if (*fd >= 0) {
         report_bytes(*fd);
         close(*fd);
@@ -551,6 +602,7 @@ int main(int argc, char **argv) {
     else if (mode == "fd-helper") rc = run_fd_helper(opt);
     else if (mode == "exec-handler") rc = run_exec_handler(opt);
     else if (mode == "stdio-echo") rc = run_stdio_echo();
+    else if (mode == "exec-idle") rc = run_exec_idle(opt);
     else if (mode == "spawn-child") rc = run_spawn_child(opt);
     else fail("unknown mode '%s'", mode.c_str());
     std::fflush(stdout);

@@ -256,9 +256,10 @@ struct Conn {
     std::atomic<bool> initiate_due{false};  // rearmed: look for the peer's entry
     std::uint64_t tx_fabric_base = 0;       // stat->tx_fabric when rearmed (peer_died)
     // Our socket is shared through fork (this process owns the
-    // connection): sent, received, left of its holders' slot. A leave for
-    // sharing adds our offsets there, so that the last holder can return
-    // to direct mode (shm_fallback/sharers.hpp).
+    // connection): sent, received, left, blind of its holders' slot. A
+    // leave for sharing adds our offsets there, so that the last holder
+    // can return to direct mode; blind: a holder cannot read a spill
+    // (shm_fallback/sharers.hpp).
     std::atomic<std::atomic<std::uint64_t> *> holder_counts{nullptr};
     // Where the peer's unread fabric bytes go if this process must give
     // the connection up before reading them, for its holders to read

@@ -252,9 +252,13 @@ bool Engine::spill_to_holders_locked(Conn *c) noexcept {
     const std::uint64_t n = c->ring_bytes();
     // Every fabric byte of the peer is here and nothing more comes on the
     // fabric: what the ring holds is exactly what precedes the kernel's.
+    // A holder that does not map the spill (an exec'd image: counts[3])
+    // would read the kernel's bytes past them: nothing is spilled, and the
+    // bytes stay this process's to read.
+    auto *k = c->holder_counts.load(std::memory_order_acquire);
     if (!sp.len || !n || n > sp.cap || c->zc.active || c->peer_end == kNoOffset ||
         c->rx_expect() < c->peer_end || c->rx_off + n != c->peer_end ||
-        c->tx_owed.load(std::memory_order_acquire) || !c->holder_counts.load(std::memory_order_acquire))
+        c->tx_owed.load(std::memory_order_acquire) || !k || k[3].load(std::memory_order_acquire))
         return false;
     for (std::uint64_t done = 0; done < n;) {
         const std::uint32_t at = std::uint32_t((c->ring_head + done) % c->ring_cap);
