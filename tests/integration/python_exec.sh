@@ -13,9 +13,9 @@
 #           mode, and the handler's image upgrades it again;
 #   bulk    the same with the hand-over at the start of the client's bulk
 #           part (bytes in flight both ways when the fabric is left);
-#   stdio-off  as direct, without SDIRECT_EXEC_STDIO=1 (the other phases
-#           set it: python never writes its sockets through C stdio): a
-#           socket on fd 0-2 is not handed over, and stays on TCP.
+#   stdio-off  as direct, with SDIRECT_EXEC_STDIO=0 (the other phases
+#           leave it at its default, 1): a socket on fd 0-2 is not handed
+#           over, and stays on TCP.
 # The client (fork_echo.py client) checks every echo byte for byte: 200
 # ping-pong round trips of 1 to 64 B, then 1000 B to 3 MiB of bulk read
 # back by a thread. With the library, every connection of the client must
@@ -29,8 +29,8 @@ export SDIRECT_ENGINE_WAIT_MS="${SDIRECT_ENGINE_WAIT_MS:-30000}"
 conns=3
 
 # phase NAME HANDOFF-AFTER SIZES PACE [STDIO]: STDIO is SDIRECT_EXEC_STDIO
-# for the server (default 1: python reads and writes its sockets with
-# read/write, never through C stdio, so fds 0/1 may be adopted).
+# for the server (default 1, the library's own default: fds 0/1 are
+# adopted).
 phase() {
     local name=$1 after=$2 sizes=$3 pace=$4 stdio=${5:-1}
     local total direct kernel shared idle txf txk why text back ups handlers
@@ -50,7 +50,7 @@ phase() {
         # Not handed over (the socket is on fd 0/1 of the handler): the
         # client's end went back to the kernel for good at the exec.
         if ((total == conns && kernel == conns)) && [[ "$why" =~ ^kernel/(exec|shared|peer_kernel)x[0-9]+(,kernel/(exec|shared|peer_kernel)x[0-9]+)*$ ]]; then
-            it_ok "$text: on TCP, byte-exact (fds 0-2 not adopted without SDIRECT_EXEC_STDIO)"
+            it_ok "$text: on TCP, byte-exact (fds 0-2 not adopted with SDIRECT_EXEC_STDIO=0)"
         else
             it_bad "$text; expected $conns connections on the kernel, reason exec, shared (the parent closed its copy first) or peer_kernel"
         fi
