@@ -36,7 +36,10 @@ struct Peer {
     // never a process that reused the pid or an exec of it.
     char name[96] = {};
     std::uint64_t idle_since = 0;      // the cache's clock when it went idle
-    bool ended = false;                // its process ended while in use: drop when idle
+    // Its process ended while in use: drop when idle. Set by the control
+    // thread (table lock, through std::atomic_ref); a send reads it so,
+    // without the lock.
+    bool ended = false;
     // Of another uid (SDIRECT_CROSS_USER), or of ours where either end is
     // not dumpable: nothing of the provider with it (no address vector
     // entry: `addr` is kQueueAddr), no process_vm_*;

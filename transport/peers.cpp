@@ -247,7 +247,8 @@ void Engine::reap_ended_peers() noexcept {
         pollfd pfd{p.pidfd, POLLIN, 0};
         if (sys.poll(&pfd, 1, 0) != 1) continue;
         if (p.conns) {
-            p.ended = true;  // its connections learn it their own way
+            // Its connections learn it their own way (a send: at once).
+            std::atomic_ref<bool>(p.ended).store(true, std::memory_order_release);
             continue;
         }
         SD_LOG(debug, "pid %d ended: its cached peer state is dropped", int(p.pid));

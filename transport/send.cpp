@@ -278,6 +278,22 @@ ssize_t direct_send(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, 
         *left = true;
         return -ESTALE;
     }
+    // The peer closed its end and its CLOSE waits in our queue, or its
+    // process ended: a send that finds credits takes nothing in, so a
+    // process that only writes would go on sending into the closed
+    // connection, where TCP's second send fails with EPIPE. Its process
+    // page says it closed (the slot's first line, which it writes when the
+    // connection opens and closes only); the control thread marks a peer
+    // whose process ended. A peer of another uid's page costs a system
+    // call to read: only its end is looked at here (its CLOSE is seen at
+    // the next wait for credits).
+    if (!c->gone() && c->peer) {
+        const bool ended = std::atomic_ref<bool>(c->peer->ended).load(std::memory_order_acquire);
+        if (ended || (!c->peer->cross && s.engine->peer_conn_closed(c))) {
+            s.engine->progress_blocking();
+            if (ended && !c->gone()) s.engine->peer_died(c);
+        }
+    }
     if (c->gone() || wr_shut(c, s.kernel_wr_shut)) {
         SD_LOG(debug, "fd %d: send refused: %s", s.kfd(),
                wr_shut(c, s.kernel_wr_shut) ? "shut down for writing"

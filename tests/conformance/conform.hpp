@@ -93,5 +93,6 @@ void add_ready_cases(std::vector<Case> &all);
 void add_opt_cases(std::vector<Case> &all);
 void add_file_cases(std::vector<Case> &all);
 void add_child_cases(std::vector<Case> &all);
+void add_stdio_cases(std::vector<Case> &all);
 
 }  // namespace conform

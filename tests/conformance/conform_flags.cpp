@@ -277,6 +277,21 @@ void sigpipe_send(Out &o) {
     p.close_both();
 }
 
+// As above, but the writer only writes (no poll between its sends): the
+// peer's close must be seen by the sends themselves.
+void sigpipe_writer_only(Out &o) {
+    Pair p = make_pair();
+    ::close(p.b);
+    p.b = -1;
+    msleep(20);
+    o.r("send1", ::send(p.a, "x", 1, 0));
+    msleep(20);
+    o.r("send2", ::send(p.a, "x", 1, 0));
+    o.r("write3", ::write(p.a, "x", 1));
+    o.n("sigpipes", sigpipes_taken());
+    p.close_both();
+}
+
 void sigpipe_shutwr(Out &o) {
     Pair p = make_pair();
     ::shutdown(p.a, SHUT_WR);
@@ -419,6 +434,7 @@ void add_flag_cases(std::vector<Case> &all) {
     add(all, "flag-errqueue", errqueue);
     add(all, "flag-nosignal", nosignal);
     add(all, "flag-sigpipe", sigpipe_send);
+    add(all, "flag-sigpipe-writer-only", sigpipe_writer_only);
     add(all, "flag-sigpipe-shutwr", sigpipe_shutwr);
     add(all, "flag-more-flush", more_flush);
     add(all, "flag-more-alone", more_alone);

@@ -366,6 +366,7 @@ std::vector<Case> catalogue() {
     add_opt_cases(all);
     add_file_cases(all);
     add_child_cases(all);
+    add_stdio_cases(all);
     return all;
 }
 
