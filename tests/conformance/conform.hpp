@@ -94,5 +94,6 @@ void add_opt_cases(std::vector<Case> &all);
 void add_file_cases(std::vector<Case> &all);
 void add_child_cases(std::vector<Case> &all);
 void add_stdio_cases(std::vector<Case> &all);
+void add_call_cases(std::vector<Case> &all);
 
 }  // namespace conform

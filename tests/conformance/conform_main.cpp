@@ -367,6 +367,7 @@ std::vector<Case> catalogue() {
     add_file_cases(all);
     add_child_cases(all);
     add_stdio_cases(all);
+    add_call_cases(all);
     return all;
 }
 
