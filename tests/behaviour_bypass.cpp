@@ -24,13 +24,21 @@ PairSpec part(const std::string &name, std::vector<std::string> extra = {}) {
 
 // Direct first, then on the kernel for good for `reason`, on both ends;
 // where only one end runs the library it never left the kernel.
-void check_left_for_good(const Pair &pair, const Placement &pl, const std::string &reason) {
+// `check` on the only connection of each preloaded end, with what its
+// placement expects of it.
+template <typename F>
+void each_end(const Pair &pair, const Placement &pl, F check) {
     for (bool server : {true, false}) {
         const Proc &p = server ? pair.server : pair.client;
         const Expect expect = pl.expect(server);
         if (expect == Expect::nothing) continue;
-        const StatLine s = only_conn_stat(p);
         INFO((server ? "server" : "client") << " statistics:\n" << read_text(p.stats));
+        check(only_conn_stat(p), expect);
+    }
+}
+
+void check_left_for_good(const Pair &pair, const Placement &pl, const std::string &reason) {
+    each_end(pair, pl, [&](const StatLine &s, Expect expect) {
         CHECK(s.mode == "kernel");
         if (expect == Expect::direct) {
             CHECK(s.reason == reason);
@@ -40,7 +48,7 @@ void check_left_for_good(const Pair &pair, const Placement &pl, const std::strin
         } else {
             CHECK((s.reason == "no_peer" || s.reason == reason));
         }
-    }
+    });
 }
 
 }  // namespace
@@ -118,22 +126,17 @@ TEST_CASE("stdio on a connection (fdopen of a dup, fwrite, fflush, fgetc, fread)
     PairSpec spec = part("stdio");
     spec.check_modes = false;
     run_pair(spec, [](Pair &pair, const Placement &pl) {
-        for (bool server : {true, false}) {
-            const Proc &p = server ? pair.server : pair.client;
-            const Expect expect = pl.expect(server);
-            if (expect == Expect::nothing) continue;
-            const StatLine s = only_conn_stat(p);
-            INFO((server ? "server" : "client") << " statistics:\n" << read_text(p.stats));
+        each_end(pair, pl, [](const StatLine &s, Expect expect) {
             if (expect != Expect::direct) {
                 CHECK(s.mode == "kernel");
-                continue;
+                return;
             }
             CHECK(s.mode == "direct");
             CHECK(s.num("tx_fabric") > 200000);
             CHECK(s.num("rx_fabric") > 150000);
             CHECK(s.num("upgrades") == 1);
             CHECK(s.num("leaves") == 0);
-        }
+        });
     });
 }
 

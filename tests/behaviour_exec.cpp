@@ -23,6 +23,14 @@ PairSpec exec_spec(const char *how) {
     return spec;
 }
 
+// Both ends preloaded: true, and the case checks what the library did.
+// Otherwise the modes the placement gives are checked here.
+bool both_preloaded(const Pair &pair, const Placement &pl) {
+    if (pl.expect(true) == Expect::direct) return true;
+    check_modes(pair.server, pl.expect(true));
+    check_modes(pair.client, pl.expect(false));
+    return false;
+}
 
 }  // namespace
 
@@ -30,11 +38,7 @@ TEST_CASE("a direct connection handed to a program exec'd with the library is re
           "and upgraded again, byte-exact, both ends direct after the exec",
           "[exec]") {
     run_pair(exec_spec("library"), [](Pair &pair, const Placement &pl) {
-        if (pl.expect(true) != Expect::direct) {
-            check_modes(pair.server, pl.expect(true));
-            check_modes(pair.client, pl.expect(false));
-            return;
-        }
+        if (!both_preloaded(pair, pl)) return;
         // The server's statistics are the new image's (the old one never
         // exits): its only connection is the one it inherited.
         const StatLine server = only_conn_stat(pair.server);
@@ -87,11 +91,7 @@ TEST_CASE("a socket that becomes stdin and stdout of a program exec'd with the l
     spec.check_modes = false;
     spec.timeout = 90;
     run_pair(spec, [](Pair &pair, const Placement &pl) {
-        if (pl.expect(true) != Expect::direct) {
-            check_modes(pair.server, pl.expect(true));
-            check_modes(pair.client, pl.expect(false));
-            return;
-        }
+        if (!both_preloaded(pair, pl)) return;
         // The server's statistics are the new image's.
         for (const Proc *p : {&pair.server, &pair.client}) {
             const StatLine s = only_conn_stat(*p);
@@ -111,11 +111,7 @@ TEST_CASE("a direct socket inherited by a forked child that execs a program with
     PairSpec spec = exec_spec("none");
     spec.server_args = {"--fork-exec-idle-ms", "300"};
     run_pair(spec, [](Pair &pair, const Placement &pl) {
-        if (pl.expect(true) != Expect::direct) {
-            check_modes(pair.server, pl.expect(true));
-            check_modes(pair.client, pl.expect(false));
-            return;
-        }
+        if (!both_preloaded(pair, pl)) return;
         for (const Proc *p : {&pair.server, &pair.client}) {
             const StatLine s = only_conn_stat(*p);
             INFO(s.text);
@@ -133,11 +129,7 @@ TEST_CASE("a direct socket handed by a forking server to a child that execs a ha
     PairSpec spec = exec_spec("none");
     spec.server_args = {"--fork-exec-handler", "1"};
     run_pair(spec, [](Pair &pair, const Placement &pl) {
-        if (pl.expect(true) != Expect::direct) {
-            check_modes(pair.server, pl.expect(true));
-            check_modes(pair.client, pl.expect(false));
-            return;
-        }
+        if (!both_preloaded(pair, pl)) return;
         // The client's end: direct with the server, back to the kernel
         // when the handler's first use claimed it, direct with the handler.
         const StatLine client = only_conn_stat(pair.client);

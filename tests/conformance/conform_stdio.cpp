@@ -16,6 +16,18 @@
 namespace conform {
 namespace {
 
+// What arrives on `fd` until `want` bytes came or 2 s pass without any.
+std::string recv_until(int fd, std::size_t want) {
+    std::string got;
+    while (got.size() < want && poll1(fd, POLLIN, 2000) > 0) {
+        char buf[65536];
+        const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+        if (n <= 0) break;
+        got.append(buf, std::size_t(n));
+    }
+    return got;
+}
+
 // Lines and bytes both ways through a stream over a dup of one end; the
 // end's own fd goes on after fclose.
 void stream_both_ways(Out &o) {
@@ -34,13 +46,7 @@ void stream_both_ways(Out &o) {
     o.r("fwrite", long(std::fwrite(big.data(), 1, big.size(), f)));
     o.r("fflush", std::fflush(f));
     const std::size_t want = std::size_t(head > 0 ? head : 0) + 12 + big.size();
-    std::string got;
-    while (got.size() < want && poll1(p.b, POLLIN, 2000) > 0) {
-        char buf[65536];
-        const ssize_t n = ::recv(p.b, buf, sizeof buf, 0);
-        if (n <= 0) break;
-        got.append(buf, std::size_t(n));
-    }
+    const std::string got = recv_until(p.b, want);
     o.bytes("peer_got", got.data(), got.size());
     const char lines[] = "alpha\nbeta\ngamma without end";
     o.r("peer_send", ::send(p.b, lines, sizeof lines - 1, MSG_NOSIGNAL));
@@ -126,13 +132,7 @@ void dprintf_to_socket(Out &o) {
     for (int i = 0; big.size() < 20000; ++i) big += "record " + std::to_string(i) + ";";
     o.r("dprintf_big", ::dprintf(p.a, "%s", big.c_str()));
     const std::size_t want = std::size_t(small > 0 ? small : 0) + big.size();
-    std::string got;
-    while (got.size() < want && poll1(p.b, POLLIN, 2000) > 0) {
-        char buf[65536];
-        const ssize_t n = ::recv(p.b, buf, sizeof buf, 0);
-        if (n <= 0) break;
-        got.append(buf, std::size_t(n));
-    }
+    const std::string got = recv_until(p.b, want);
     o.bytes("peer_got", got.data(), got.size());
     ::close(p.b);
     p.b = -1;
