@@ -255,6 +255,9 @@ struct Conn {
     std::atomic<bool> rearm_due{false};
     std::atomic<bool> initiate_due{false};  // rearmed: look for the peer's entry
     std::uint64_t tx_fabric_base = 0;       // stat->tx_fabric when rearmed (peer_died)
+    // A send's next look at the page slot of a peer of another uid, which
+    // costs a system call (tx_lock): at most once a millisecond.
+    std::uint64_t close_look_ns = 0;
     // Our socket is shared through fork (this process owns the
     // connection): sent, received, left, blind of its holders' slot. A
     // leave for sharing adds our offsets there, so that the last holder
