@@ -482,7 +482,7 @@ void Engine::answer_upgrade(int fd, CtlMsg &req, int proof, int bell, int queue)
                 return refuse(std::uint32_t(xl == -EPROTO ? Reason::proof_failed
                                                           : Reason::fabric_error));
             if (link_set_out(xl, std::exchange(queue, -1)) != 0 ||
-                (my_queue = fcntl(links_[xl].in_fd, F_DUPFD_CLOEXEC, 0)) < 0) {
+                (my_queue = sys.fcntl(links_[xl].in_fd, F_DUPFD_CLOEXEC, 0)) < 0) {
                 SD_LOG(info, "upgrade request from pid %d (uid %u): its queue is not a sealed "
                              "memfd of the expected size", int(req.pid), uid);
                 link_put(xl);

@@ -1,5 +1,7 @@
 #include "procpage.hpp"
 
+#include "sys.hpp"
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -51,11 +53,11 @@ int scan_dir(const char *dir, bool exited, bool with_closed, PageVisitor fn, voi
         if (fd < 0) continue;
         struct stat st;
         if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < off_t(sizeof(ProcPage))) {
-            close(fd);  // short or foreign file: mapping it would fault
+            sys.close(fd);  // short or foreign file: mapping it would fault
             continue;
         }
         void *map = mmap(nullptr, sizeof(ProcPage), PROT_READ, MAP_SHARED, fd, 0);
-        close(fd);
+        sys.close(fd);
         if (map == MAP_FAILED) continue;
         const auto *page = static_cast<const ProcPage *>(map);
         if (page->header.magic == kPageMagic && page->header.version == kPageVersion &&

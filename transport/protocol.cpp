@@ -2,6 +2,7 @@
 
 #include "log.hpp"
 #include "settings.hpp"
+#include "sys.hpp"
 
 #include <cstdio>
 #include <cstdlib>
@@ -101,8 +102,8 @@ void load_protocols() noexcept {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd >= 0) {
         char buf[4096];
-        for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) text.append(buf, std::size_t(n));
-        close(fd);
+        for (ssize_t n; (n = sys.read(fd, buf, sizeof buf)) > 0;) text.append(buf, std::size_t(n));
+        sys.close(fd);
     }
     std::string error;
     if (fd < 0) {

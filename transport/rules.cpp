@@ -1,5 +1,6 @@
 #include "rules.hpp"
 #include "settings.hpp"
+#include "sys.hpp"
 
 #include <arpa/inet.h>
 #include <cerrno>
@@ -241,8 +242,8 @@ void load_rules() noexcept {
         std::snprintf(loaded.error, sizeof loaded.error, "%s: %s", path, std::strerror(errno));
     } else {
         char buf[4096];
-        for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) text.append(buf, std::size_t(n));
-        close(fd);
+        for (ssize_t n; (n = sys.read(fd, buf, sizeof buf)) > 0;) text.append(buf, std::size_t(n));
+        sys.close(fd);
         parse_rules(text.c_str(), path, loaded);
     }
     if (loaded.error[0])
@@ -251,8 +252,8 @@ void load_rules() noexcept {
     // comm, as ps shows it (the name a rule's program= matches).
     fd = open("/proc/self/comm", O_RDONLY | O_CLOEXEC);
     if (fd >= 0) {
-        ssize_t n = read(fd, program_name, sizeof program_name - 1);
-        close(fd);
+        ssize_t n = sys.read(fd, program_name, sizeof program_name - 1);
+        sys.close(fd);
         if (n > 0 && program_name[n - 1] == '\n') --n;
         program_name[n > 0 ? n : 0] = '\0';
     }

@@ -47,7 +47,7 @@ int xq_create() noexcept {
     // Sealed before it leaves: the writer checks the seals, and ours
     // (F_SEAL_SEAL) keep anyone from adding F_SEAL_WRITE later.
     if (ftruncate(fd, off_t(kXqSize)) != 0 || pwrite(fd, &h, sizeof h, 0) != ssize_t(sizeof h) ||
-        fcntl(fd, F_ADD_SEALS, kSeals | F_SEAL_SEAL) != 0) {
+        sys.fcntl(fd, F_ADD_SEALS, kSeals | F_SEAL_SEAL) != 0) {
         const int err = errno ? errno : EIO;
         sys.close(fd);
         return -err;
@@ -56,7 +56,7 @@ int xq_create() noexcept {
 }
 
 int xq_check(int fd, dev_t *dev, ino_t *ino) noexcept {
-    const int seals = fcntl(fd, F_GET_SEALS);
+    const int seals = sys.fcntl(fd, F_GET_SEALS);
     if (seals < 0) return -EPERM;  // not a memfd (EINVAL): a file its owner could truncate
     if ((unsigned(seals) & kSeals) != kSeals || (unsigned(seals) & F_SEAL_WRITE)) return -EPERM;
     struct stat st;
