@@ -567,6 +567,9 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
         return rc;
     }
     ring(c->peer);
+    // Received on the fabric and returned unread: they come again through
+    // the kernel, counted there, so the fabric's count gives them back.
+    if (n) c->stat->rx_fabric.fetch_sub(n, std::memory_order_relaxed);
     SD_LOG_CONN(info, *c->stat, "back to the kernel: %s, at offsets %llu sent, %llu received; "
                                 "%u unread bytes returned to pid %d", reason_name(why),
            (unsigned long long)c->tx_end.load(std::memory_order_relaxed), (unsigned long long)from, n, int(c->peer->pid));
