@@ -91,7 +91,7 @@ SD_EXPORT int connect(int fd, const sockaddr *addr, socklen_t len) {
     } else if ((err == EINPROGRESS || err == EALREADY || err == EINTR) &&
                !sd::transport::retired()) {
         // Attached at its first use; not in a retired process, whose
-        // sandbox may forbid the getsockname that tells the handshake done.
+        // sandbox may forbid the getpeername that tells the handshake done.
         Phase p = Phase::fresh;
         s->phase.compare_exchange_strong(p, Phase::connecting);
     }
