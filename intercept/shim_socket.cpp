@@ -91,7 +91,7 @@ SD_EXPORT int connect(int fd, const sockaddr *addr, socklen_t len) {
     } else if ((err == EINPROGRESS || err == EALREADY || err == EINTR) &&
                !sd::transport::retired()) {
         // Attached at its first use; not in a retired process, whose
-        // sandbox may forbid the getsockname that tells the handshake done.
+        // sandbox may forbid the getpeername that tells the handshake done.
         Phase p = Phase::fresh;
         s->phase.compare_exchange_strong(p, Phase::connecting);
     }
@@ -125,6 +125,11 @@ SD_EXPORT int shutdown(int fd, int how) {
 }
 
 SD_EXPORT int close(int fd) {
+    // Neither a socket of ours nor an epoll set (a file, a pipe): libc's
+    // close, as close_mapped would make it, without table_frozen's getpid.
+    if (sd::transport::guarded() ||
+        (!sd::fallback::slot_taken(fd) && !sd::fallback::epoll_fd_known(fd)))
+        return sys.close(fd);
     if (table_frozen()) return sys.close(fd);
     return close_mapped(fd);
 }

@@ -80,9 +80,17 @@ void Stream::ask_now_locked() noexcept {
 
 bool Stream::hold_for_kernel_wait() noexcept {
     std::lock_guard lock(pend_lock);
+    // Connected but not attached yet (accepted, or its non-blocking
+    // connect under way): its first I/O attaches it, and only starts it
+    // earning (start_earning, under this lock), so nothing but a call of
+    // ours brings it nearer the fabric either. Not with upgrades at once
+    // (SDIRECT_UPGRADE_AFTER_MS=0): that first call attaches it outright.
+    const Phase p = phase.load(std::memory_order_acquire);
+    const bool unattached = !forked && (p == Phase::connecting || p == Phase::deferred) &&
+                            transport::settings().upgrade_after_ms;
     // Asked already (the builder may attach it at any time), shared
     // through fork, or an ask due: our state has to be watched.
-    if (!pending.load(std::memory_order_relaxed) || !earn_ns || ask_held ||
+    if ((!unattached && (!pending.load(std::memory_order_relaxed) || !earn_ns || ask_held)) ||
         share.load(std::memory_order_relaxed) || conn.load(std::memory_order_relaxed))
         return false;
     ++kernel_waiters;

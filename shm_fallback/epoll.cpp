@@ -91,6 +91,15 @@ void sets_init() noexcept {
 }
 
 std::atomic<int> live_sets{0};
+// One past the highest epoll fd ever given a set: a fork child's pass over
+// the sets stops there.
+std::atomic<int> sets_used{0};
+
+void note_set(int fd) noexcept {
+    int seen = sets_used.load(std::memory_order_relaxed);
+    while (seen <= fd && !sets_used.compare_exchange_weak(seen, fd + 1, std::memory_order_release)) {
+    }
+}
 
 void entry_drop(Entry &e) noexcept {
     if (e.s) release(e.s);
@@ -292,6 +301,7 @@ void epoll_created(int epfd) noexcept {
     if (!set) return;
     set->epfd = epfd;
     std::lock_guard lock(sets_lock);
+    note_set(epfd);
     if (EpollSet *old = sets[epfd].exchange(set)) set_release(old);
     live_sets.fetch_add(1, std::memory_order_release);
 }
@@ -306,11 +316,16 @@ void epoll_fd_closed(int fd) noexcept {
     if (set) set_release(set);
 }
 
+bool epoll_fd_known(int fd) noexcept {
+    return sets && fd >= 0 && fd < nsets && sets[fd].load(std::memory_order_acquire);
+}
+
 void epoll_fd_dup(int fd, int nfd) noexcept {
     EpollSet *set = set_acquire(fd);
     if (!set) return;
     if (nfd < 0 || nfd >= nsets) return set_release(set);
     std::lock_guard lock(sets_lock);
+    note_set(nfd);
     if (EpollSet *old = sets[nfd].exchange(set)) set_release(old);
 }
 
@@ -637,7 +652,7 @@ void epoll_after_fork_child() noexcept {
     // kernel sleep, and tells the two apart by the pid in their data.
     if (!sets) return;
     new (&sets_lock) std::mutex();
-    for (int fd = 0; fd < nsets; ++fd)
+    for (int fd = 0, end = sets_used.load(std::memory_order_acquire); fd < end; ++fd)
         if (EpollSet *set = sets[fd].load(std::memory_order_relaxed)) {
             new (&set->lock) std::mutex();
             set->entries.clear();

@@ -37,6 +37,8 @@ int epoll_wait_fds(int epfd, epoll_event *out, int max, int timeout_ms,
                    const sigset_t *mask) noexcept;
 // close/dup of an epoll fd.
 void epoll_fd_closed(int fd) noexcept;
+// `fd` has an epoll set (no reference taken).
+bool epoll_fd_known(int fd) noexcept;
 void epoll_fd_dup(int fd, int nfd) noexcept;
 // After fork, in the child: shadows refer to the parent's connections,
 // and the waits asleep in the kernel are the parent's threads'.

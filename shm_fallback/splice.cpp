@@ -42,6 +42,7 @@ bool Stream::moves_through_stream() noexcept {
 // rest of the file where it was, as the kernel's sendfile does.
 ssize_t Stream::send_file(int in, off_t *offset, std::size_t count) noexcept {
     if (offset && *offset < 0) return -EINVAL;
+    if (const ssize_t n = earning_send_file(in, offset, count); n != -EALREADY) return n;
     // An input without a position (a pipe) the kernel refuses too.
     const off_t start = offset ? *offset : lseek(in, 0, SEEK_CUR);
     if (start < 0) return errno == ESPIPE ? -EINVAL : -errno;
@@ -69,6 +70,27 @@ ssize_t Stream::send_file(int in, off_t *offset, std::size_t count) noexcept {
     if (offset) *offset = start + off_t(done);
     else if (done) lseek(in, start + off_t(done), SEEK_SET);
     return ssize_t(done);
+}
+
+// A connection still earning its upgrade on a non-blocking socket sends
+// through the kernel, counted, as pending_io sends: the kernel's own
+// sendfile does it in one call, under pend_lock like pending_io's send
+// (it cannot block there), and what it took is counted the same way.
+ssize_t Stream::earning_send_file(int in, off_t *offset, std::size_t count) noexcept {
+    if (!nonblock.load(std::memory_order_relaxed) || attached_conn()) return -EALREADY;
+    std::lock_guard lock(pend_lock);
+    // Asked already (polled until the builder attaches it: pending_io's
+    // way), shared through fork, or attached meanwhile.
+    if (!pending.load(std::memory_order_relaxed) || !earn_ns ||
+        share.load(std::memory_order_relaxed) || conn.load(std::memory_order_relaxed))
+        return -EALREADY;
+    const ssize_t n = on_kfd([&](int f) { return sys.sendfile(f, in, offset, count); });
+    if (n < 0) return -errno;
+    if (n > 0) {
+        pre_tx += std::uint64_t(n);
+        ask_upgrade_locked();
+    }
+    return n;
 }
 
 // Pipe to socket: the pipe's bytes are looked at without taking them (tee

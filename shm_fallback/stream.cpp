@@ -270,9 +270,12 @@ ssize_t Stream::pending_io(const iovec *iov, int iovcnt, int flags, bool out,
 Conn *Stream::attached_conn() noexcept {
     Phase p = phase.load(std::memory_order_acquire);
     if (p == Phase::connecting && !forked) {
-        // Non-blocking connect: attach once the handshake is done.
-        transport::Tuple t;
-        if (transport::tuple_of(kfd(), t) == 0) connected(false);
+        // Non-blocking connect: attach once the handshake is done (the
+        // socket has a peer; its own name it has had since connect).
+        sockaddr_storage peer;
+        socklen_t len = sizeof peer;
+        if (sys.getpeername(kfd(), reinterpret_cast<sockaddr *>(&peer), &len) == 0)
+            connected(false);
     } else if ((p == Phase::deferred && !forked) || p == Phase::attaching) {
         connected(acceptor);
     }

@@ -319,6 +319,9 @@ class Stream {
     // kernel since count for the holders.
     void count_after_leave(std::uint64_t n) noexcept;
     ssize_t kernel_send(const iovec *iov, int iovcnt, int flags, transport::Conn *c) noexcept;
+    // send_file of a connection still earning its upgrade, non-blocking:
+    // the kernel's sendfile, counted (splice.cpp); -EALREADY otherwise.
+    ssize_t earning_send_file(int in, off_t *offset, std::size_t count) noexcept;
     // A send of no bytes on a direct connection whose peer closed or reset
     // it: what TCP's would return (tcp_view.cpp).
     ssize_t send_nothing(transport::Conn *c, int flags) noexcept;

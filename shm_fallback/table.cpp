@@ -22,6 +22,25 @@ namespace {
 
 std::atomic<Stream *> *slots = nullptr;
 int nslots = 0;
+// One past the highest fd ever mapped: the passes over every stream
+// (fork, exec, spawn) stop there instead of at RLIMIT_NOFILE's hard limit
+// (a million slots under some service managers, at each fork in both
+// processes). Raised before a slot is filled, never lowered.
+std::atomic<int> slots_used{0};
+
+void note_used(int fd) noexcept {
+    int seen = slots_used.load(std::memory_order_relaxed);
+    while (seen <= fd &&
+           !slots_used.compare_exchange_weak(seen, fd + 1, std::memory_order_release)) {
+    }
+}
+
+// Sockets handed over by an exec and not used yet have no slot, and the
+// passes that look them up (acquire) adopt them: those passes go over
+// every slot while any is waiting.
+int scan_end() noexcept {
+    return fork_hooks.inherit_waiting() ? nslots : slots_used.load(std::memory_order_acquire);
+}
 int self_pid = 0;  // this process's pid as of its start or last fork
 std::mutex pool_lock;
 Stream *free_list = nullptr;
@@ -86,6 +105,7 @@ Stream *create(int fd, int domain, bool nonblock) noexcept {
     Stream *s = pool_get();
     if (!s) return nullptr;
     s->reset(fd, domain, nonblock);
+    note_used(fd);
     if (Stream *old = slots[fd].exchange(s, std::memory_order_acq_rel)) release(old);
     return s;
 }
@@ -95,6 +115,7 @@ void map_dup(int fd, Stream *s) noexcept {
     s->refs.fetch_add(1, std::memory_order_relaxed);
     s->fds.fetch_add(1, std::memory_order_relaxed);
     s->fd_added(fd);
+    note_used(fd);
     if (Stream *old = slots[fd].exchange(s, std::memory_order_acq_rel)) release(old);
 }
 
@@ -122,7 +143,7 @@ int forking_pid = 0;  // the parent's pid, as its child sees it
 // callers run where no other thread can change the table's layout.
 template <typename Fn>
 void each_stream(Fn fn) noexcept {
-    for (int fd = 0; fd < nslots; ++fd)
+    for (int fd = 0, end = scan_end(); fd < end; ++fd)
         if (Stream *s = slots[fd].load(std::memory_order_acquire)) fn(s);
 }
 }  // namespace
@@ -188,7 +209,7 @@ void leave_for_exec(const ino_t *kept, const int *kept_fd, int nkept) noexcept {
     if (!nkept) return;
     // vfork runs no fork handlers: a pid that is not ours is a vfork child.
     const bool vforked = int(getpid()) != self_pid;
-    for (int fd = 0; fd < nslots; ++fd) {
+    for (int fd = 0, end = scan_end(); fd < end; ++fd) {
         Stream *s = acquire(fd);
         if (!s) continue;
         const ino_t *at = std::lower_bound(kept, kept + nkept, ino_t(s->ino));
@@ -240,7 +261,7 @@ void table_before_spawn(const SpawnAction *actions, int nactions) noexcept {
     // memory is its parent's: nothing allocated there): every socket.
     if (nactions < 0 || foreign_process()) {
         const bool vforked = foreign_process();
-        for (int fd = 0; fd < nslots; ++fd) {
+        for (int fd = 0, end = scan_end(); fd < end; ++fd) {
             Stream *s = acquire(fd);
             if (!s) continue;
             if (s->fd.load(std::memory_order_relaxed) == fd && s->ino)
@@ -250,7 +271,7 @@ void table_before_spawn(const SpawnAction *actions, int nactions) noexcept {
         return;
     }
     std::vector<Held> held;
-    for (int fd = 0; fd < nslots; ++fd) {
+    for (int fd = 0, end = scan_end(); fd < end; ++fd) {
         Stream *s = acquire(fd);
         if (!s) continue;
         const ino_t ino = ino_t(s->ino);
@@ -321,7 +342,7 @@ void table_exec_drop_uninherited() noexcept {
         after = batch_fd[n - 1];
     }
     std::sort(kept.begin(), kept.end());
-    for (int fd = 0; fd < nslots; ++fd) {
+    for (int fd = 0, end = scan_end(); fd < end; ++fd) {
         Stream *s = acquire(fd);
         if (!s) continue;
         if (s->fd.load(std::memory_order_relaxed) == fd &&

@@ -186,7 +186,10 @@ void RegCache::drain() noexcept {
 void RegCache::forget() noexcept {
     // The lock may have been held by a thread that does not exist here.
     new (&lock_) std::mutex();
-    std::fill(std::begin(entries_), std::end(entries_), Entry{});
+    // Only the entries in use: every page written here is one the fork
+    // copies for the child, at every fork (an empty entry is Entry{}).
+    for (Entry &e : entries_)
+        if (e.state != Entry::empty) e = Entry{};
     bytes_ = 0;
     max_bytes_ = 0;
     live_.store(false, std::memory_order_relaxed);
