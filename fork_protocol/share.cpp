@@ -86,7 +86,7 @@ void fork_prepare(Stream &s, unsigned mark) noexcept {
     Sharers *sh = s.share.load(std::memory_order_relaxed);
     // The peer may wait for an upgrade that no holder makes while it is
     // shared: our entry tells it why (the last holder's replaces it).
-    if (!sh) transport::mark_unattached(s.kfd(), transport::Reason::shared);
+    if (!sh) transport::mark_unattached(s.kfd(), transport::Reason::shared, &s.mark);
     if (!sh && !(sh = sharers_open(s.pre_tx, s.pre_rx))) return;
     s.share.store(sh, std::memory_order_release);
     sharers_expect_child(sh);
@@ -143,6 +143,9 @@ bool adopt_share(Stream &s, Sharers *sh) noexcept {
     sharers_leave(sh);
     s.share.store(nullptr, std::memory_order_release);
     s.forked = false;
+    // No longer shared: our entry's reason is over (the entry our own
+    // upgrade publishes replaces it, if it comes).
+    transport::unmark_unattached(s.kfd(), s.mark);
     SD_LOG(debug, "fd %d: the only holder left after fork; upgrading at offsets %llu/%llu",
            s.kfd(), (unsigned long long)s.pre_tx, (unsigned long long)s.pre_rx);
     s.phase.store(Phase::deferred, std::memory_order_release);

@@ -33,7 +33,7 @@ void Stream::to_kernel_for_good(Reason why) noexcept {
         Phase expect = from;
         if (phase.compare_exchange_strong(expect, Phase::attached, std::memory_order_acq_rel) &&
             !conn.load(std::memory_order_acquire))
-            transport::mark_unattached(kfd(), why);
+            transport::mark_unattached(kfd(), why, &mark);
     }
     {
         std::lock_guard lock(pend_lock);

@@ -148,7 +148,7 @@ void Stream::connected(bool accepted) noexcept {
         // On TCP for good, before it touches the engine; the peer's
         // upgrade finds our entry and says why.
         for_good.store(true, std::memory_order_release);
-        transport::mark_unattached(kfd(), transport::Reason::rule);
+        transport::mark_unattached(kfd(), transport::Reason::rule, &mark);
         SD_LOG(info, "fd %d stays on TCP: %s", kfd(),
                transport::rules().error[0] ? "the rules file is unusable" : "a rule says kernel");
         phase.store(Phase::attached, std::memory_order_release);
@@ -625,7 +625,15 @@ int Stream::readable_bytes() noexcept {
 }
 
 void Stream::last_close() noexcept {
-    if (share.load(std::memory_order_acquire)) drop_share();  // one holder fewer
+    if (Sharers *sh = share.load(std::memory_order_acquire)) {
+        // The last holder: the entry that said it was shared goes with it
+        // (a process that forks a child per connection and lives on would
+        // otherwise leave one per connection). Marks of a socket on TCP
+        // for good stay: another process may hold it, unknown to us.
+        std::uint64_t look_now = 0;
+        if (mark.ino && sharers_alone(sh, &look_now)) transport::unmark_unattached(kfd(), mark);
+        drop_share();  // one holder fewer
+    }
     Conn *c = conn.load(std::memory_order_acquire);
     const bool on_fabric = c && engine && (c->is_direct() || c->is_leaving());
     if (Sharers *h = holders.exchange(nullptr, std::memory_order_acq_rel)) {

@@ -133,6 +133,11 @@ class Stream {
     // The exec hand-over that passed this orphan on as an orphan
     // (fork_protocol/handover.cpp): that exec does not claim it.
     unsigned exec_pass = 0;
+    // Our registry entry that says why this socket, never attached, does
+    // not upgrade (shared through fork, a rule, for good): inherited by a
+    // fork child with the rest; one for sharing is removed by the last
+    // holder's close, or when the holder left alone goes on (adopt_share).
+    transport::EntryMark mark;
     std::atomic<Sharers *> share{nullptr};
     std::uint64_t share_check_ns = 0;  // next look at other holders' lives
     // The peer's bytes read before the kernel socket by every holder

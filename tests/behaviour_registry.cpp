@@ -308,3 +308,45 @@ TEST_CASE("a registry name another user created first is passed over, and connec
         CHECK(dir_entries(base + "-1").empty());
     }
 }
+
+TEST_CASE("a forking server that lives on leaves no registry entry behind for connections "
+          "its children served on TCP",
+          "[registry]") {
+    if (config() != Config::direct) {
+        note_skip("needs both ends preloaded");
+        return;
+    }
+    // A child per connection serves it (a short exchange: the connection
+    // ends before it earns its upgrade, 5 s here) while the
+    // server closes its copy at once: each fork wrote the entry that says
+    // the socket is shared, and nothing removed it until the server ended
+    // (a postmaster with pgbench -C: one per connection).
+    PairSpec spec;
+    spec.args = {"--scenario", "pingpong", "--rounds", "3", "--conns", "20"};
+    spec.server_args = {"--fork-serve", "1"};
+    spec.env = {"SDIRECT_UPGRADE_AFTER_MS=5000"};
+    spec.check_modes = false;
+    Scratch scratch;
+    Pair pair = start_pair(scratch, spec, placements()[0], "forking");
+    REQUIRE(pair.port != 0);
+    wait_exit(pair.client, 60);
+    wait_exit(pair.server, 60);
+    INFO(describe(pair.server));
+    INFO(describe(pair.client));
+    REQUIRE(exited_with(pair.client, 0));
+    REQUIRE(exited_with(pair.server, 0));
+    // Nothing has swept the registry since (no engine started after them).
+    std::vector<std::string> left;
+    for (const std::string &n : dir_entries(scratch.registry()))
+        if (n.rfind("c-", 0) == 0) left.push_back(n);
+    INFO("entries left: " << left.size() << (left.empty() ? "" : ", first " + left[0]));
+    // Every connection stayed on TCP, as the case needs: none asked for
+    // an upgrade, so neither end built an engine (no statistics at all).
+    for (const Proc *p : {&pair.client, &pair.server}) {
+        INFO("statistics:\n" << read_text(p->stats));
+        CHECK(conn_stats(*p).empty());
+    }
+    // At most the last connection's, whose child may still be closing
+    // (both holders closing at once may each see the other).
+    CHECK(left.size() <= 2);
+}

@@ -330,6 +330,7 @@ int serve_by_cat(int fd) {
 }
 
 int run_server(const std::string &port_file, const Options &opt) {
+    std::vector<pid_t> served;  // --fork-serve
     const auto conns = std::size_t(opt.num("conns", 1));
     const bool many = opt.get("scenario") == "many";
     const bool nonblocking = opt.get("accept") == "nonblock";
@@ -380,6 +381,23 @@ int run_server(const std::string &port_file, const Options &opt) {
                     _exit(0);
                 }
             }
+            // --fork-serve 1: a forking server, a child per connection that
+            // serves it and exits; this process closes its copy at once
+            // and reaps the children at the end.
+            if (opt.num("fork-serve", 0)) {
+                std::fflush(stdout);
+                const pid_t kid = fork();
+                if (kid < 0) fail("fork: %s", errno_name(errno));
+                if (kid == 0) {
+                    close(l);
+                    serve_connection(&fd, false, for_conn(opt, i));
+                    std::fflush(stdout);
+                    _exit(0);
+                }
+                close(fd);
+                served.push_back(kid);
+                continue;
+            }
             // --setuid-first: privileges dropped before the connection's
             // first I/O (as a server that accepts as root, then serves as
             // nobody); it is served as usual after.
@@ -391,6 +409,7 @@ int run_server(const std::string &port_file, const Options &opt) {
             serve_connection(&fd, false, for_conn(opt, i));
         }
     }
+    for (pid_t kid : served) reap(kid, "a connection's child");
     close(l);
     return 0;
 }

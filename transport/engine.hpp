@@ -143,10 +143,17 @@ int ask_owner_to_leave(pid_t owner, int fd, Reason why) noexcept;
 void entry_path(char *out, std::size_t n, const Tuple &t) noexcept;
 bool write_entry(const Tuple &t, Entry &e, std::uint64_t *dev, std::uint64_t *ino) noexcept;
 // A connection this process never attached (accepted and never used)
-// goes to another program, which does not run the library (exec): our
-// entry for it says so, so that its peer reports peer_kernel, not no_peer
-// (verdict.cpp). It stays until this pid ends; best effort.
-void mark_unattached(int fd, Reason why) noexcept;
+// stays on the kernel, or waits while it is shared (fork): our entry for
+// it says why, so that its peer reports peer_kernel, not no_peer
+// (verdict.cpp). The entry's identity goes to `mark` (the Stream keeps
+// it): the last holder's close removes it (unmark_unattached); else it
+// stays until this pid ends. Best effort.
+struct EntryMark {
+    std::uint64_t dev = 0, ino = 0;
+};
+void mark_unattached(int fd, Reason why, EntryMark *mark = nullptr) noexcept;
+// The entry `mark` names, if it is still the one at `fd`'s name.
+void unmark_unattached(int fd, EntryMark &mark) noexcept;
 // `addr` (family AF_INET: 4 bytes, AF_INET6: 16) is one of this host's
 // (loopback, or an interface's address); true when that cannot be told.
 bool address_is_local(std::uint16_t family, const std::uint8_t *addr) noexcept;

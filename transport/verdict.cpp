@@ -21,6 +21,7 @@
 #include <mutex>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <utility>
 
 namespace sd::transport {
 namespace {
@@ -171,17 +172,33 @@ bool address_is_local(std::uint16_t family, const std::uint8_t *addr) noexcept {
     return false;
 }
 
-void mark_unattached(int fd, Reason why) noexcept {
+void mark_unattached(int fd, Reason why, EntryMark *mark) noexcept {
     Tuple t;
     if (tuple_of(fd, t) != 0) return;
     Entry e{};
     e.magic = kEntryMagic;
     e.version = kEntryVersion;
     e.pid = getpid();
-    e.conn_id = ~0u;  // no connection of ours: nobody unpublishes it but the sweep
+    e.conn_id = ~0u;  // no connection of ours: the mark's holder, or the sweep, removes it
     e.acceptor = 1;
     e.kernel_why = std::uint32_t(why);
-    (void)write_entry(t, e, nullptr, nullptr);
+    std::uint64_t dev = 0, ino = 0;
+    if (write_entry(t, e, &dev, &ino) && mark) *mark = EntryMark{dev, ino};
+}
+
+void unmark_unattached(int fd, EntryMark &mark) noexcept {
+    if (!mark.ino) return;
+    const EntryMark m = std::exchange(mark, EntryMark{});
+    Tuple t;
+    if (tuple_of(fd, t) != 0) return;
+    // Only that file: the name may be a newer entry's (our own publish
+    // replaces the mark, or another connection of the same 4-tuple).
+    char path[400];
+    entry_path(path, sizeof path, t);
+    struct stat st;
+    if (stat(path, &st) == 0 && std::uint64_t(st.st_ino) == m.ino &&
+        std::uint64_t(st.st_dev) == m.dev)
+        unlink(path);
 }
 
 void Engine::mark_kernel(Conn *c, Reason r) noexcept {
