@@ -102,6 +102,15 @@ void kernel_hint(Stream *s) noexcept {
     c->rx_seq.fetch_add(1, std::memory_order_release);
 }
 
+void enlist_stream(Stream *s, transport::Watch &w, void (*drop)(void *), void *hold) noexcept {
+    // The connection, once set, stays until the stream is destroyed: the
+    // hold (ours or the caller's) keeps it. A socket that may still get
+    // one wakes on every ring, which covers its upgrade's.
+    if (Conn *c = s->conn.load(std::memory_order_acquire)) return w.on(c->pollers, drop, hold);
+    if (s->may_go_direct() || has_prefix(s)) w.on_everything();
+    if (drop) drop(hold);
+}
+
 std::uint64_t deadline_of(int timeout_ms) noexcept {
     return timeout_ms > 0 ? monotonic_ns() + std::uint64_t(timeout_ms) * 1000000ull : 0;
 }

@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <new>
+#include <utility>
 #include <csignal>
 #include <ctime>
 #include <fcntl.h>
@@ -64,7 +66,7 @@ int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
     // sees the count and rings the doorbell (Engine::ring); the recheck's
     // progress reads the queues of peers of other uids too.
     e->announce_sleep(1);
-    e->progress();
+    e->progress_before_sleep();
     int rc = 0;
     if (!ready(ctx)) {
         pollfd p[4];
@@ -92,67 +94,181 @@ int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
 
 namespace {
 
-// Threads sleeping in sleep_on_fds; their bells ring on any delivery.
+// Poller slots: a poll/select/epoll sleep takes a free slot and sleeps on
+// its eventfd; the masks it registers on carry the slot's bit. A slot's
+// eventfd is made by its first holder and kept until a fork child drops
+// it, never closed while a waker may read it: a waker that saw a bit
+// just before the sleep ended writes into an eventfd that the next holder
+// drains before registering (a spurious wake-up at most), never into a
+// number the application has reused.
+inline constexpr int kPollerSlots = 64;
+std::atomic<std::uint64_t> slots_busy{0};
+std::atomic<int> slot_fds[kPollerSlots];  // fd + 1; 0: not made yet
+
+// Sleeps that cannot name what they wait on (Watch::on_everything).
+PollerMask wide;
+
+// Sleeps without a slot (more than kPollerSlots at once, or no eventfd):
+// each delivery wakes them all, on their threads' bells.
 std::atomic<int> n_pollers{0};
 std::mutex pollers_lock;
 WaiterList pollers;
 
+// A free slot with its eventfd, drained; -1 if none.
+int slot_take() noexcept {
+    std::uint64_t busy = slots_busy.load(std::memory_order_relaxed);
+    for (;;) {
+        if (~busy == 0) return -1;
+        const int i = __builtin_ctzll(~busy);
+        if (!slots_busy.compare_exchange_weak(busy, busy | (std::uint64_t(1) << i),
+                                              std::memory_order_acquire))
+            continue;
+        int fd = slot_fds[i].load(std::memory_order_relaxed) - 1;
+        if (fd < 0) {
+            fd = out_of_the_way(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+            if (fd < 0) {
+                slots_busy.fetch_and(~(std::uint64_t(1) << i), std::memory_order_release);
+                return -1;
+            }
+            slot_fds[i].store(fd + 1, std::memory_order_release);
+        } else {
+            drain(fd);  // rings meant for its previous holder
+        }
+        return i;
+    }
+}
+
+void slot_give(int i) noexcept {
+    slots_busy.fetch_and(~(std::uint64_t(1) << i), std::memory_order_release);
+}
+
 }  // namespace
 
-void wake_pollers() noexcept {
+Watch::~Watch() {
+    for (std::size_t i = 0; i < n_; ++i) {
+        recs_[i].m->bits.fetch_and(~bit_, std::memory_order_release);
+        if (recs_[i].drop) recs_[i].drop(recs_[i].hold);
+    }
+    if (everything_) wide.bits.fetch_and(~bit_, std::memory_order_release);
+    if (recs_ != inline_) std::free(recs_);
+}
+
+void Watch::on(PollerMask &m, void (*drop)(void *), void *hold) noexcept {
+    if (!bit_ || everything_) {
+        if (drop) drop(hold);
+        return;
+    }
+    if (n_ == cap_) {
+        const std::size_t cap = cap_ * 2;
+        Rec *r = static_cast<Rec *>(std::malloc(cap * sizeof(Rec)));
+        if (!r) {
+            if (drop) drop(hold);
+            return on_everything();
+        }
+        std::copy(recs_, recs_ + n_, r);
+        if (recs_ != inline_) std::free(recs_);
+        recs_ = r;
+        cap_ = cap;
+    }
+    recs_[n_++] = {&m, drop, hold};
+    // Before the sleeper's last look (sleep_on_fds): a waker that changes
+    // the state after that look sees the bit.
+    m.bits.fetch_or(bit_, std::memory_order_seq_cst);
+}
+
+void Watch::on_everything() noexcept {
+    if (!bit_ || everything_) return;
+    everything_ = true;
+    wide.bits.fetch_or(bit_, std::memory_order_seq_cst);
+}
+
+void wake_pollers(const PollerMask &m) noexcept {
+    // The state change the caller made is ordered before these loads; the
+    // sleeper's registration before its last look (both seq_cst).
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    std::uint64_t bits = m.bits.load(std::memory_order_acquire) | wide.bits.load(std::memory_order_acquire);
+    const std::uint64_t one = 1;
+    while (bits) {
+        const int i = __builtin_ctzll(bits);
+        bits &= bits - 1;
+        if (int fd = slot_fds[i].load(std::memory_order_acquire) - 1; fd >= 0)
+            (void)sys.write(fd, &one, sizeof one);
+    }
     if (n_pollers.load(std::memory_order_seq_cst) == 0) return;
-    std::uint64_t one = 1;
     std::lock_guard lock(pollers_lock);
     for (Waiter &w : pollers) (void)sys.write(w.efd, &one, sizeof one);
+}
+
+void pollers_after_fork_child() noexcept {
+    // Only the forking thread lives on; it is in no sleep.
+    slots_busy.store(0, std::memory_order_relaxed);
+    for (auto &f : slot_fds)
+        if (int fd = f.exchange(0, std::memory_order_relaxed) - 1; fd >= 0) sys.close(fd);
+    wide.bits.store(0, std::memory_order_relaxed);
+    n_pollers.store(0, std::memory_order_relaxed);
+    new (&pollers_lock) std::mutex();
+    new (&pollers) WaiterList();
+    // This thread's bell is the parent thread's eventfd too.
+    if (bell.fd >= 0) sys.close(std::exchange(bell.fd, -1));
 }
 
 int thread_bell() noexcept { return bell.get(); }
 
 int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int timeout_ms,
-                 bool (*ready)(void *), void *ctx) noexcept {
-    Waiter w(bell.get());
+                 const Interest &in) noexcept {
+    const int slot = in.enlist ? slot_take() : -1;
+    Waiter w(slot >= 0 ? slot_fds[slot].load(std::memory_order_relaxed) - 1 : bell.get());
     if (w.efd < 0) return sys.poll(fds, n, 0);
-    {
-        std::lock_guard lock(pollers_lock);
-        pollers.push_front(w);
-    }
-    n_pollers.fetch_add(1, std::memory_order_seq_cst);
-    e->announce_sleep(1);
-    e->progress();
-    int rc = 0;
-    if (!ready(ctx)) {
-        // The caller's fds first, so their revents land in place.
-        constexpr nfds_t kInline = 64;
-        pollfd inline_fds[kInline + 2];
-        pollfd *all = n + 2 <= kInline + 2 ? inline_fds
-                                           : static_cast<pollfd *>(std::malloc((n + 2) * sizeof(pollfd)));
-        if (!all) {
-            rc = -ENOMEM;
-        } else {
-            std::copy(fds, fds + n, all);
-            all[n] = {w.efd, POLLIN, 0};
-            all[n + 1] = {e->doorbell(), POLLIN, 0};
-            int t = timeout_ms < 0 || timeout_ms > kSafetyMs ? kSafetyMs : timeout_ms;
-            // Accepted bytes wait for credits: look again soon.
-            if (e->flush_pending() && t > 1) t = 1;
-            timespec ts{t / 1000, long(t % 1000) * 1000000};
-            int r = sys.ppoll(all, n + 2, &ts, mask);
-            if (r < 0) {
-                rc = -errno;
-            } else {
-                if (all[n].revents & POLLIN) drain(w.efd), --r;
-                if (all[n + 1].revents & POLLIN) drain(e->doorbell()), --r;
-                for (nfds_t i = 0; i < n; ++i) fds[i].revents = all[i].revents;
-                rc = r;
-            }
-            if (all != inline_fds) std::free(all);
+    if (slot < 0) {
+        {
+            std::lock_guard lock(pollers_lock);
+            pollers.push_front(w);
         }
-    } else {
-        for (nfds_t i = 0; i < n; ++i) fds[i].revents = 0;
+        n_pollers.fetch_add(1, std::memory_order_seq_cst);
     }
-    e->announce_sleep(-1);
-    n_pollers.fetch_sub(1, std::memory_order_relaxed);
+    int rc = 0;
     {
+        Watch watch(slot);
+        if (slot >= 0) in.enlist(in.ctx, watch);
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+        e->announce_sleep(1);
+        e->progress_before_sleep();
+        if (!in.ready(in.ctx)) {
+            // The caller's fds first, so their revents land in place.
+            constexpr nfds_t kInline = 64;
+            pollfd inline_fds[kInline + 2];
+            pollfd *all = n + 2 <= kInline + 2 ? inline_fds
+                                               : static_cast<pollfd *>(std::malloc((n + 2) * sizeof(pollfd)));
+            if (!all) {
+                rc = -ENOMEM;
+            } else {
+                std::copy(fds, fds + n, all);
+                all[n] = {w.efd, POLLIN, 0};
+                all[n + 1] = {e->doorbell(), POLLIN, 0};
+                int t = timeout_ms < 0 || timeout_ms > kSafetyMs ? kSafetyMs : timeout_ms;
+                // Accepted bytes wait for credits: look again soon.
+                if (e->flush_pending() && t > 1) t = 1;
+                timespec ts{t / 1000, long(t % 1000) * 1000000};
+                int r = sys.ppoll(all, n + 2, &ts, mask);
+                if (r < 0) {
+                    rc = -errno;
+                } else {
+                    if (all[n].revents & POLLIN) drain(w.efd), --r;
+                    if (all[n + 1].revents & POLLIN) drain(e->doorbell()), --r;
+                    for (nfds_t i = 0; i < n; ++i) fds[i].revents = all[i].revents;
+                    rc = r;
+                }
+                if (all != inline_fds) std::free(all);
+            }
+        } else {
+            for (nfds_t i = 0; i < n; ++i) fds[i].revents = 0;
+        }
+        e->announce_sleep(-1);
+    }
+    if (slot >= 0) {
+        slot_give(slot);
+    } else {
+        n_pollers.fetch_sub(1, std::memory_order_relaxed);
         std::lock_guard lock(pollers_lock);
         pollers.remove_if([&w](const Waiter &x) { return &x == &w; });
     }
