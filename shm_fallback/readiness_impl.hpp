@@ -78,6 +78,7 @@ int wait_loop(Check check, pollfd *kfds, nfds_t nk, int timeout_ms, const sigset
     std::uint64_t spin_until = 0;
     std::uint64_t ask_kernel_at = 0;
     transport::SpinSlot slot;
+    transport::PollWait wait;
     for (;;) {
         if (engine) engine->progress();
         std::uint64_t now = monotonic_ns();

@@ -60,6 +60,7 @@ struct Waiter : boost::intrusive::slist_base_hook<boost::intrusive::link_mode<
                     boost::intrusive::normal_link>> {
     explicit Waiter(int fd) noexcept : efd(fd) {}
     int efd;
+    bool handed = false;  // given the doorbell's watch while standing by (wait.cpp)
 };
 using WaiterList = boost::intrusive::slist<Waiter, boost::intrusive::constant_time_size<false>>;
 

@@ -114,6 +114,26 @@ std::atomic<int> n_pollers{0};
 std::mutex pollers_lock;
 WaiterList pollers;
 
+// The doorbell's watch. A peer that posts to this process rings its one
+// doorbell when a thread of it sleeps; a ring wakes every thread polling
+// the eventfd, though one progress pass serves them all (its deliveries
+// ring the connections' own pollers). So within poll/select/epoll waits
+// (PollWait) a single thread watches the doorbell: the first to sleep
+// while the watch is free, until its wait returns. The others stand by,
+// asleep on their slots' bells only. The watcher, awake or asleep, is in
+// its wait loop: awake it progresses on every round, asleep the doorbell
+// wakes it. When its wait returns it hands the watch to a thread standing
+// by (rings it), which holds it from then on; none standing by, the watch
+// is free. A thread that stands by takes the watch first if it is free,
+// under the same lock: a sleep never stands by without a watcher. Blocking
+// recv and send (sleep_once) and sleeps outside a PollWait (or without a
+// slot) always sleep on the doorbell.
+std::mutex watch_lock;
+bool watch_taken = false;  // under watch_lock
+WaiterList standby;        // under watch_lock
+thread_local int wait_depth = 0;
+thread_local bool watching = false;
+
 // A free slot with its eventfd, drained; -1 if none.
 int slot_take() noexcept {
     std::uint64_t busy = slots_busy.load(std::memory_order_relaxed);
@@ -199,6 +219,23 @@ void wake_pollers(const PollerMask &m) noexcept {
     for (Waiter &w : pollers) (void)sys.write(w.efd, &one, sizeof one);
 }
 
+PollWait::PollWait() noexcept { ++wait_depth; }
+
+PollWait::~PollWait() {
+    if (--wait_depth > 0 || !watching) return;
+    watching = false;
+    std::lock_guard lock(watch_lock);
+    if (standby.empty()) {
+        watch_taken = false;
+        return;
+    }
+    Waiter &next = standby.front();
+    standby.pop_front();
+    next.handed = true;
+    const std::uint64_t one = 1;
+    (void)sys.write(next.efd, &one, sizeof one);
+}
+
 void pollers_after_fork_child() noexcept {
     // Only the forking thread lives on; it is in no sleep.
     slots_busy.store(0, std::memory_order_relaxed);
@@ -208,6 +245,10 @@ void pollers_after_fork_child() noexcept {
     n_pollers.store(0, std::memory_order_relaxed);
     new (&pollers_lock) std::mutex();
     new (&pollers) WaiterList();
+    new (&watch_lock) std::mutex();
+    new (&standby) WaiterList();
+    watch_taken = false;
+    watching = false;
     // This thread's bell is the parent thread's eventfd too.
     if (bell.fd >= 0) sys.close(std::exchange(bell.fd, -1));
 }
@@ -225,6 +266,18 @@ int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int tim
             pollers.push_front(w);
         }
         n_pollers.fetch_add(1, std::memory_order_seq_cst);
+    }
+    // Standing by: asleep without the doorbell, while another thread
+    // watches it.
+    bool standing_by = false;
+    if (slot >= 0 && wait_depth > 0) {
+        std::lock_guard lock(watch_lock);
+        if (!watching && !watch_taken) watch_taken = watching = true;
+        if (!watching) {
+            w.handed = false;
+            standby.push_front(w);
+            standing_by = true;
+        }
     }
     int rc = 0;
     {
@@ -244,7 +297,7 @@ int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int tim
             } else {
                 std::copy(fds, fds + n, all);
                 all[n] = {w.efd, POLLIN, 0};
-                all[n + 1] = {e->doorbell(), POLLIN, 0};
+                all[n + 1] = {standing_by ? -1 : e->doorbell(), POLLIN, 0};
                 int t = timeout_ms < 0 || timeout_ms > kSafetyMs ? kSafetyMs : timeout_ms;
                 // Accepted bytes wait for credits: look again soon.
                 if (e->flush_pending() && t > 1) t = 1;
@@ -254,7 +307,7 @@ int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int tim
                     rc = -errno;
                 } else {
                     if (all[n].revents & POLLIN) drain(w.efd), --r;
-                    if (all[n + 1].revents & POLLIN) drain(e->doorbell()), --r;
+                    if (!standing_by && (all[n + 1].revents & POLLIN)) drain(e->doorbell()), --r;
                     for (nfds_t i = 0; i < n; ++i) fds[i].revents = all[i].revents;
                     rc = r;
                 }
@@ -264,6 +317,11 @@ int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int tim
             for (nfds_t i = 0; i < n; ++i) fds[i].revents = 0;
         }
         e->announce_sleep(-1);
+    }
+    if (standing_by) {
+        std::lock_guard lock(watch_lock);
+        if (w.handed) watching = true;  // taken off the list by the hander
+        else standby.remove_if([&w](const Waiter &x) { return &x == &w; });
     }
     if (slot >= 0) {
         slot_give(slot);

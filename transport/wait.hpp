@@ -69,6 +69,19 @@ struct Interest {
 // (-EINTR).
 int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int timeout_ms,
                  const Interest &in) noexcept;
+// One poll/select/epoll wait, from its first look to its return. Within
+// it, the first of its sleeps to find the doorbell's watch free takes it
+// and keeps it until the wait returns: only that thread sleeps on the
+// process doorbell, whose ring would otherwise wake every sleeper; the
+// others stand by on their own bells (wait.cpp).
+class PollWait {
+  public:
+    PollWait() noexcept;
+    ~PollWait();
+    PollWait(const PollWait &) = delete;
+    PollWait &operator=(const PollWait &) = delete;
+};
+
 // Wakes the sleeps registered on `m`, and those that wait on everything.
 void wake_pollers(const PollerMask &m) noexcept;
 // In a fork child: the parent's sleeps are not ours, and the slots'
