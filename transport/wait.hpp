@@ -1,7 +1,9 @@
 // Blocking without burning the machine: a waiter polls the
 // fabric for SDIRECT_SPIN_US, then sleeps in the kernel on the companion
-// socket, its own eventfd (rung by deliveries to its connection) and the
-// process doorbell (rung by peers that post to a process with sleepers).
+// socket, its own eventfd (rung by deliveries to its connection, or for
+// poll/select/epoll to any connection or epoll set of its interest set)
+// and the process doorbell (rung by peers that post to a process with
+// sleepers; within poll/select/epoll, one watcher at a time sleeps on it).
 #pragma once
 #include "engine.hpp"
 
