@@ -107,6 +107,7 @@ std::atomic<int> slot_fds[kPollerSlots];  // fd + 1; 0: not made yet
 
 // Sleeps that cannot name what they wait on (Watch::on_everything).
 PollerMask wide;
+PollerMask attaching;
 
 // Sleeps without a slot (more than kPollerSlots at once, or no eventfd):
 // each delivery wakes them all, on their threads' bells.
@@ -236,12 +237,15 @@ PollWait::~PollWait() {
     (void)sys.write(next.efd, &one, sizeof one);
 }
 
+PollerMask &attach_pollers() noexcept { return attaching; }
+
 void pollers_after_fork_child() noexcept {
     // Only the forking thread lives on; it is in no sleep.
     slots_busy.store(0, std::memory_order_relaxed);
     for (auto &f : slot_fds)
         if (int fd = f.exchange(0, std::memory_order_relaxed) - 1; fd >= 0) sys.close(fd);
     wide.bits.store(0, std::memory_order_relaxed);
+    attaching.bits.store(0, std::memory_order_relaxed);
     n_pollers.store(0, std::memory_order_relaxed);
     new (&pollers_lock) std::mutex();
     new (&pollers) WaiterList();

@@ -84,6 +84,10 @@ class PollWait {
     PollWait &operator=(const PollWait &) = delete;
 };
 
+// The sleeps watching a socket of ours that has no connection yet: rung
+// when one gets its connection (the sleep then watches that).
+PollerMask &attach_pollers() noexcept;
+
 // Wakes the sleeps registered on `m`, and those that wait on everything.
 void wake_pollers(const PollerMask &m) noexcept;
 // In a fork child: the parent's sleeps are not ours, and the slots'
