@@ -207,7 +207,8 @@ void wake_pollers(const PollerMask &m) noexcept {
     // The state change the caller made is ordered before these loads; the
     // sleeper's registration before its last look (both seq_cst).
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    std::uint64_t bits = m.bits.load(std::memory_order_acquire) | wide.bits.load(std::memory_order_acquire);
+    std::uint64_t bits =
+        m.bits.load(std::memory_order_acquire) | wide.bits.load(std::memory_order_acquire);
     const std::uint64_t one = 1;
     while (bits) {
         const int i = __builtin_ctzll(bits);
