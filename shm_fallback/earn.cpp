@@ -72,9 +72,8 @@ void Stream::ask_now_locked() noexcept {
     }
     engine = e;
     if (e && fds.load(std::memory_order_acquire) > 0 && !share.load(std::memory_order_relaxed))
-        conn.store(e->attach(kfd(), acceptor, rcvbuf.load(std::memory_order_relaxed), pre_tx,
-                             pre_rx),
-                   std::memory_order_release);
+        set_conn(e->attach(kfd(), acceptor, rcvbuf.load(std::memory_order_relaxed), pre_tx,
+                             pre_rx));
     pending.store(false, std::memory_order_release);
 }
 
@@ -111,9 +110,8 @@ void Stream::finish_pending() noexcept {
     engine = transport::Engine::current();
     // Shared through fork meanwhile: the last holder left attaches it.
     if (engine && fds.load(std::memory_order_acquire) > 0 && !share.load(std::memory_order_relaxed))
-        conn.store(engine->attach(kfd(), acceptor, rcvbuf.load(std::memory_order_relaxed), pre_tx,
-                                  pre_rx),
-                   std::memory_order_release);
+        set_conn(engine->attach(kfd(), acceptor, rcvbuf.load(std::memory_order_relaxed), pre_tx,
+                                  pre_rx));
     pending.store(false, std::memory_order_release);
 }
 

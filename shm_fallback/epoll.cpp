@@ -63,6 +63,9 @@ struct EpollSet {
     std::atomic<std::uint64_t> wake_data{0};
     std::atomic<bool> signalled{false};
     std::atomic<bool> tagged{false};
+    // Sleeps (sleep_on_fds) on this set, directly or through a set or a
+    // poll that holds it: epoll_ctl wakes them.
+    transport::PollerMask pollers;
     bool kernel_sleeper = false;
     std::vector<Stream *> held;
     ~EpollSet() {
@@ -290,6 +293,37 @@ bool inner_ready(EpollSet *set, int depth) noexcept {
     return false;
 }
 
+namespace {
+
+void drop_stream(void *s) noexcept { release(static_cast<Stream *>(s)); }
+void drop_set(void *set) noexcept { set_release(static_cast<EpollSet *>(set)); }
+
+void enlist_entries(EpollSet *set, transport::Watch &w, int depth) noexcept {
+    if (depth > 4) return;  // as inner_ready
+    std::lock_guard lock(set->lock);
+    for (Entry &e : set->entries) {
+        if (!e.armed) continue;  // until EPOLL_CTL_MOD, which wakes the set's sleeps
+        // The entry's reference keeps each alive under the lock; ours
+        // keeps it through the sleep, whatever the set's entries become.
+        if (e.inner) {
+            e.inner->refs.fetch_add(1, std::memory_order_relaxed);
+            w.on(e.inner->pollers, drop_set, e.inner);
+            enlist_entries(e.inner, w, depth + 1);
+        } else if (e.s) {
+            e.s->refs.fetch_add(1, std::memory_order_relaxed);
+            enlist_stream(e.s, w, drop_stream, e.s);
+        }
+    }
+}
+
+}  // namespace
+
+void enlist_set(EpollSet *set, transport::Watch &w) noexcept {
+    // The set first: an entry added after the walk below wakes us.
+    w.on(set->pollers);
+    enlist_entries(set, w, 0);
+}
+
 }  // namespace detail
 
 // ---- epoll ------------------------------------------------------------------------
@@ -385,9 +419,10 @@ int epoll_control(int epfd, int op, int fd, epoll_event *ev) noexcept {
     }
     if (s) release(s);
     if (inner) set_release(inner);
+    // A thread blocked in epoll_wait on this set (or on one holding it, or
+    // in a poll holding it) looks again.
+    transport::wake_pollers(set->pollers);
     set_release(set);
-    // A thread blocked in epoll_wait on this set looks again.
-    transport::wake_pollers();
     return r;
 }
 
@@ -437,6 +472,9 @@ int kernel_events(EpollSet *set, int epfd, epoll_event *out, int max, int *hints
 }
 
 bool epoll_peek(void *ctx) noexcept { return inner_ready(static_cast<EpollCtx *>(ctx)->set, 0); }
+void epoll_enlist(void *ctx, transport::Watch &w) noexcept {
+    enlist_set(static_cast<EpollCtx *>(ctx)->set, w);
+}
 
 bool has_entries(EpollSet *set) noexcept {
     std::lock_guard lock(set->lock);
@@ -444,6 +482,10 @@ bool has_entries(EpollSet *set) noexcept {
 }
 
 bool got_entries(void *ctx) noexcept { return has_entries(static_cast<EpollSet *>(ctx)); }
+// Only epoll_ctl, which rings the set, can change that.
+void enlist_set_only(void *ctx, transport::Watch &w) noexcept {
+    w.on(static_cast<EpollSet *>(ctx)->pollers);
+}
 
 // The set's wake-up eventfd, registered in it at the first kernel sleep;
 // -1 when none could be made (the set then always takes our wait).
@@ -598,7 +640,8 @@ int epoll_wait_fds(int epfd, epoll_event *out, int max, int timeout_ms,
             }
             if (left == 0) break;
             pollfd k{epfd, POLLIN, 0};
-            int w = transport::sleep_on_fds(engine, &k, 1, mask, left, got_entries, set);
+            int w = transport::sleep_on_fds(engine, &k, 1, mask, left,
+                                            {got_entries, enlist_set_only, set});
             if (w == -EINTR || (w == -1 && errno == EINTR)) {
                 set_release(set);
                 return -EINTR;
@@ -638,7 +681,7 @@ int epoll_wait_fds(int epfd, epoll_event *out, int max, int timeout_ms,
                 // Only hints: their sockets now report; look again.
             }
         },
-        &kfd, 1, timeout_ms, mask, epoll_peek, &ctx);
+        &kfd, 1, timeout_ms, mask, {epoll_peek, epoll_enlist, &ctx});
     set_release(set);
     return r;
 }

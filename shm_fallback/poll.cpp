@@ -125,6 +125,14 @@ bool poll_peek(void *ctx) noexcept {
     return false;
 }
 
+void poll_enlist(void *ctx, transport::Watch &w) noexcept {
+    auto &p = *static_cast<PollCtx *>(ctx);
+    for (nfds_t i = 0; i < p.n; ++i) {
+        if (p.ours[i]) enlist_stream(p.ours[i], w, nullptr, nullptr);
+        else if (p.eps[i]) enlist_set(p.eps[i], w);
+    }
+}
+
 }  // namespace
 
 int poll_fds(pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask) noexcept {
@@ -190,7 +198,7 @@ int poll_fds(pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask) noexce
                 if (ask_kernel && sys.poll(p.k, p.n, 0) < 0) return -errno;
                 return poll_finish(p);
             },
-            k.get(), n, timeout_ms, mask, poll_peek, &p);
+            k.get(), n, timeout_ms, mask, {poll_peek, poll_enlist, &p});
         if (r == 0) {
             // Timed out: every revents reads 0, as the kernel leaves them.
             for (nfds_t i = 0; i < n; ++i) fds[i].revents = 0;

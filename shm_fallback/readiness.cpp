@@ -102,6 +102,22 @@ void kernel_hint(Stream *s) noexcept {
     c->rx_seq.fetch_add(1, std::memory_order_release);
 }
 
+void enlist_stream(Stream *s, transport::Watch &w, void (*drop)(void *), void *hold) noexcept {
+    // The connection, once set, stays until the stream is destroyed: the
+    // hold (ours or the caller's) keeps it.
+    if (Conn *c = s->conn.load(std::memory_order_acquire)) return w.on(c->pollers, drop, hold);
+    if (has_prefix(s)) {
+        w.on_everything();  // its bytes come from elsewhere (prefix.hpp)
+    } else if (s->may_go_direct()) {
+        // Woken when it gets a connection (Stream::set_conn), then watched
+        // through it; a connection set before our registration is seen
+        // by the second look.
+        w.on(transport::attach_pollers());
+        if (Conn *c = s->conn.load(std::memory_order_seq_cst)) return w.on(c->pollers, drop, hold);
+    }
+    if (drop) drop(hold);
+}
+
 std::uint64_t deadline_of(int timeout_ms) noexcept {
     return timeout_ms > 0 ? monotonic_ns() + std::uint64_t(timeout_ms) * 1000000ull : 0;
 }

@@ -3,8 +3,9 @@
 // answers from our own state (ring bytes, FIN, credits); every other fd,
 // and a connection still reading bytes due on the kernel, answers from the
 // kernel. Waiting spins for SDIRECT_SPIN_US, then sleeps in the kernel on
-// the application's fds, the companions' death hints, the doorbell and
-// the thread's bell. A wait none of whose sockets can need our state
+// the application's fds, the companions' death hints, the doorbell (one
+// watcher per process) and a bell that rings only for the connections and
+// epoll sets the wait holds (transport/wait.hpp). A wait none of whose sockets can need our state
 // (each is on the kernel and its ask for its upgrade is held back while
 // the wait sleeps, or it is on the kernel for good) is the kernel's own
 // poll or epoll_wait, plus a wake-up fd (kernel_sleep.hpp).

@@ -49,6 +49,12 @@ struct EpollSet;
 EpollSet *set_acquire(int fd) noexcept;
 void set_release(EpollSet *set) noexcept;
 bool inner_ready(EpollSet *set, int depth) noexcept;
+// Registers a sleep on `set` (the caller holds it) and on everything in it
+// that can turn ready: its connections and the sets nested in it.
+void enlist_set(EpollSet *set, transport::Watch &w) noexcept;
+// Registers a sleep on the connection of our socket `s` (the caller holds
+// `s`), or on everything when it has none yet but may get one.
+void enlist_stream(Stream *s, transport::Watch &w, void (*drop)(void *), void *hold) noexcept;
 
 // ---- the wait loop shared by poll and epoll --------------------------------------
 
@@ -58,19 +64,21 @@ bool inner_ready(EpollSet *set, int depth) noexcept;
 // poll() over 8 direct sockets spent most of its CPU in it.
 inline constexpr std::uint64_t kAskKernelEveryNs = 20000;
 
-// Spins (SDIRECT_SPIN_US) then sleeps on `kfds` until `check(ask_kernel)`
-// finds something, the timeout passes or a signal arrives. `ask_kernel`:
-// this look includes the kernel's view (the first, every
-// kAskKernelEveryNs of a spin, and the first after each sleep).
+// Spins (SDIRECT_SPIN_US) then sleeps on `kfds` and what `in` enlists
+// until `check(ask_kernel)` finds something, the timeout passes or a
+// signal arrives. `ask_kernel`: this look includes the kernel's view (the
+// first, every kAskKernelEveryNs of a spin, and the first after each
+// sleep).
 template <typename Check>
 int wait_loop(Check check, pollfd *kfds, nfds_t nk, int timeout_ms, const sigset_t *mask,
-              bool (*peek)(void *), void *ctx) noexcept {
+              const transport::Interest &in) noexcept {
     transport::Engine *engine = transport::Engine::current();
     const std::uint64_t deadline = deadline_of(timeout_ms);
     const std::uint64_t spin_ns = std::uint64_t(transport::settings().spin_us) * 1000;
     std::uint64_t spin_until = 0;
     std::uint64_t ask_kernel_at = 0;
     transport::SpinSlot slot;
+    transport::PollWait wait;
     for (;;) {
         if (engine) engine->progress();
         std::uint64_t now = monotonic_ns();
@@ -93,7 +101,7 @@ int wait_loop(Check check, pollfd *kfds, nfds_t nk, int timeout_ms, const sigset
             if (left < 0 || left > 20) left = 20;
         }
         ask_kernel_at = 0;  // what woke us may be the kernel's
-        int r = engine ? transport::sleep_on_fds(engine, kfds, nk, mask, left, peek, ctx)
+        int r = engine ? transport::sleep_on_fds(engine, kfds, nk, mask, left, in)
                        : (mask ? [&] {
                              timespec ts{left / 1000, long(left % 1000) * 1000000};
                              return sys.ppoll(kfds, nk, left < 0 ? nullptr : &ts, mask);

@@ -158,9 +158,8 @@ void Stream::connected(bool accepted) noexcept {
     if ((engine = transport::Engine::wait_ready(transport::settings().engine_wait_ms))) {
         // pre_tx/pre_rx: bytes through the kernel before now (0 unless the
         // socket was shared through fork).
-        conn.store(engine->attach(kfd(), acceptor, rcvbuf.load(std::memory_order_relaxed), pre_tx,
-                                  pre_rx),
-                   std::memory_order_release);
+        set_conn(engine->attach(kfd(), acceptor, rcvbuf.load(std::memory_order_relaxed), pre_tx,
+                                  pre_rx));
         phase.store(Phase::attached, std::memory_order_release);
         return;
     }
@@ -288,6 +287,14 @@ transport::SocketSide Stream::side() noexcept {
 
 bool Stream::closed_send(void *self, Conn *c) noexcept {
     return static_cast<Stream *>(self)->first_send_to_closed(c);
+}
+
+void Stream::set_conn(transport::Conn *c) noexcept {
+    // seq_cst, then the ring: a sleep that registered on the attach mask
+    // before this store is rung; one that registered after sees `c`
+    // (enlist_stream looks again after registering).
+    conn.store(c, std::memory_order_seq_cst);
+    if (c) transport::wake_pollers(transport::attach_pollers());
 }
 
 bool Stream::may_go_direct() const noexcept {

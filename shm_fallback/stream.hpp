@@ -82,6 +82,9 @@ class Stream {
     std::atomic<std::int64_t> sndtimeo_ns{0};
     std::atomic<std::uint32_t> rcvbuf{0};  // SO_RCVBUF as the application set it
     std::atomic<transport::Conn *> conn{nullptr};
+    // Sets `conn` (once, from null) and wakes the poll/select/epoll sleeps
+    // that watched the socket without one (they watch the connection next).
+    void set_conn(transport::Conn *c) noexcept;
     // Connected before the engine was built: I/O runs non-blocking on the
     // kernel under pend_lock, counted, until the builder attaches us.
     std::atomic<bool> pending{false};

@@ -518,9 +518,9 @@ void settle_client(int fd, std::uint32_t settle_ms, bool paced) {
     write_all(fd, "SDHELLO1", 8);
     read_all(fd, hello, 8, "hello");
     if (std::memcmp(hello, "SDHELLO2", 8) != 0) fail("bad hello from server");
-    static bool first = true;
-    if (first && first_connect_ns) {
-        first = false;
+    // Connections of the parallel scenarios settle from several threads.
+    static std::atomic<bool> first{true};
+    if (first_connect_ns && first.exchange(false)) {
         const char *reg = std::getenv("SDIRECT_REGISTRY");
         const std::string page =
             std::string(reg && *reg ? reg : "/nonexistent") + "/p" + std::to_string(getpid());

@@ -60,8 +60,16 @@ struct Waiter : boost::intrusive::slist_base_hook<boost::intrusive::link_mode<
                     boost::intrusive::normal_link>> {
     explicit Waiter(int fd) noexcept : efd(fd) {}
     int efd;
+    bool handed = false;  // given the doorbell's watch while standing by (wait.cpp)
 };
 using WaiterList = boost::intrusive::slist<Waiter, boost::intrusive::constant_time_size<false>>;
+
+// The poll/select/epoll sleeps (sleep_on_fds) whose interest set holds a
+// connection or an epoll set: one bit per poller slot (wait.cpp). Set by
+// the sleeper before its last look, cleared after its sleep.
+struct PollerMask {
+    std::atomic<std::uint64_t> bits{0};
+};
 
 inline constexpr std::uint64_t kNoOffset = ~std::uint64_t(0);
 
@@ -217,6 +225,7 @@ struct Conn {
     fid_mr *sink_mr = nullptr;      // our sink's registration (rma)
     std::uint32_t sink_held = 0;    // bytes of the sink budget it holds
     WaiterList waiters;
+    PollerMask pollers;             // poll/select/epoll sleeps watching it
     std::atomic<std::uint32_t> unreturned{0};  // consumed, credits not yet returned
 
     // Readiness (poll/select/epoll): bumped on every arrival, so an
@@ -269,8 +278,8 @@ struct Conn {
     // first (set at a fork while direct; rx_lock). Used once.
     Spill spill;
 
-    // Something arrived or changed: wakes every waiter and poller; caller
-    // holds rx_lock.
+    // Something arrived or changed: wakes its waiters and the pollers
+    // whose interest set holds it; caller holds rx_lock.
     void wake_locked() noexcept;
     // Flow state into the counters (sdirect-stat shows it); the receive
     // side's only when the caller holds rx_lock.

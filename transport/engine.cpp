@@ -49,6 +49,21 @@ void Engine::post_rx(RxBuffer *b) noexcept {
 std::size_t Engine::progress() noexcept {
     // A delivery's own answer may post and so come back here.
     if (!fabric_ok_ || progress_lock_.held() || !progress_lock_.try_lock()) return 0;
+    return progress_pass();
+}
+
+void Engine::progress_before_sleep() noexcept {
+    if (!fabric_ok_ || progress_lock_.held()) return;
+    // Under a receive lock (above progress in the order) it may not wait.
+    if (lock_order::holds_rank(Rank::rx)) {
+        progress();
+        return;
+    }
+    progress_lock_.lock();
+    progress_pass();
+}
+
+std::size_t Engine::progress_pass() noexcept {
     std::size_t taken = 0;
     // Peers of other uids write into queues of ours, not the provider's
     // region (xqlink.cpp); without any, this one relaxed load is all.
@@ -648,7 +663,7 @@ void Conn::wake_locked() noexcept {
     rx_seq.fetch_add(1, std::memory_order_release);
     std::uint64_t one = 1;
     for (Waiter &w : waiters) (void)sys.write(w.efd, &one, sizeof one);
-    wake_pollers();
+    wake_pollers(pollers);
 }
 
 void Engine::announce_switch(Conn *c) noexcept {

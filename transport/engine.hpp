@@ -269,6 +269,13 @@ class Engine {
     // progress(): the completions taken (0 also when another thread had it).
     std::size_t progress() noexcept;
     void progress_blocking() noexcept;
+    // A pass of this thread's own, waiting for the lock (no lock of the
+    // library held): a sleeper's last look after announcing its sleep. A
+    // try-lock would leave it to the holder, whose read of the queue may
+    // have come before a message whose sender saw no sleeper and rang no
+    // doorbell; with only the connection's own pollers rung, nothing else
+    // would wake the sleeper.
+    void progress_before_sleep() noexcept;
 
     // Sends one message (header + iov payload, total within inject size),
     // retrying -FI_EAGAIN (the peer's queue is full: it is rung, then
@@ -418,6 +425,8 @@ class Engine {
     void control_loop() noexcept;
 
   private:
+    // progress()'s pass, with progress_lock_ taken; releases it.
+    std::size_t progress_pass() noexcept;
     int init() noexcept;
     int open_page() noexcept;
     int open_fabric() noexcept;

@@ -219,6 +219,7 @@ void Engine::forget_after_fork(bool settled) noexcept {
     // Leave every object as it is and start afresh when needed.
     the_engine.store(nullptr, std::memory_order_relaxed);
     regcache().forget();  // the parent's registrations, in the parent's domain
+    pollers_after_fork_child();
     provider_gate().reset();
     new (&create_lock) std::mutex();
     unusable = !settled;

@@ -22,7 +22,9 @@
 // outside it).
 //
 //   create_lock     engine_setup.cpp  the engine build: started, pending callbacks
-//   pollers_lock    wait.cpp          threads asleep in poll; rung under rx
+//   pollers_lock    wait.cpp          poll sleeps without a slot; rung under rx
+//   watch_lock      wait.cpp          the doorbell's watch and the sleeps
+//                                     standing by; a ring under it
 //   RegCache::lock_ regcache.cpp      the registration cache (hooks: anywhere)
 //   grant_lock      crossuser.cpp     a file's ACL, read, extended, written back
 //   XqWriter::lock  xqueue.hpp        a peer of another uid's queue: one post's

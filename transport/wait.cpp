@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <new>
+#include <utility>
 #include <csignal>
 #include <ctime>
 #include <fcntl.h>
@@ -64,7 +66,7 @@ int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
     // sees the count and rings the doorbell (Engine::ring); the recheck's
     // progress reads the queues of peers of other uids too.
     e->announce_sleep(1);
-    e->progress();
+    e->progress_before_sleep();
     int rc = 0;
     if (!ready(ctx)) {
         pollfd p[4];
@@ -92,67 +94,244 @@ int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
 
 namespace {
 
-// Threads sleeping in sleep_on_fds; their bells ring on any delivery.
+// Poller slots: a poll/select/epoll sleep takes a free slot and sleeps on
+// its eventfd; the masks it registers on carry the slot's bit. A slot's
+// eventfd is made by its first holder and kept until a fork child drops
+// it, never closed while a waker may read it: a waker that saw a bit
+// just before the sleep ended writes into an eventfd that the next holder
+// drains before registering (a spurious wake-up at most), never into a
+// number the application has reused.
+inline constexpr int kPollerSlots = 64;
+std::atomic<std::uint64_t> slots_busy{0};
+std::atomic<int> slot_fds[kPollerSlots];  // fd + 1; 0: not made yet
+
+// Sleeps that cannot name what they wait on (Watch::on_everything).
+PollerMask wide;
+PollerMask attaching;
+
+// Sleeps without a slot (more than kPollerSlots at once, or no eventfd):
+// each delivery wakes them all, on their threads' bells.
 std::atomic<int> n_pollers{0};
 std::mutex pollers_lock;
 WaiterList pollers;
 
+// The doorbell's watch. A peer that posts to this process rings its one
+// doorbell when a thread of it sleeps; a ring wakes every thread polling
+// the eventfd, though one progress pass serves them all (its deliveries
+// ring the connections' own pollers). So within poll/select/epoll waits
+// (PollWait) a single thread watches the doorbell: the first to sleep
+// while the watch is free, until its wait returns. The others stand by,
+// asleep on their slots' bells only. The watcher, awake or asleep, is in
+// its wait loop: awake it progresses on every round, asleep the doorbell
+// wakes it. When its wait returns it hands the watch to a thread standing
+// by (rings it), which holds it from then on; none standing by, the watch
+// is free. A thread that stands by takes the watch first if it is free,
+// under the same lock: a sleep never stands by without a watcher. Blocking
+// recv and send (sleep_once) and sleeps outside a PollWait (or without a
+// slot) always sleep on the doorbell.
+std::mutex watch_lock;
+bool watch_taken = false;  // under watch_lock
+WaiterList standby;        // under watch_lock
+thread_local int wait_depth = 0;
+thread_local bool watching = false;
+
+// A free slot with its eventfd, drained; -1 if none.
+int slot_take() noexcept {
+    std::uint64_t busy = slots_busy.load(std::memory_order_relaxed);
+    for (;;) {
+        if (~busy == 0) return -1;
+        const int i = __builtin_ctzll(~busy);
+        if (!slots_busy.compare_exchange_weak(busy, busy | (std::uint64_t(1) << i),
+                                              std::memory_order_acquire))
+            continue;
+        int fd = slot_fds[i].load(std::memory_order_relaxed) - 1;
+        if (fd < 0) {
+            fd = out_of_the_way(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+            if (fd < 0) {
+                slots_busy.fetch_and(~(std::uint64_t(1) << i), std::memory_order_release);
+                return -1;
+            }
+            slot_fds[i].store(fd + 1, std::memory_order_release);
+        } else {
+            drain(fd);  // rings meant for its previous holder
+        }
+        return i;
+    }
+}
+
+void slot_give(int i) noexcept {
+    slots_busy.fetch_and(~(std::uint64_t(1) << i), std::memory_order_release);
+}
+
 }  // namespace
 
-void wake_pollers() noexcept {
+Watch::~Watch() {
+    for (std::size_t i = 0; i < n_; ++i) {
+        recs_[i].m->bits.fetch_and(~bit_, std::memory_order_release);
+        if (recs_[i].drop) recs_[i].drop(recs_[i].hold);
+    }
+    if (everything_) wide.bits.fetch_and(~bit_, std::memory_order_release);
+    if (recs_ != inline_) std::free(recs_);
+}
+
+void Watch::on(PollerMask &m, void (*drop)(void *), void *hold) noexcept {
+    if (!bit_ || everything_) {
+        if (drop) drop(hold);
+        return;
+    }
+    if (n_ == cap_) {
+        const std::size_t cap = cap_ * 2;
+        Rec *r = static_cast<Rec *>(std::malloc(cap * sizeof(Rec)));
+        if (!r) {
+            if (drop) drop(hold);
+            return on_everything();
+        }
+        std::copy(recs_, recs_ + n_, r);
+        if (recs_ != inline_) std::free(recs_);
+        recs_ = r;
+        cap_ = cap;
+    }
+    recs_[n_++] = {&m, drop, hold};
+    // Before the sleeper's last look (sleep_on_fds): a waker that changes
+    // the state after that look sees the bit.
+    m.bits.fetch_or(bit_, std::memory_order_seq_cst);
+}
+
+void Watch::on_everything() noexcept {
+    if (!bit_ || everything_) return;
+    everything_ = true;
+    wide.bits.fetch_or(bit_, std::memory_order_seq_cst);
+}
+
+void wake_pollers(const PollerMask &m) noexcept {
+    // The state change the caller made is ordered before these loads; the
+    // sleeper's registration before its last look (both seq_cst).
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    std::uint64_t bits =
+        m.bits.load(std::memory_order_acquire) | wide.bits.load(std::memory_order_acquire);
+    const std::uint64_t one = 1;
+    while (bits) {
+        const int i = __builtin_ctzll(bits);
+        bits &= bits - 1;
+        if (int fd = slot_fds[i].load(std::memory_order_acquire) - 1; fd >= 0)
+            (void)sys.write(fd, &one, sizeof one);
+    }
     if (n_pollers.load(std::memory_order_seq_cst) == 0) return;
-    std::uint64_t one = 1;
     std::lock_guard lock(pollers_lock);
     for (Waiter &w : pollers) (void)sys.write(w.efd, &one, sizeof one);
+}
+
+PollWait::PollWait() noexcept { ++wait_depth; }
+
+PollWait::~PollWait() {
+    if (--wait_depth > 0 || !watching) return;
+    watching = false;
+    std::lock_guard lock(watch_lock);
+    if (standby.empty()) {
+        watch_taken = false;
+        return;
+    }
+    Waiter &next = standby.front();
+    standby.pop_front();
+    next.handed = true;
+    const std::uint64_t one = 1;
+    (void)sys.write(next.efd, &one, sizeof one);
+}
+
+PollerMask &attach_pollers() noexcept { return attaching; }
+
+void pollers_after_fork_child() noexcept {
+    // Only the forking thread lives on; it is in no sleep.
+    slots_busy.store(0, std::memory_order_relaxed);
+    for (auto &f : slot_fds)
+        if (int fd = f.exchange(0, std::memory_order_relaxed) - 1; fd >= 0) sys.close(fd);
+    wide.bits.store(0, std::memory_order_relaxed);
+    attaching.bits.store(0, std::memory_order_relaxed);
+    n_pollers.store(0, std::memory_order_relaxed);
+    new (&pollers_lock) std::mutex();
+    new (&pollers) WaiterList();
+    new (&watch_lock) std::mutex();
+    new (&standby) WaiterList();
+    watch_taken = false;
+    watching = false;
+    // This thread's bell is the parent thread's eventfd too.
+    if (bell.fd >= 0) sys.close(std::exchange(bell.fd, -1));
 }
 
 int thread_bell() noexcept { return bell.get(); }
 
 int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int timeout_ms,
-                 bool (*ready)(void *), void *ctx) noexcept {
-    Waiter w(bell.get());
+                 const Interest &in) noexcept {
+    const int slot = in.enlist ? slot_take() : -1;
+    Waiter w(slot >= 0 ? slot_fds[slot].load(std::memory_order_relaxed) - 1 : bell.get());
     if (w.efd < 0) return sys.poll(fds, n, 0);
-    {
-        std::lock_guard lock(pollers_lock);
-        pollers.push_front(w);
-    }
-    n_pollers.fetch_add(1, std::memory_order_seq_cst);
-    e->announce_sleep(1);
-    e->progress();
-    int rc = 0;
-    if (!ready(ctx)) {
-        // The caller's fds first, so their revents land in place.
-        constexpr nfds_t kInline = 64;
-        pollfd inline_fds[kInline + 2];
-        pollfd *all = n + 2 <= kInline + 2 ? inline_fds
-                                           : static_cast<pollfd *>(std::malloc((n + 2) * sizeof(pollfd)));
-        if (!all) {
-            rc = -ENOMEM;
-        } else {
-            std::copy(fds, fds + n, all);
-            all[n] = {w.efd, POLLIN, 0};
-            all[n + 1] = {e->doorbell(), POLLIN, 0};
-            int t = timeout_ms < 0 || timeout_ms > kSafetyMs ? kSafetyMs : timeout_ms;
-            // Accepted bytes wait for credits: look again soon.
-            if (e->flush_pending() && t > 1) t = 1;
-            timespec ts{t / 1000, long(t % 1000) * 1000000};
-            int r = sys.ppoll(all, n + 2, &ts, mask);
-            if (r < 0) {
-                rc = -errno;
-            } else {
-                if (all[n].revents & POLLIN) drain(w.efd), --r;
-                if (all[n + 1].revents & POLLIN) drain(e->doorbell()), --r;
-                for (nfds_t i = 0; i < n; ++i) fds[i].revents = all[i].revents;
-                rc = r;
-            }
-            if (all != inline_fds) std::free(all);
+    if (slot < 0) {
+        {
+            std::lock_guard lock(pollers_lock);
+            pollers.push_front(w);
         }
-    } else {
-        for (nfds_t i = 0; i < n; ++i) fds[i].revents = 0;
+        n_pollers.fetch_add(1, std::memory_order_seq_cst);
     }
-    e->announce_sleep(-1);
-    n_pollers.fetch_sub(1, std::memory_order_relaxed);
+    // Standing by: asleep without the doorbell, while another thread
+    // watches it.
+    bool standing_by = false;
+    if (slot >= 0 && wait_depth > 0) {
+        std::lock_guard lock(watch_lock);
+        if (!watching && !watch_taken) watch_taken = watching = true;
+        if (!watching) {
+            w.handed = false;
+            standby.push_front(w);
+            standing_by = true;
+        }
+    }
+    int rc = 0;
     {
+        Watch watch(slot);
+        if (slot >= 0) in.enlist(in.ctx, watch);
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+        e->announce_sleep(1);
+        e->progress_before_sleep();
+        if (!in.ready(in.ctx)) {
+            // The caller's fds first, so their revents land in place.
+            constexpr nfds_t kInline = 64;
+            pollfd inline_fds[kInline + 2];
+            pollfd *all = n + 2 <= kInline + 2 ? inline_fds
+                                               : static_cast<pollfd *>(std::malloc((n + 2) * sizeof(pollfd)));
+            if (!all) {
+                rc = -ENOMEM;
+            } else {
+                std::copy(fds, fds + n, all);
+                all[n] = {w.efd, POLLIN, 0};
+                all[n + 1] = {standing_by ? -1 : e->doorbell(), POLLIN, 0};
+                int t = timeout_ms < 0 || timeout_ms > kSafetyMs ? kSafetyMs : timeout_ms;
+                // Accepted bytes wait for credits: look again soon.
+                if (e->flush_pending() && t > 1) t = 1;
+                timespec ts{t / 1000, long(t % 1000) * 1000000};
+                int r = sys.ppoll(all, n + 2, &ts, mask);
+                if (r < 0) {
+                    rc = -errno;
+                } else {
+                    if (all[n].revents & POLLIN) drain(w.efd), --r;
+                    if (!standing_by && (all[n + 1].revents & POLLIN)) drain(e->doorbell()), --r;
+                    for (nfds_t i = 0; i < n; ++i) fds[i].revents = all[i].revents;
+                    rc = r;
+                }
+                if (all != inline_fds) std::free(all);
+            }
+        } else {
+            for (nfds_t i = 0; i < n; ++i) fds[i].revents = 0;
+        }
+        e->announce_sleep(-1);
+    }
+    if (standing_by) {
+        std::lock_guard lock(watch_lock);
+        if (w.handed) watching = true;  // taken off the list by the hander
+        else standby.remove_if([&w](const Waiter &x) { return &x == &w; });
+    }
+    if (slot >= 0) {
+        slot_give(slot);
+    } else {
+        n_pollers.fetch_sub(1, std::memory_order_relaxed);
         std::lock_guard lock(pollers_lock);
         pollers.remove_if([&w](const Waiter &x) { return &x == &w; });
     }

@@ -1,11 +1,14 @@
 // Blocking without burning the machine: a waiter polls the
 // fabric for SDIRECT_SPIN_US, then sleeps in the kernel on the companion
-// socket, its own eventfd (rung by deliveries to its connection) and the
-// process doorbell (rung by peers that post to a process with sleepers).
+// socket, its own eventfd (rung by deliveries to its connection, or for
+// poll/select/epoll to any connection or epoll set of its interest set)
+// and the process doorbell (rung by peers that post to a process with
+// sleepers; within poll/select/epoll, one watcher at a time sleeps on it).
 #pragma once
 #include "engine.hpp"
 
 #include <csignal>
+#include <cstddef>
 #include <cstdint>
 #include <poll.h>
 
@@ -20,16 +23,77 @@ std::uint64_t monotonic_ns() noexcept;
 int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
                bool (*ready)(void *), void *ctx, int timeout_ms) noexcept;
 
+// One poll/select/epoll sleep's registrations: the caller's enlist puts
+// the sleep on the mask of each connection and epoll set its interest set
+// holds, or on everything where it cannot name them. Unregistered (and
+// the holds dropped) when the sleep ends.
+class Watch {
+  public:
+    explicit Watch(int slot) noexcept : bit_(slot < 0 ? 0 : std::uint64_t(1) << slot) {}
+    ~Watch();
+    Watch(const Watch &) = delete;
+    Watch &operator=(const Watch &) = delete;
+    // Wakes on what rings `m`. `drop(hold)` runs after the sleep, once
+    // `m` is unregistered: the caller keeps `m` alive with `hold` (null:
+    // it lives longer than the sleep anyway).
+    void on(PollerMask &m, void (*drop)(void *) = nullptr, void *hold = nullptr) noexcept;
+    // Wakes on every ring (a socket with no connection yet).
+    void on_everything() noexcept;
+
+  private:
+    struct Rec {
+        PollerMask *m;
+        void (*drop)(void *);
+        void *hold;
+    };
+    static constexpr std::size_t kInline = 16;
+    std::uint64_t bit_;  // 0: on the process-wide list, which every ring wakes
+    bool everything_ = false;
+    Rec inline_[kInline];
+    Rec *recs_ = inline_;
+    std::size_t n_ = 0, cap_ = kInline;
+};
+
+// What a poll/select/epoll sleep waits for: `ready` is rechecked after
+// the sleep is registered (no lost wake-up); `enlist` registers it (null:
+// woken by every ring).
+struct Interest {
+    bool (*ready)(void *ctx);
+    void (*enlist)(void *ctx, Watch &w);
+    void *ctx;
+};
+
 // poll/select/epoll_wait over direct sockets: sleeps in the kernel on
 // `fds` (the application's kernel fds and companions, revents filled in)
-// plus the doorbell and this thread's bell, which every delivery to any
-// connection rings while such a sleeper exists. `ready` is rechecked after
-// announcing the sleep (no lost wake-up). `mask`: as for ppoll (nullptr:
-// none). The kernel poll's result (>= 0), or -errno (-EINTR).
+// plus the doorbell and the bell of a poller slot, which a delivery rings
+// when the sleep is registered on its connection (`in.enlist`). `mask`: as
+// for ppoll (nullptr: none). The kernel poll's result (>= 0), or -errno
+// (-EINTR).
 int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int timeout_ms,
-                 bool (*ready)(void *), void *ctx) noexcept;
-// Wakes every thread in sleep_on_fds (called on each delivery).
-void wake_pollers() noexcept;
+                 const Interest &in) noexcept;
+// One poll/select/epoll wait, from its first look to its return. Within
+// it, the first of its sleeps to find the doorbell's watch free takes it
+// and keeps it until the wait returns: only that thread sleeps on the
+// process doorbell, whose ring would otherwise wake every sleeper; the
+// others stand by on their own bells (wait.cpp).
+class PollWait {
+  public:
+    PollWait() noexcept;
+    ~PollWait();
+    PollWait(const PollWait &) = delete;
+    PollWait &operator=(const PollWait &) = delete;
+};
+
+// The sleeps watching a socket of ours that has no connection yet: rung
+// when one gets its connection (the sleep then watches that).
+PollerMask &attach_pollers() noexcept;
+
+// Wakes the sleeps registered on `m`, and those that wait on everything.
+void wake_pollers(const PollerMask &m) noexcept;
+// In a fork child: the parent's sleeps are not ours, and the slots'
+// eventfds are shared with the parent (a wake-up of ours could be drained
+// there): they go, and are made afresh when needed.
+void pollers_after_fork_child() noexcept;
 // The calling thread's bell (an eventfd, non-blocking), made at its first
 // use; -1 if none could be made. A wait may sleep on it and drain it.
 int thread_bell() noexcept;
