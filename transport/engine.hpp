@@ -500,7 +500,7 @@ class Engine {
     // its addresses stay reserved, inaccessible, and a reference to the
     // peer with them, until reap_rings_locked (conn_lock_ held) finds the
     // peer's connection closed or the peer gone.
-    bool peer_may_write(const Conn *c) const noexcept;
+    bool peer_may_write(Conn *c) noexcept;
     void end_ring(Conn *c, bool keep) noexcept;
     void reap_rings_locked() noexcept;
     struct RetiredRing {

@@ -32,11 +32,15 @@ char *ring_alloc(std::uint32_t cap) noexcept {
     return p == MAP_FAILED ? nullptr : static_cast<char *>(p);
 }
 
-bool Engine::peer_may_write(const Conn *c) const noexcept {
+bool Engine::peer_may_write(Conn *c) noexcept {
     // A peer of another uid is never offered the ring.
-    if (!c->peer || !c->peer->page || c->peer->cross || c->peer_id >= kSlots ||
-        c->fin_off != kNoOffset)
-        return false;
+    if (!c->peer || !c->peer->page || c->peer->cross || c->peer_id >= kSlots) return false;
+    {
+        // Its FIN came: it writes nothing more (set by deliveries, under
+        // the receive lock).
+        std::lock_guard rx(c->rx_lock);
+        if (c->fin_off != kNoOffset) return false;
+    }
     const ConnStat &s = c->peer->page->slots[c->peer_id];
     return s.state.load(std::memory_order_acquire) == std::uint32_t(SlotState::live) &&
            peer_alive(c->peer);
