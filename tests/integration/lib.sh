@@ -516,6 +516,19 @@ it_as() {
     it_as_words=(setpriv "--reuid=$(id -u "$1")" "--regid=$(id -g "$1")" --init-groups)
 }
 
+# it_share_tools: the library and sdirect-run copied where every user may
+# read them (a service runs them as its own user); it_tools and
+# SDIRECT_LIB point there. Nothing in kernel mode.
+it_share_tools() {
+    ((it_kernel)) && return 0
+    mkdir -p "$it_tmp/tools"
+    cp "$it_lib" "$it_tmp/tools/libsdirect.so"
+    cp "$it_tools/sdirect-run" "$it_tmp/tools/"
+    chmod -R a+rX "$it_tmp/tools"
+    it_tools="$it_tmp/tools"
+    export SDIRECT_LIB="$it_tmp/tools/libsdirect.so"
+}
+
 # it_shared_tmp: processes of other users may write their stats and logs
 # in $it_tmp (root's scratch folder otherwise).
 it_shared_tmp() {

@@ -36,15 +36,7 @@ it_as mysql
 as_my=("${it_as_words[@]}" --)
 it_as nobody
 as_nobody=("${it_as_words[@]}" --)
-# The library and sdirect-run where mysql may read them.
-if ((!it_kernel)); then
-    mkdir -p "$it_tmp/tools"
-    cp "$it_lib" "$it_tmp/tools/libsdirect.so"
-    cp "$it_tools/sdirect-run" "$it_tmp/tools/"
-    chmod -R a+rX "$it_tmp/tools"
-    it_tools="$it_tmp/tools"
-    export SDIRECT_LIB="$it_tmp/tools/libsdirect.so"
-fi
+it_share_tools
 
 read -r nrows nbytes < <("$it_py" "$it_dir/mariadb_blobs.py" "$it_tmp")
 [[ "$nrows" =~ ^[0-9]+$ ]] || { it_bad "mariadb_blobs.py wrote no rows"; it_finish; }

@@ -47,15 +47,7 @@ it_preflight
 it_shared_tmp
 # Each backend builds its own engine at its first upgrade (see postgres.sh).
 export SDIRECT_ENGINE_WAIT_MS="${SDIRECT_ENGINE_WAIT_MS:-30000}"
-# The library where postgres may read it.
-if ((!it_kernel)); then
-    mkdir -p "$it_tmp/tools"
-    cp "$it_lib" "$it_tmp/tools/libsdirect.so"
-    cp "$it_tools/sdirect-run" "$it_tmp/tools/"
-    chmod -R a+rX "$it_tmp/tools"
-    it_tools="$it_tmp/tools"
-    export SDIRECT_LIB="$it_tmp/tools/libsdirect.so"
-fi
+it_share_tools
 
 name="sdtest$$"
 conf="/etc/postgresql/$ver/$name"

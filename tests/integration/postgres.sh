@@ -29,13 +29,7 @@ if ((EUID == 0)); then
     as=(setpriv --reuid=nobody --regid=nogroup --clear-groups --)
     chmod 755 "$it_tmp"
     chown nobody:nogroup "$it_tmp"
-    if ((!it_kernel)); then
-        mkdir -p "$it_tmp/tools"
-        cp "$it_lib" "$it_tmp/tools/libsdirect.so"
-        cp "$it_tools/sdirect-run" "$it_tmp/tools/"
-        it_tools="$it_tmp/tools"
-        export SDIRECT_LIB="$it_tmp/tools/libsdirect.so"
-    fi
+    it_share_tools
 fi
 
 data="$it_tmp/pgdata"

@@ -24,15 +24,7 @@ it_shared_tmp
 export SDIRECT_ENGINE_WAIT_MS="${SDIRECT_ENGINE_WAIT_MS:-30000}"
 it_as postgres
 as_pg=("${it_as_words[@]}" --)
-# The library and sdirect-run where postgres may read them.
-if ((!it_kernel)); then
-    mkdir -p "$it_tmp/tools"
-    cp "$it_lib" "$it_tmp/tools/libsdirect.so"
-    cp "$it_tools/sdirect-run" "$it_tmp/tools/"
-    chmod -R a+rX "$it_tmp/tools"
-    it_tools="$it_tmp/tools"
-    export SDIRECT_LIB="$it_tmp/tools/libsdirect.so"
-fi
+it_share_tools
 
 # round NAME CLIENT-AS
 round() {
