@@ -171,6 +171,7 @@ Sys sys = {
     Lazy<&Sys::recvmmsg>::call,
     Lazy<&Sys::closefrom>::call,
     Lazy<&Sys::fdopen>::call,
+    Lazy<&Sys::fopen>::call,
     Lazy<&Sys::vdprintf>::call,
     Lazy<&Sys::vdprintf_chk>::call,
     Lazy<&Sys::execve>::call,
@@ -322,6 +323,7 @@ SD_UNINSTRUMENTED void resolve_sys() noexcept {
     bind_or(sys.recvmmsg, "recvmmsg", &raw_recvmmsg);
     bind_or(sys.closefrom, "closefrom", &raw_closefrom);
     bind_or_enosys(sys.fdopen, "fdopen");
+    bind_or_enosys(sys.fopen, "fopen");
     bind_or_enosys(sys.vdprintf, "vdprintf");
     bind_or_enosys(sys.vdprintf_chk, "__vdprintf_chk");
 

@@ -80,6 +80,7 @@ struct Sys {
     int (*recvmmsg)(int, mmsghdr *, unsigned, int, timespec *);  // raw syscall
     void (*closefrom)(int);                                      // close_range syscall
     FILE *(*fdopen)(int, const char *);
+    FILE *(*fopen)(const char *, const char *);
     int (*vdprintf)(int, const char *, va_list);
     int (*vdprintf_chk)(int, int, const char *, va_list);  // __vdprintf_chk
 
