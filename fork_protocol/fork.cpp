@@ -19,9 +19,13 @@ bool settled = true;
 
 void prepare() noexcept {
     settled = transport::Engine::settle_before_fork();
+    transport::Engine::park_for_fork();
     fallback::table_fork_prepare();
 }
-void in_parent() noexcept { fallback::table_unlock_after_fork(); }
+void in_parent() noexcept {
+    fallback::table_unlock_after_fork();
+    transport::Engine::resume_after_fork();
+}
 
 void in_child() noexcept {
     fallback::table_after_fork_child();

@@ -171,16 +171,22 @@ void Engine::control_loop() noexcept {
     constexpr int kWatch = 2 + int(sizeof peers_ / sizeof peers_[0]);
     pollfd fds[kWatch];
     for (;;) {
-        // Given up (afresh.cpp): the thread ends, and says so.
-        if (given_up_.load(std::memory_order_acquire)) {
-            control_gone_.store(true, std::memory_order_release);
-            return;
+        int n;
+        {
+            std::lock_guard busy(control_busy_);
+            // Given up (afresh.cpp): the thread ends, and says so.
+            if (given_up_.load(std::memory_order_acquire)) {
+                control_gone_.store(true, std::memory_order_release);
+                return;
+            }
+            n = gather_watch(fds, kWatch);
         }
-        const int n = gather_watch(fds, kWatch);
         if (sys.poll(fds, nfds_t(n), -1) < 0) {
             if (errno != EINTR) usleep(1000);
             continue;
         }
+        // Until the next sleep: a fork waits for this (park_for_fork).
+        std::lock_guard busy(control_busy_);
         if (fds[1].revents & POLLIN) {
             std::uint64_t v;
             (void)sys.read(watch_fd_, &v, sizeof v);

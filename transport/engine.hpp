@@ -185,6 +185,14 @@ class Engine {
     // would not exist in the child while its locks stayed taken there.
     // False when the build was still going on when the wait ended.
     static bool settle_before_fork() noexcept;
+    // Before fork, after settle_before_fork: waits (bounded) until the
+    // control thread is between requests, and keeps it there until
+    // resume_after_fork() in the parent. The child then holds no lock of
+    // a thread of ours that it does not have, the allocator's included
+    // (an allocator without fork handlers, such as a sanitizer's, would
+    // otherwise stay locked in the child whenever our thread was freeing).
+    static void park_for_fork() noexcept;
+    static void resume_after_fork() noexcept;
     // Forget the engine of the parent (in a fork child, before any use).
     // `settled` is what settle_before_fork() answered: if false, the child
     // may hold locks of the parent's builder and never builds its own.
@@ -613,6 +621,9 @@ class Engine {
     void forsake_after() noexcept;
     std::atomic<bool> given_up_{false};
     std::atomic<bool> control_gone_{false};
+    // Held by the control thread from its wake-up to its next sleep, and
+    // by a fork's prepare step (park_for_fork) until the fork is done.
+    std::timed_mutex control_busy_;
 
     pid_t pid_ = 0;
     std::uint64_t nonce_ = 0;

@@ -14,9 +14,11 @@
 #include "sys.hpp"
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <ctime>
 #include <fcntl.h>
 #include <new>
@@ -202,6 +204,25 @@ bool Engine::settle_before_fork() noexcept {
     return false;
 }
 
+namespace {
+Engine *parked_for_fork = nullptr;
+}
+
+void Engine::park_for_fork() noexcept {
+    // Requests take milliseconds; an answer waiting on its peer, at most
+    // the upgrade timeout. Past the bound the fork goes on unparked.
+    Engine *e = current();
+    if (!e || e->pid_ != getpid() || e->control_gone_.load(std::memory_order_acquire)) return;
+    const auto bound = std::chrono::milliseconds(settings().upgrade_timeout_ms + 500);
+    if (e->control_busy_.try_lock_for(bound)) parked_for_fork = e;
+    else SD_LOG(info, "fork while the control thread answered a request for over %u ms",
+                unsigned(bound.count()));
+}
+
+void Engine::resume_after_fork() noexcept {
+    if (Engine *e = std::exchange(parked_for_fork, nullptr)) e->control_busy_.unlock();
+}
+
 bool Engine::close_provider_for_exec() noexcept {
     // No engine, or a vfork child's exec (it shares its parent's memory,
     // and with it the parent's gate): nothing to close.
@@ -218,6 +239,7 @@ void Engine::forget_after_fork(bool settled) noexcept {
     // parent: closing the endpoint here would unlink the parent's region.
     // Leave every object as it is and start afresh when needed.
     the_engine.store(nullptr, std::memory_order_relaxed);
+    parked_for_fork = nullptr;  // the parent's, locked for good here
     regcache().forget();  // the parent's registrations, in the parent's domain
     pollers_after_fork_child();
     provider_gate().reset();
