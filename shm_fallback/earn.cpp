@@ -1,5 +1,5 @@
 // Upgrade only when it can pay. An upgrade costs the process its fabric
-// engine (loading libfabric: a few hundred ms, once) and the connection a
+// engine (loading libfabric: ~0.2 s, once) and the connection a
 // handshake on both ends; a connection that is over after a request and
 // its answer gains nothing from it. So a connection starts on the kernel,
 // counted as a pending one, and asks for its upgrade only once it has
@@ -37,15 +37,24 @@ void finish_pending_cb(void *ctx) noexcept {
 void Stream::start_earning() noexcept {
     std::lock_guard lock(pend_lock);
     pending.store(true, std::memory_order_release);
-    earn_ns = transport::monotonic_ns() +
-              std::uint64_t(transport::settings().upgrade_after_ms) * 1000000ull;
+    const std::uint64_t now = transport::monotonic_ns();
+    earn_ns = now + std::uint64_t(transport::settings().upgrade_after_ms) * 1000000ull;
+    build_ns = now + std::uint64_t(transport::settings().build_after_ms) * 1000000ull;
     earn_calls = 0;
     ask_held = false;
     phase.store(Phase::attached, std::memory_order_release);
 }
 
 void Stream::ask_upgrade_locked() noexcept {
-    if (++earn_calls < kEarnCalls || transport::monotonic_ns() < earn_ns) return;
+    if (++earn_calls < kEarnCalls) return;
+    const std::uint64_t now = transport::monotonic_ns();
+    if (now < earn_ns) return;
+    // An ask that would start the build waits for SDIRECT_BUILD_AFTER_MS:
+    // a process that exits during a build waits for its step in progress
+    // (loading libfabric is ~0.2 s of sleeping constructors), so only a
+    // connection that has lived about as long as a build is worth one.
+    if (now < build_ns && !transport::Engine::current() && transport::Engine::idle_process())
+        return;
     if (kernel_waiters) {
         // A blocked recv asks when it returns; a readiness wait asleep in
         // the kernel is woken to make the ask.

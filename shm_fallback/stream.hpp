@@ -94,6 +94,10 @@ class Stream {
     // its first kernel I/O that moves bytes from this time on (monotonic
     // ns). 0: it asked already, or never will (under pend_lock).
     std::uint64_t earn_ns = 0;
+    // When its ask may start the process's engine build (it has lived
+    // SDIRECT_BUILD_AFTER_MS); before then it asks only once an engine
+    // exists or is being built.
+    std::uint64_t build_ns = 0;
     std::uint32_t earn_calls = 0;  // its kernel I/O calls that moved bytes so far
     // Threads asleep in the kernel on a connection that has not asked for
     // its upgrade (pend_lock): in its recv, or in a readiness wait that

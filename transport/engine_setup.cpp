@@ -251,6 +251,7 @@ void Engine::forget_after_fork(bool settled) noexcept {
 
 int Engine::init() noexcept {
     const std::uint64_t began = now_ns();
+    SD_LOG(debug, "engine build started");
     pid_ = getpid();
     if (getrandom(&nonce_, sizeof nonce_, GRND_NONBLOCK) != sizeof nonce_)
         nonce_ = now_ns() ^ std::uint64_t(pid_);

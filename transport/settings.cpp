@@ -125,6 +125,14 @@ constexpr Setting table[] = {
      "listen() start the engine build, connect() and accept() wait for it "
      "up to SDIRECT_ENGINE_WAIT_MS, and the connection is direct from its "
      "first byte)."},
+    {"SDIRECT_BUILD_AFTER_MS", SettingKind::integer, "250",
+     "A connection of a process that has no fabric engine yet (none built, "
+     "none being built) asks to go direct only once it has lived this many "
+     "ms too (and SDIRECT_UPGRADE_AFTER_MS): its ask starts the build, "
+     "which takes about 0.2 s, and a process that exits during a build "
+     "waits for the step in progress. A process with an engine (a server "
+     "builds it at listen) upgrades at SDIRECT_UPGRADE_AFTER_MS. 0: no "
+     "more than SDIRECT_UPGRADE_AFTER_MS; ignored when that is 0."},
     {"SDIRECT_EXEC_STDIO", SettingKind::boolean, "1",
      "A program started by exec in place of one that runs the library, and "
      "running it too, re-adopts the connections it inherits and upgrades "
@@ -275,6 +283,7 @@ void load_settings() noexcept {
     values.leave_pause_us = integer(Key::leave_pause_us);
     values.engine_wait_ms = integer(Key::engine_wait_ms);
     values.upgrade_after_ms = integer(Key::upgrade_after_ms);
+    values.build_after_ms = integer(Key::build_after_ms);
     values.exec_stdio = boolean(Key::exec_stdio);
     values.stats_file = copy(raw(Key::stats_file));
     values.log_file = copy(raw(Key::log_file));
