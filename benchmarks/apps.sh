@@ -125,7 +125,7 @@
 # Quick run (BENCH_QUICK=1): redis, pg, pg-users, netperf, nginx,
 # nginx-users and mariadb-users only (sockperf and idle when named), 1 repeat,
 # redis-benchmark -n 40000 / 100000 (about a second each: a client
-# process builds its fabric engine in about 0.35 s after its connection
+# process builds its fabric engine in about 0.21 s after its connection
 # earned its upgrade, and a shorter run ends on TCP, NOT DIRECT), 20
 # redis-cli processes, pgbench 1 s, netperf 1 s, ab 1 s (sockperf 2 s,
 # idle 3 s; mysqlslap 20000 queries).

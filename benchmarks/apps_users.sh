@@ -238,7 +238,7 @@ ngx_users() {
 # MariaDB as mysql: one data directory for every run, made at the first
 # myx measurement (mariadb-install-db as mysql, root without a password on
 # 127.0.0.1). mysqlslap times its clients from their connect on, and a
-# process builds its fabric engine (~0.35 s, more on a loaded host) only
+# process builds its fabric engine (~0.21 s, more on a loaded host) only
 # when a connection asks: with the library's own settings a run of a
 # second or two would be half over on TCP before the client's engine is
 # there, and connections that end before it stay on TCP unrecorded. So

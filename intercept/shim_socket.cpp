@@ -63,12 +63,12 @@ SD_EXPORT int listen(int fd, int backlog) {
     if (r == 0 && s) {
         s->phase.store(Phase::listener);
         // A server: build the engine now, in the background, whatever the
-        // upgrade policy. The first accepted connection that earns its
-        // upgrade then needs no wait, and a server that forks a process
-        // per connection (postgres, netserver, sshd) gives its children a
-        // loaded libfabric: each of them would otherwise load it anew
-        // (~0.3 s and a CPU's worth of work while it runs).
-        sd::transport::Engine::ready();
+        // upgrade policy (unless SDIRECT_LISTEN_BUILD=0). The first
+        // accepted connection that earns its upgrade then needs no wait,
+        // and a server that forks a process per connection (postgres,
+        // netserver, sshd) gives its children a loaded libfabric: each of
+        // them would otherwise load it anew (~0.2 s) before going direct.
+        if (sd::transport::settings().listen_build) sd::transport::Engine::ready();
     }
     return r;
 }

@@ -133,6 +133,17 @@ constexpr Setting table[] = {
      "waits for the step in progress. A process with an engine (a server "
      "builds it at listen) upgrades at SDIRECT_UPGRADE_AFTER_MS. 0: no "
      "more than SDIRECT_UPGRADE_AFTER_MS; ignored when that is 0."},
+    {"SDIRECT_LISTEN_BUILD", SettingKind::boolean, "1",
+     "A listen() starts the process's fabric engine build at once, in the "
+     "background: the first accepted connection that earns its upgrade "
+     "needs no build, and the children of a server that forks per "
+     "connection inherit a loaded libfabric (each would otherwise load it, "
+     "~0.2 s, before its connection goes direct). The price: every fork of "
+     "a process with an engine copies libfabric's mappings, and each child's "
+     "exit tears them down (~0.35 ms more per fork, exit and wait here). 0: "
+     "a listener builds only when one of its own connections asks, as a "
+     "client does: for a server that forks a child per short connection "
+     "(pgbench -C against PostgreSQL)."},
     {"SDIRECT_EXEC_STDIO", SettingKind::boolean, "1",
      "A program started by exec in place of one that runs the library, and "
      "running it too, re-adopts the connections it inherits and upgrades "
@@ -284,6 +295,7 @@ void load_settings() noexcept {
     values.engine_wait_ms = integer(Key::engine_wait_ms);
     values.upgrade_after_ms = integer(Key::upgrade_after_ms);
     values.build_after_ms = integer(Key::build_after_ms);
+    values.listen_build = boolean(Key::listen_build);
     values.exec_stdio = boolean(Key::exec_stdio);
     values.stats_file = copy(raw(Key::stats_file));
     values.log_file = copy(raw(Key::log_file));

@@ -45,6 +45,7 @@ enum class Key : std::uint8_t {
     engine_wait_ms,
     upgrade_after_ms,
     build_after_ms,
+    listen_build,
     exec_stdio,
     stats_file,
     log_file,
@@ -78,6 +79,7 @@ struct Settings {
     std::uint32_t engine_wait_ms;  // connect/accept wait this long for the engine
     std::uint32_t upgrade_after_ms;  // a connection asks to go direct at this age (0: at once)
     std::uint32_t build_after_ms;    // ... and at this age when its ask would start a build
+    bool listen_build;               // listen() starts the engine build
     bool exec_stdio;  // an exec'd program re-adopts inherited sockets on fds 0-2 too
     const char *stats_file;   // counters appended here at exit ("" = off)
     const char *log_file;     // log lines appended here instead of stderr ("" = stderr)
