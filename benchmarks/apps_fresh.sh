@@ -12,7 +12,7 @@
 # columns), the median in ms. Both ends run with the library's own settings
 # (bench_defaults); the clients are preloaded directly.
 measure_rcli() {
-    local how="$1" i rc t0 t1 pre=(env) med
+    local how="$1" i rc t0 t1 pre=("${bench_defaults[@]}") med
     next_port
     rm -rf "$tmp/redis"
     mkdir -p "$tmp/redis"
@@ -25,7 +25,6 @@ measure_rcli() {
         stop_pid "$srv" TERM 5
         return 2
     fi
-    [[ -z "$engine_wait_user" ]] && pre+=(-u SDIRECT_ENGINE_WAIT_MS)
     [[ "$how" == sdirect ]] && pre+=("LD_PRELOAD=$sd_lib")
     rm -f "$tmp/rc-cli.stats" "$tmp/rc.times"
     for ((i = 0; i < rcli_n; i++)); do
