@@ -205,7 +205,9 @@ bool Engine::settle_before_fork() noexcept {
 }
 
 namespace {
-Engine *parked_for_fork = nullptr;
+// The engine whose control thread this thread's fork keeps parked (two
+// threads may fork at once: each resumes only what it parked).
+thread_local Engine *parked_for_fork = nullptr;
 }
 
 void Engine::park_for_fork() noexcept {
