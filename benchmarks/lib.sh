@@ -31,8 +31,14 @@ fi
 # the rows that start a process or a connection per transaction run with
 # the library's own defaults of those the user left alone (see
 # bench_defaults).
-engine_wait_user="${SDIRECT_ENGINE_WAIT_MS:+1}"
-upgrade_after_user="${SDIRECT_UPGRADE_AFTER_MS+1}"
+# Told by the outermost script: run.sh exports the values below to the
+# scripts it runs (apps.sh), which must not take them for the user's.
+if [[ -z "${BENCH_USER_SETTINGS:-}" ]]; then
+    export BENCH_USER_SETTINGS="engine_wait=${SDIRECT_ENGINE_WAIT_MS:+1} upgrade_after=${SDIRECT_UPGRADE_AFTER_MS+1}"
+fi
+engine_wait_user="${BENCH_USER_SETTINGS#engine_wait=}"
+engine_wait_user="${engine_wait_user%% *}"
+upgrade_after_user="${BENCH_USER_SETTINGS##*upgrade_after=}"
 export IPATH_NO_BACKTRACE=1 HFI_NO_BACKTRACE=1 FI_MR_CACHE_MONITOR=disabled
 # Measure direct mode from the first byte: connections upgrade at once
 # (SDIRECT_UPGRADE_AFTER_MS=0) and connect/accept wait for the process's
