@@ -182,8 +182,9 @@ class Engine {
     static bool give_up_unused() noexcept;
     int init_for_thread() noexcept;
     // Before fork: waits (bounded) for a build under way, whose thread
-    // would not exist in the child while its locks stayed taken there.
-    // False when the build was still going on when the wait ended.
+    // would not exist in the child while its locks stayed taken there,
+    // then for that thread's end. False when the build was still going
+    // on when the wait ended.
     static bool settle_before_fork() noexcept;
     // Before fork, after settle_before_fork: waits (bounded) until the
     // control thread is between requests, and keeps it there until

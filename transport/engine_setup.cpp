@@ -18,7 +18,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <utility>
 #include <ctime>
 #include <fcntl.h>
 #include <new>
@@ -27,7 +26,10 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+#include <utility>
 
 namespace sd::transport {
 namespace {
@@ -61,8 +63,14 @@ Pending pending[kMaxPending];
 std::size_t npending = 0;
 bool starting = false;  // a build is under way (queue callbacks)
 bool building = false;  // ... or its callbacks are still running
+// The last builder thread's kernel id, until a fork saw it gone: its
+// build is over before the thread has ended, and a thread's end frees
+// (its TLS, the sanitizers' per-thread caches) under the allocator's
+// locks, which a child forked meanwhile would find taken for good.
+std::atomic<pid_t> builder_tid{0};
 
 void *build_engine(void *) noexcept {
+    builder_tid.store(pid_t(syscall(SYS_gettid)), std::memory_order_release);
     ++guard_depth;
     void *mem = std::malloc(sizeof(Engine));
     Engine *e = mem ? new (mem) Engine() : nullptr;
@@ -195,10 +203,29 @@ bool Engine::settle_before_fork() noexcept {
     for (int i = 0; i < 10000; ++i) {
         {
             std::lock_guard lock(create_lock);
-            if (!building) return true;
+            if (!building) break;
         }
         timespec nap{0, 1000000};
         nanosleep(&nap, nullptr);
+    }
+    bool done;
+    {
+        std::lock_guard lock(create_lock);
+        done = !building;
+    }
+    if (done) {
+        // The build is over: its thread's end follows at once (a second
+        // at most; without /proc, as if it had ended).
+        const pid_t tid = builder_tid.load(std::memory_order_acquire);
+        char path[48];
+        std::snprintf(path, sizeof path, "/proc/self/task/%d", int(tid));
+        struct stat st;
+        for (int i = 0; tid && i < 1000 && stat(path, &st) == 0; ++i) {
+            timespec nap{0, 1000000};
+            nanosleep(&nap, nullptr);
+        }
+        builder_tid.store(0, std::memory_order_relaxed);
+        return true;
     }
     SD_LOG(info, "fork during an engine build that did not finish; the child stays on TCP");
     return false;
