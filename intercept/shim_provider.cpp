@@ -3,7 +3,7 @@
 // provider built into it, used or not, and the verbs provider's reads
 // /proc/kallsyms twice, line by line, looking for the kernel's RDMA
 // peer-memory and dma-buf symbols: about 120,000 lines each time, some
-// 100 ms of every engine build on this kind of host (`SDIRECT_LOG=debug`
+// 80 ms of every engine build on this kind of host (`SDIRECT_LOG=debug`
 // prints the build's steps and their times). Those symbols matter only to
 // register device (GPU) memory, which the library never registers, so
 // within its own calls (transport::guarded(), the flag every call into
