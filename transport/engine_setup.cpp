@@ -351,11 +351,6 @@ int Engine::open_page() noexcept {
 }
 
 int Engine::open_fabric() noexcept {
-    // Timed for the log: loading libfabric (its libraries' constructors
-    // run here), then the endpoint (the first one sets up every provider).
-    const std::uint64_t t0 = now_ns();
-    if (!fabric_available()) return -ENOSYS;
-    const std::uint64_t t1 = now_ns();
     char unique[64];
     // A fresh name per process incarnation: a fork child must never reuse
     // its parent's, and a recycled pid must not meet a stale region.
@@ -363,9 +358,6 @@ int Engine::open_fabric() noexcept {
                   (unsigned long long)(nonce_ & 0xffffffffffull));
     int rc = endpoint_open(ep_, settings().provider, unique);
     if (rc) return rc;
-    const std::uint64_t t2 = now_ns();
-    SD_LOG(debug, "libfabric loaded in %.1f ms, endpoint open in %.1f ms", double(t1 - t0) / 1e6,
-           double(t2 - t1) / 1e6);
     own_region_.watch(ep_.name, pid_);
     chunk_ = settings().chunk;
     can_read_ = ep_.can_read;  // whether to: protocol.hpp

@@ -5,6 +5,7 @@
 #include "regionlock.hpp"
 #include "settings.hpp"
 #include "sys.hpp"
+#include "wait.hpp"
 
 #include <atomic>
 #include <cerrno>
@@ -107,7 +108,11 @@ bool fabric_builder_parked() noexcept { return parked.load(std::memory_order_acq
 
 int endpoint_open(Endpoint &e, const char *provider, const char *unique) noexcept {
     park_if_exiting();
+    // Timed for the log: loading libfabric (its libraries' constructors
+    // run here), then the endpoint (the first one sets up every provider).
+    const std::uint64_t t0 = monotonic_ns();
     if (!fabric_available()) return -ENOSYS;
+    const std::uint64_t t1 = monotonic_ns();
     park_if_exiting();  // the dlopen is over: the exit's loader lock is free
     Guard guard;
     struct sigaction saved[sizeof kTouchedSignals / sizeof kTouchedSignals[0]];
@@ -197,6 +202,8 @@ int endpoint_open(Endpoint &e, const char *provider, const char *unique) noexcep
     e.rma_iov_limit = e.info->tx_attr->iov_limit ? int(e.info->tx_attr->iov_limit) : 1;
 
     restore();
+    SD_LOG(debug, "libfabric loaded in %.1f ms, endpoint open in %.1f ms", double(t1 - t0) / 1e6,
+           double(monotonic_ns() - t1) / 1e6);
     return 0;
 }
 
