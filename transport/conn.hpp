@@ -61,6 +61,7 @@ struct Waiter : boost::intrusive::slist_base_hook<boost::intrusive::link_mode<
     explicit Waiter(int fd) noexcept : efd(fd) {}
     int efd;
     bool handed = false;  // given the doorbell's watch while standing by (wait.cpp)
+    bool rung = false;    // written once by a delivery (Conn::wake_locked), under rx_lock
 };
 using WaiterList = boost::intrusive::slist<Waiter, boost::intrusive::constant_time_size<false>>;
 

@@ -29,6 +29,9 @@ std::uint64_t now_ns() noexcept {
     return std::uint64_t(ts.tv_sec) * 1000000000ull + std::uint64_t(ts.tv_nsec);
 }
 
+// Completions one progress pass takes at most (8 reads of an eighth).
+constexpr std::size_t kPassEntries = 256;
+
 }  // namespace
 
 void Engine::post_rx(RxBuffer *b) noexcept {
@@ -59,8 +62,20 @@ void Engine::progress_before_sleep() noexcept {
         progress();
         return;
     }
-    progress_lock_.lock();
-    progress_pass();
+    // A full pass may have left messages behind; bounded.
+    for (int pass = 0; pass < 16; ++pass) {
+        progress_lock_.lock();
+        if (progress_pass() < kPassEntries) return;
+    }
+}
+
+void Engine::take_ring() noexcept {
+    // In this order: a sender that sees the latch before it is cleared
+    // posted before the pass below looks.
+    std::uint64_t v;
+    (void)sys.read(doorbell_, &v, sizeof v);
+    page_->header.sleepers.fetch_and(~kRung, std::memory_order_seq_cst);
+    progress_before_sleep();
 }
 
 std::size_t Engine::progress_pass() noexcept {
@@ -84,9 +99,9 @@ std::size_t Engine::progress_pass() noexcept {
         return taken;
     }
     Guard guard;
-    fi_cq_data_entry entries[32];
+    fi_cq_data_entry entries[kPassEntries / 8];
     for (int round = 0; round < 8; ++round) {
-        ssize_t n = fi_cq_read(ep_.cq, entries, 32);
+        ssize_t n = fi_cq_read(ep_.cq, entries, kPassEntries / 8);
         if (n == -FI_EAGAIN) break;
         if (n < 0) {
             fi_cq_err_entry err{};
@@ -115,7 +130,7 @@ std::size_t Engine::progress_pass() noexcept {
             if (e.flags & FI_MULTI_RECV) post_rx(reinterpret_cast<RxBuffer *>(e.op_context));
         }
         taken += std::size_t(n);
-        if (n < 32) break;
+        if (n < ssize_t(kPassEntries / 8)) break;
     }
     progress_lock_.unlock();
     flush_due_stages();
@@ -522,12 +537,11 @@ int Engine::post(Conn *c, MsgType type, const iovec *iov, int iovcnt, std::uint3
                 c->unreturned.fetch_add(h.credits, std::memory_order_relaxed);
                 return -EAGAIN;
             }
-            if (t - start > 200000) {
-                timespec nap{0, 50000};
-                nanosleep(&nap, nullptr);
-            } else {
-                sched_yield();
-            }
+            // A nap, not a yield: beside a busy thread on our CPU a yield
+            // hands it a whole time slice (milliseconds), while a sleeper
+            // is back on the CPU as soon as its timer fires.
+            timespec nap{0, t - start > 200000 ? 50000 : 10000};
+            nanosleep(&nap, nullptr);
         }
     }
     // A stream message (posted under tx_lock) ends the peer's registered
@@ -575,7 +589,15 @@ void Engine::ring(const Peer *p) noexcept {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     std::uint32_t sleepers = 0;
     if (!p->cross) {
-        sleepers = p->page->header.sleepers.load(std::memory_order_relaxed);
+        auto &word = p->page->header.sleepers;
+        const std::uint32_t v = word.load(std::memory_order_relaxed);
+        // Rung already and not drained yet: its drainer takes our message
+        // in after its drain (wait.cpp: took_ring).
+        if ((v & ~kRung) == 0 || (v & kRung) || p->doorbell < 0) return;
+        if (word.fetch_or(kRung, std::memory_order_seq_cst) & kRung) return;
+        std::uint64_t one = 1;
+        (void)sys.write(p->doorbell, &one, sizeof one);
+        return;
     } else if (const int xl = p->xl; xl >= 0) {
         // Its count, as it copies it into the queue we write (we never map
         // its page: announce_sleep).
@@ -662,7 +684,14 @@ void Conn::wake_locked() noexcept {
     show_flow(true);
     rx_seq.fetch_add(1, std::memory_order_release);
     std::uint64_t one = 1;
-    for (Waiter &w : waiters) (void)sys.write(w.efd, &one, sizeof one);
+    // Once per sleep; never the delivering thread's own (it looks again
+    // after its progress pass, before and after its sleep: sleep_once).
+    const int own = own_bell();
+    for (Waiter &w : waiters) {
+        if (w.rung || w.efd == own) continue;
+        w.rung = true;
+        (void)sys.write(w.efd, &one, sizeof one);
+    }
     wake_pollers(pollers);
 }
 

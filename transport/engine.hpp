@@ -284,7 +284,12 @@ class Engine {
     // have come before a message whose sender saw no sleeper and rang no
     // doorbell; with only the connection's own pollers rung, nothing else
     // would wake the sleeper.
+    // Passes until the queue is empty (a pass takes a bounded number).
     void progress_before_sleep() noexcept;
+    // The doorbell was found rung: drains it, clears the latch (kRung),
+    // then takes in what is queued, which includes every message whose
+    // sender saw the latch set and rang no more.
+    void take_ring() noexcept;
 
     // Sends one message (header + iov payload, total within inject size),
     // retrying -FI_EAGAIN (the peer's queue is full: it is rung, then

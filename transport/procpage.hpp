@@ -2,7 +2,7 @@
 // direct connections, <registry>/p<pid>. Peers map it to read the sleep
 // count (doorbell protocol); sdirect-stat maps it to list connections.
 //
-// Layout (version 7), all little-endian host order:
+// Layout (version 8), all little-endian host order:
 //   0   ProcHeader   (128 bytes)
 //   128 ConnStat[kSlots] (256 bytes each)
 // A slot is written only by the owning process; readers tolerate torn
@@ -17,7 +17,7 @@
 namespace sd::transport {
 
 inline constexpr std::uint32_t kPageMagic = 0x53445047;  // "SDPG"
-inline constexpr std::uint32_t kPageVersion = 7;
+inline constexpr std::uint32_t kPageVersion = 8;
 inline constexpr std::uint32_t kSlots = 4096;
 
 enum class Mode : std::uint32_t { kernel = 0, direct = 1 };
@@ -59,7 +59,9 @@ struct ProcHeader {
     std::uint32_t version;
     std::int32_t pid;
     std::uint32_t nslots;
-    std::atomic<std::uint32_t> sleepers;  // threads blocked on the doorbell
+    // Threads blocked on the doorbell (the low 31 bits), and kRung: a peer
+    // rang it since the last drain (Engine::ring, wait.cpp).
+    std::atomic<std::uint32_t> sleepers;
     // Peer processes attached afresh (their maps made), upgrades that
     // found theirs attached already (cached or in use).
     std::atomic<std::uint32_t> peers_attached;
@@ -83,6 +85,13 @@ struct ProcHeader {
     std::atomic<std::uint32_t> peers_gone;
 };
 static_assert(sizeof(ProcHeader) == 128);
+
+// The doorbell's latch, in ProcHeader::sleepers: set by the peer whose ring
+// wrote the doorbell, cleared by the thread that drains it, which then
+// takes in everything queued. Until then other peers' posts need no write
+// of their own: a wake-up is on its way. Without it, every post to a
+// process whose sleeper had not run yet (a busy CPU) was a system call.
+inline constexpr std::uint32_t kRung = 1u << 31;
 static_assert(offsetof(ProcHeader, sleepers) == 16);
 
 enum class SlotState : std::uint32_t { free = 0, live = 1, closed = 2 };

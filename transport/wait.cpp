@@ -81,7 +81,7 @@ int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
         if (r < 0 && errno == EINTR) rc = -EINTR;
         if (r > 0) {
             if (p[0].revents & POLLIN) drain(w.efd);
-            if (p[1].revents & POLLIN) drain(e->doorbell());
+            if (p[1].revents & POLLIN) e->take_ring();
         }
     }
     e->announce_sleep(-1);
@@ -104,6 +104,20 @@ namespace {
 inline constexpr int kPollerSlots = 64;
 std::atomic<std::uint64_t> slots_busy{0};
 std::atomic<int> slot_fds[kPollerSlots];  // fd + 1; 0: not made yet
+// Slots whose eventfd was written since its last drain: a waker that
+// finds the bit set has nothing to write (the sleeper's wake-up is on its
+// way, and it looks at everything after its drain).
+std::atomic<std::uint64_t> slots_rung{0};
+// The slot of this thread's sleep, if any: its own deliveries (the last
+// look before the sleep, the look after it) need not wake it.
+thread_local std::uint64_t own_slot_bit = 0;
+
+// Drains slot `i`'s eventfd, then clears its bit: a waker that saw the
+// bit before the clear made its change before the sleeper's next look.
+void slot_drain(int i, int fd) noexcept {
+    drain(fd);
+    slots_rung.fetch_and(~(std::uint64_t(1) << i), std::memory_order_seq_cst);
+}
 
 // Sleeps that cannot name what they wait on (Watch::on_everything).
 PollerMask wide;
@@ -152,8 +166,8 @@ int slot_take() noexcept {
                 return -1;
             }
             slot_fds[i].store(fd + 1, std::memory_order_release);
-        } else {
-            drain(fd);  // rings meant for its previous holder
+        } else if (slots_rung.load(std::memory_order_seq_cst) & (std::uint64_t(1) << i)) {
+            slot_drain(i, fd);  // rings meant for its previous holder
         }
         return i;
     }
@@ -208,7 +222,9 @@ void wake_pollers(const PollerMask &m) noexcept {
     // sleeper's registration before its last look (both seq_cst).
     std::atomic_thread_fence(std::memory_order_seq_cst);
     std::uint64_t bits =
-        m.bits.load(std::memory_order_acquire) | wide.bits.load(std::memory_order_acquire);
+        (m.bits.load(std::memory_order_acquire) | wide.bits.load(std::memory_order_acquire)) &
+        ~own_slot_bit;
+    if (bits) bits &= ~slots_rung.fetch_or(bits, std::memory_order_seq_cst);
     const std::uint64_t one = 1;
     while (bits) {
         const int i = __builtin_ctzll(bits);
@@ -243,6 +259,8 @@ PollerMask &attach_pollers() noexcept { return attaching; }
 void pollers_after_fork_child() noexcept {
     // Only the forking thread lives on; it is in no sleep.
     slots_busy.store(0, std::memory_order_relaxed);
+    slots_rung.store(0, std::memory_order_relaxed);
+    own_slot_bit = 0;
     for (auto &f : slot_fds)
         if (int fd = f.exchange(0, std::memory_order_relaxed) - 1; fd >= 0) sys.close(fd);
     wide.bits.store(0, std::memory_order_relaxed);
@@ -260,11 +278,14 @@ void pollers_after_fork_child() noexcept {
 
 int thread_bell() noexcept { return bell.get(); }
 
+int own_bell() noexcept { return bell.fd; }
+
 int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int timeout_ms,
                  const Interest &in) noexcept {
     const int slot = in.enlist ? slot_take() : -1;
     Waiter w(slot >= 0 ? slot_fds[slot].load(std::memory_order_relaxed) - 1 : bell.get());
     if (w.efd < 0) return sys.poll(fds, n, 0);
+    own_slot_bit = slot >= 0 ? std::uint64_t(1) << slot : 0;
     if (slot < 0) {
         {
             std::lock_guard lock(pollers_lock);
@@ -311,8 +332,12 @@ int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int tim
                 if (r < 0) {
                     rc = -errno;
                 } else {
-                    if (all[n].revents & POLLIN) drain(w.efd), --r;
-                    if (!standing_by && (all[n + 1].revents & POLLIN)) drain(e->doorbell()), --r;
+                    if (all[n].revents & POLLIN) {
+                        if (slot >= 0) slot_drain(slot, w.efd);
+                        else drain(w.efd);
+                        --r;
+                    }
+                    if (!standing_by && (all[n + 1].revents & POLLIN)) e->take_ring(), --r;
                     for (nfds_t i = 0; i < n; ++i) fds[i].revents = all[i].revents;
                     rc = r;
                 }
@@ -328,6 +353,7 @@ int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int tim
         if (w.handed) watching = true;  // taken off the list by the hander
         else standby.remove_if([&w](const Waiter &x) { return &x == &w; });
     }
+    own_slot_bit = 0;
     if (slot >= 0) {
         slot_give(slot);
     } else {

@@ -97,6 +97,8 @@ void pollers_after_fork_child() noexcept;
 // The calling thread's bell (an eventfd, non-blocking), made at its first
 // use; -1 if none could be made. A wait may sleep on it and drain it.
 int thread_bell() noexcept;
+// The calling thread's bell if made, else -1 (never makes one).
+int own_bell() noexcept;
 
 // Spinning pays only while a CPU is free for it and the answer comes
 // within the spin. So a waiter spins only while it holds the spin slot of

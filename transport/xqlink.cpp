@@ -64,7 +64,8 @@ int Engine::link_for(pid_t pid, const char *name) noexcept {
     {
         std::lock_guard mirror(mirror_lock_);
         reinterpret_cast<XqHeader *>(base)->sleepers.store(
-            page_->header.sleepers.load(std::memory_order_seq_cst), std::memory_order_seq_cst);
+            page_->header.sleepers.load(std::memory_order_seq_cst) & ~kRung,
+            std::memory_order_seq_cst);
     }
     // Everything above before progress sees the slot live.
     l.state.store(kLinkLive, std::memory_order_release);
@@ -89,7 +90,7 @@ void Engine::announce_sleep(int delta) noexcept {
 }
 
 void Engine::mirror_sleepers_locked() noexcept {
-    const std::uint32_t n = page_->header.sleepers.load(std::memory_order_seq_cst);
+    const std::uint32_t n = page_->header.sleepers.load(std::memory_order_seq_cst) & ~kRung;
     const std::uint32_t hi = links_hi_.load(std::memory_order_acquire);
     for (std::uint32_t i = 0; i < hi; ++i) {
         XLink &l = links_[i];

@@ -20,7 +20,7 @@ TEST_CASE("the process page layout is versioned and fixed") {
     STATIC_REQUIRE(sizeof(ProcHeader) == 128);
     STATIC_REQUIRE(sizeof(ConnStat) == 256);
     STATIC_REQUIRE(sizeof(ProcPage) == 128 + 256 * kSlots);
-    STATIC_REQUIRE(kPageVersion == 7);
+    STATIC_REQUIRE(kPageVersion == 8);
     STATIC_REQUIRE(offsetof(ProcHeader, reg_hits) == 72);
     STATIC_REQUIRE(offsetof(ConnStat, sink_word) == 200);
 }
