@@ -1,73 +1,106 @@
 #!/usr/bin/env bash
-# SDIRECT_QUEUES=cross (one uid's pairs through the provider) against all
-# (through the library's own queues), the same build, interleaved run by
-# run (the order alternates every run): sd_pingpong ping-pong (one-way
-# latency) and stream at 64 B, 4 KiB, 64 KiB and 1 MiB, and sockperf
-# ping-pong of 64 B (2 s, its median), both ends preloaded, every
-# sd_pingpong line with the connection modes both ends' stats report.
-#   benchmarks/queues_ab.sh OUT RUNS idle|stress [BUILD]
-# stress: stress-ng --cpu 2 beside the runs, bounded with timeout and ended
-# by its pid. Summary: benchmarks/queues_ab_summary.py OUT.
-out="$1" runs="${2:-5}" load="${3:-idle}"
-build="$(readlink -f "${4:-build}")"
+# The two message paths of one uid's pairs against each other and against
+# the kernel, in one run: kernel TCP, SDIRECT_QUEUES=cross (the provider's
+# shm queues) and SDIRECT_QUEUES=all (the library's own queues, the
+# default), the three interleaved row by row, the order rotating every
+# run. Rows: sd_pingpong ping-pong (one-way latency, the mean of a run) at
+# 1 B, 64 B, 4 KiB, 64 KiB and 1 MiB, and stream (MB/s) at 64 B, 4 KiB,
+# 64 KiB and 1 MiB; upgraded from the first exchange on
+# (SDIRECT_UPGRADE_AFTER_MS=0). A run of the library counts only when both
+# ends' stats say direct.
+#
+#   benchmarks/queues_ab.sh OUT RUNS split|unpinned|hog|split-hog [BUILD]
+#
+# split: server on CPU 0, client on CPU 1; unpinned: the scheduler decides;
+# hog: unpinned beside `stress-ng --cpu 2` (bounded with timeout, ended by
+# its pid); split-hog: split beside it (each end shares its CPU with a
+# hog). OUT (a new folder) gets raw.txt, one line per run; the summary
+# (medians, ranges, runs counted) is printed and written to summary.txt by
+# benchmarks/queues_ab_summary.py.
+set -uo pipefail
+if (($# < 3)) || ! [[ "$2" =~ ^[1-9][0-9]*$ ]] || [[ ! "$3" =~ ^(split|unpinned|hog|split-hog)$ ]]; then
+    echo "usage: benchmarks/queues_ab.sh OUT RUNS split|unpinned|hog|split-hog [BUILD]" >&2
+    exit 2
+fi
+out="$1" runs="$2" placement="$3"
+here="$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")"
+build="$(readlink -f "${4:-$here/../build}")"
 lib="$build/intercept/libsdirect.so" pp="$build/benchmarks/sd_pingpong"
-port=$((47000 + ($$ % 400) * 2))
+for f in "$lib" "$pp"; do
+    [[ -e "$f" ]] || { echo "queues_ab.sh: $f is missing (build first: scripts/build.sh)" >&2; exit 1; }
+done
+if [[ -e "$out" ]]; then
+    echo "queues_ab.sh: $out exists; give a new folder" >&2
+    exit 1
+fi
+mkdir -p "$out" || exit 1
+raw="$out/raw.txt"
+: >"$raw"
 tmp="$(mktemp -d)"
-# A connection made before the engine is built stays on TCP: wait for it.
-export SDIRECT_ENGINE_WAIT_MS=5000
-# Both paths measured from the first exchange on, not the kernel before.
-export SDIRECT_UPGRADE_AFTER_MS=0
+srv_pin=() cli_pin=()
+if [[ "$placement" == split* ]]; then
+    srv_pin=(taskset -c 0)
+    cli_pin=(taskset -c 1)
+fi
 hog=
-if [[ "$load" == stress ]]; then
-    timeout 1800 stress-ng --cpu 2 --quiet >/dev/null 2>&1 &
+cleanup() {
+    [[ -n "$hog" ]] && kill "$hog" 2>/dev/null && wait "$hog" 2>/dev/null
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+if [[ "$placement" == *hog ]]; then
+    command -v stress-ng >/dev/null || { echo "queues_ab.sh: stress-ng is missing" >&2; exit 1; }
+    timeout 3600 stress-ng --cpu 2 --quiet >/dev/null 2>&1 &
     hog=$!
     sleep 1
 fi
+# A connection made before the engine is built stays on TCP: wait for it.
+export SDIRECT_ENGINE_WAIT_MS=5000
+export SDIRECT_UPGRADE_AFTER_MS=0
+port=$((47000 + ($$ % 400) * 2))
 next_port() { port=$((port + 1)); ((port > 47990)) && port=47000; }
-# one QUEUES SIZE MODE ITERS
+
+# one VARIANT SIZE MODE ITERS: one sd_pingpong run, a line in raw.txt.
 one() {
-    local line mode sp
+    local variant="$1" size="$2" mode="$3" iters="$4" pre=() line sp modes=kernel value
     next_port
-    SDIRECT_QUEUES=$1 SDIRECT_STATS_FILE="$tmp/s" LD_PRELOAD="$lib" timeout 60 "$pp" server "$port" \
-        --count 1 >/dev/null 2>&1 &
-    sp=$!
-    sleep 0.2
-    line="$(SDIRECT_QUEUES=$1 SDIRECT_STATS_FILE="$tmp/c" LD_PRELOAD="$lib" timeout 60 "$pp" client \
-        127.0.0.1 "$port" --size "$2" --iters "$4" --mode "$3" --warmup 5000 2>&1 | tail -n 1)"
-    wait "$sp"
-    # Both ends' stats (the client's last words may still be on their way).
-    mode="$(cat "$tmp/c" "$tmp/s" 2>/dev/null | grep -o 'mode=[a-z]*' | sort -u | tr '\n' ',')"
+    [[ "$variant" != kernel ]] && pre=(env "SDIRECT_QUEUES=$variant" "LD_PRELOAD=$lib")
     rm -f "$tmp/s" "$tmp/c"
-    echo "$load q=$1 $line conn=$mode" >>"$out"
-}
-# sockperf QUEUES
-sockperf_one() {
-    local v sp
-    next_port
-    SDIRECT_QUEUES=$1 LD_PRELOAD="$lib" timeout 30 sockperf sr --tcp -i 127.0.0.1 -p "$port" \
+    SDIRECT_STATS_FILE="$tmp/s" timeout 60 "${srv_pin[@]}" "${pre[@]}" "$pp" server "$port" \
         >/dev/null 2>&1 &
     sp=$!
-    sleep 0.3
-    v="$(SDIRECT_QUEUES=$1 LD_PRELOAD="$lib" timeout 20 sockperf pp --tcp -i 127.0.0.1 -p "$port" \
-        -m 64 -t 2 2>&1 | grep -E 'percentile 50.000' | tr -s ' ')"
-    kill "$sp" 2>/dev/null
-    wait "$sp" 2>/dev/null
-    echo "$load q=$1 sockperf64 $v" >>"$out"
+    for _ in $(seq 100); do
+        ss -ltn 2>/dev/null | grep -q ":$port " && break
+        sleep 0.02
+    done
+    line="$(SDIRECT_STATS_FILE="$tmp/c" timeout 60 "${cli_pin[@]}" "${pre[@]}" "$pp" client \
+        127.0.0.1 "$port" --size "$size" --iters "$iters" --mode "$mode" 2>/dev/null | tail -n 1)"
+    wait "$sp"
+    if [[ "$mode" == pingpong ]]; then
+        value="$(tr ' ' '\n' <<<"$line" | awk -F= '$1 == "lat_us_mean" { print $2 }')"
+    else
+        value="$(tr ' ' '\n' <<<"$line" | awk -F= '$1 == "mbps" { print $2 }')"
+    fi
+    # Both ends' connection lines (the client's closes last).
+    if [[ "$variant" != kernel ]]; then
+        modes="$(cat "$tmp/c" "$tmp/s" 2>/dev/null | grep -o ' mode=[a-z]*' | sort -u | tr -d ' ' |
+            tr '\n' ',')"
+        modes="${modes%,}"
+    fi
+    echo "$placement $variant $size $mode ${value:-failed} ${modes:-none}" >>"$raw"
 }
+
+rows=("1 pingpong 20000" "64 pingpong 20000" "4096 pingpong 20000" "65536 pingpong 5000"
+    "1048576 pingpong 1000" "64 stream 200000" "4096 stream 100000" "65536 stream 20000"
+    "1048576 stream 2000")
+variants=(kernel cross all)
 for ((r = 0; r < runs; r++)); do
-    order=(cross all)
-    ((r % 2)) && order=(all cross)
-    for q in "${order[@]}"; do
-        one "$q" 64 pingpong 20000
-        one "$q" 4096 pingpong 20000
-        one "$q" 65536 pingpong 5000
-        one "$q" 1048576 pingpong 500
-        one "$q" 64 stream 200000
-        one "$q" 4096 stream 100000
-        one "$q" 65536 stream 20000
-        one "$q" 1048576 stream 2000
-        sockperf_one "$q"
+    echo "queues_ab.sh: $placement, run $((r + 1)) of $runs" >&2
+    for row in "${rows[@]}"; do
+        read -r size mode iters <<<"$row"
+        for ((v = 0; v < 3; v++)); do
+            one "${variants[$(((v + r) % 3))]}" "$size" "$mode" "$iters"
+        done
     done
 done
-[[ -n "$hog" ]] && kill "$hog" 2>/dev/null && wait "$hog" 2>/dev/null
-rm -rf "$tmp"
+python3 "$here/queues_ab_summary.py" "$raw" | tee "$out/summary.txt"

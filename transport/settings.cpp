@@ -91,12 +91,14 @@ constexpr Setting table[] = {
      "only its process page, read only, to the other's uid. 0: only "
      "processes of one uid go direct (see docs/ARCHITECTURE.md, \"Between "
      "users\")."},
-    {"SDIRECT_QUEUES", SettingKind::text, "cross",
+    {"SDIRECT_QUEUES", SettingKind::text, "all",
      "Which pairs of processes carry their messages through the library's "
-     "own queues instead of the provider's: cross (pairs of two uids, and "
-     "pairs where either end is not dumpable, which must) or all (pairs of "
-     "one uid too; the ring and zero-copy stay, by process_vm_* or the "
-     "provider's RMA). Both ends of a pair follow the initiator's choice."},
+     "own queues instead of the provider's: all (every pair; the ring and "
+     "zero-copy stay, by process_vm_* or the provider's RMA) or cross "
+     "(only pairs of two uids, and pairs where either end is not dumpable, "
+     "which must; one uid's other pairs use the provider's shm queues, "
+     "whose shared spinlock a busy host can preempt). Both ends of a pair "
+     "follow the initiator's choice."},
     {"SDIRECT_UPGRADE_TIMEOUT_MS", SettingKind::integer, "1000",
      "Longest wait for a peer's answer to an upgrade request, and for the "
      "peer's commit after this side accepted one; on expiry both ends of the "
@@ -189,9 +191,10 @@ const char *raw(Key key) noexcept {
     return env && *env ? env : s.fallback;
 }
 
-void complain(Key key, const char *text) noexcept {
-    std::fprintf(stderr, "sdirect: ignoring %s=%s (bad value), using %s\n",
-                 table[std::size_t(key)].name, text,
+// One line naming the setting, what it takes, and the default used.
+void complain(Key key, const char *text, const char *valid) noexcept {
+    std::fprintf(stderr, "sdirect: ignoring %s=%s (valid: %s), using %s\n",
+                 table[std::size_t(key)].name, text, valid,
                  table[std::size_t(key)].fallback);
 }
 
@@ -200,7 +203,7 @@ std::uint32_t integer(Key key) noexcept {
     char *end = nullptr;
     unsigned long long v = std::strtoull(text, &end, 0);
     if (end == text || *end != '\0' || v > 0xffffffffull) {
-        complain(key, text);
+        complain(key, text, "a number from 0 to 4294967295");
         v = std::strtoull(table[std::size_t(key)].fallback, nullptr, 0);
     }
     return std::uint32_t(v);
@@ -212,7 +215,7 @@ bool boolean(Key key) noexcept {
         return true;
     if (!std::strcmp(text, "0") || !std::strcmp(text, "no") || !std::strcmp(text, "off"))
         return false;
-    complain(key, text);
+    complain(key, text, "1, yes, on, 0, no, off");
     return table[std::size_t(key)].fallback[0] == '1';
 }
 
@@ -228,8 +231,16 @@ int log_level(const char *text) noexcept {
     for (int i = 0; i < 4; ++i)
         if (!std::strcmp(text, names[i])) return i;
     if (text[0] >= '0' && text[0] <= '3' && text[1] == '\0') return text[0] - '0';
-    complain(Key::log, text);
+    complain(Key::log, text, "silent, error, info, debug, 0-3");
     return 0;
+}
+
+// SDIRECT_QUEUES: all or cross.
+bool queues_all(const char *text) noexcept {
+    if (!std::strcmp(text, "all")) return true;
+    if (!std::strcmp(text, "cross")) return false;
+    complain(Key::queues, text, "all, cross");
+    return !std::strcmp(table[std::size_t(Key::queues)].fallback, "all");
 }
 
 }  // namespace
@@ -288,7 +299,7 @@ void load_settings() noexcept {
     // name (/dev/shm/sdirect-UID).
     values.cross_user =
         boolean(Key::cross_user) && !std::strcmp(reg, table[std::size_t(Key::registry)].fallback);
-    values.queues_all = !std::strcmp(raw(Key::queues), "all");
+    values.queues_all = queues_all(raw(Key::queues));
     values.upgrade_timeout_ms = integer(Key::upgrade_timeout_ms);
     values.leave_timeout_ms = integer(Key::leave_timeout_ms);
     values.leave_pause_us = integer(Key::leave_pause_us);

@@ -6,11 +6,34 @@
 
 #include "transport/settings.hpp"
 
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <unistd.h>
 
 using namespace sd::transport;
+
+namespace {
+
+// What `f` writes to stderr (fd 2), through a temporary file.
+std::string stderr_of(void (*f)()) {
+    std::fflush(stderr);
+    FILE *tmp = std::tmpfile();
+    REQUIRE(tmp);
+    const int saved = dup(2);
+    dup2(fileno(tmp), 2);
+    f();
+    std::fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    std::string text;
+    std::rewind(tmp);
+    for (int ch; (ch = std::fgetc(tmp)) != EOF;) text += char(ch);
+    std::fclose(tmp);
+    return text;
+}
+
+}  // namespace
 
 TEST_CASE("every setting has a name, a default and help text") {
     std::size_t n = 0;
@@ -65,4 +88,35 @@ TEST_CASE("cross-user connections are on by default, off with 0, and only with t
 TEST_CASE("the default registry is per user") {
     load_settings();
     CHECK(std::string(settings().registry) == "/dev/shm/sdirect-" + std::to_string(getuid()));
+}
+
+TEST_CASE("the library's own queues carry every pair by default; cross keeps one uid's pairs on the provider's") {
+    load_settings();
+    CHECK(settings().queues_all);
+    {
+        EnvGuard q("SDIRECT_QUEUES", "cross");
+        load_settings();
+        CHECK_FALSE(settings().queues_all);
+    }
+    {
+        EnvGuard q("SDIRECT_QUEUES", "some");  // not a value: the default
+        const std::string said = stderr_of(load_settings);
+        CHECK(settings().queues_all);
+        CHECK(said == "sdirect: ignoring SDIRECT_QUEUES=some (valid: all, cross), using all\n");
+    }
+    load_settings();
+}
+
+TEST_CASE("a bad value is named in one line with what the setting takes") {
+    EnvGuard l("SDIRECT_LOG", "loud");
+    EnvGuard e("SDIRECT_CMA", "maybe");
+    EnvGuard w("SDIRECT_WINDOW", "lots");
+    const std::string said = stderr_of(load_settings);
+    CHECK(said.find("sdirect: ignoring SDIRECT_LOG=loud (valid: silent, error, info, debug, 0-3), "
+                    "using silent\n") != std::string::npos);
+    CHECK(said.find("sdirect: ignoring SDIRECT_CMA=maybe (valid: 1, yes, on, 0, no, off), using 1\n") !=
+          std::string::npos);
+    CHECK(said.find("sdirect: ignoring SDIRECT_WINDOW=lots (valid: a number from 0 to 4294967295), "
+                    "using 2097152\n") != std::string::npos);
+    load_settings();
 }
