@@ -199,18 +199,15 @@ int Engine::init_for_thread() noexcept { return init(); }
 
 bool Engine::settle_before_fork() noexcept {
     // A build takes well under a second; ten is a generous bound.
+    bool done = false;
     for (int i = 0; i < 10000; ++i) {
         {
             std::lock_guard lock(create_lock);
-            if (!building) break;
+            done = !building;
         }
+        if (done) break;
         timespec nap{0, 1000000};
         nanosleep(&nap, nullptr);
-    }
-    bool done;
-    {
-        std::lock_guard lock(create_lock);
-        done = !building;
     }
     if (done) {
         // The build is over: its thread's end follows at once (a second
@@ -283,6 +280,7 @@ void Engine::forget_after_fork(bool settled) noexcept {
     new (&create_lock) std::mutex();
     unusable = !settled;
     starting = building = false;  // the builder thread, if any, stayed in the parent
+    builder_tid.store(0, std::memory_order_relaxed);
     npending = 0;
 }
 
@@ -315,7 +313,11 @@ int Engine::init() noexcept {
                fabric_strerror(rc));
     // Last: the control thread reads what the lines above set.
     rc = start_control();
-    SD_LOG(debug, "engine built in %.1f ms", double(now_ns() - began) / 1e6);
+    if (rc == 0)
+        SD_LOG(debug, "engine built in %.1f ms", double(now_ns() - began) / 1e6);
+    else
+        SD_LOG(error, "control socket or thread not started (%s); staying on TCP",
+               std::strerror(-rc));
     return rc;
 }
 
