@@ -3,6 +3,7 @@
 // advertisements, doorbells and credits. Building the engine is
 // engine_setup.cpp; what a received message does is deliver.cpp.
 #include "engine.hpp"
+#include "clock.hpp"
 #include "memguard.hpp"
 #include "sink.hpp"
 #include "wait.hpp"
@@ -22,12 +23,6 @@
 
 namespace sd::transport {
 namespace {
-
-std::uint64_t now_ns() noexcept {
-    timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return std::uint64_t(ts.tv_sec) * 1000000000ull + std::uint64_t(ts.tv_nsec);
-}
 
 // Completions one progress pass takes at most (8 reads of an eighth).
 constexpr std::size_t kPassEntries = 256;
@@ -412,7 +407,7 @@ int Engine::rma(Conn *c, const iovec *iov, int iovcnt, const fi_rma_iov *remote,
     // queue), the peer must progress: wake it now and then; at once for a
     // write that must be delivered (the peer's progress places it).
     if (flags & FI_DELIVERY_COMPLETE) ring(c->peer);
-    const std::uint64_t start = now_ns();
+    const std::uint64_t start = monotonic_ns();
     for (unsigned spins = 0; op->state.load(std::memory_order_acquire) == 0; ++spins) {
         progress();
         if ((spins & 255) == 255) ring(c->peer);
@@ -420,7 +415,7 @@ int Engine::rma(Conn *c, const iovec *iov, int iovcnt, const fi_rma_iov *remote,
         // A peer whose region lock a dead process left held never
         // progresses again: as good as dead for this operation.
         if (peer_alive(c->peer) && c->peer->region.wait_free(kRegionLockBoundNs)) {
-            if (now_ns() - start > 200000) {
+            if (monotonic_ns() - start > 200000) {
                 timespec nap{0, 50000};
                 nanosleep(&nap, nullptr);
             }
@@ -518,9 +513,9 @@ int Engine::post(Conn *c, MsgType type, const iovec *iov, int iovcnt, std::uint3
         // connection request: it must progress. Wake it and help ourselves.
         ring(c->peer);
         progress();
-        if (tries == 0) start = now_ns();
+        if (tries == 0) start = monotonic_ns();
         if ((tries & 63) == 63) {
-            std::uint64_t t = now_ns();
+            std::uint64_t t = monotonic_ns();
             // A peer whose threads are all outside the library (asleep,
             // computing) drains its queue only when it calls in again:
             // its control thread does it for us. The queue holds a fixed

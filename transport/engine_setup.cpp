@@ -3,6 +3,7 @@
 // side, and what fork and exit do to it. The hot path (progress, posts,
 // RMA) is engine.cpp; the receive side's dispatch is deliver.cpp.
 #include "engine.hpp"
+#include "clock.hpp"
 #include "exitstats.hpp"
 #include "memguard.hpp"
 #include "registry.hpp"
@@ -36,12 +37,6 @@ namespace {
 std::atomic<Engine *> the_engine{nullptr};
 std::mutex create_lock;
 bool unusable = false;  // registry cannot be used: pure pass-through
-
-std::uint64_t now_ns() noexcept {
-    timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return std::uint64_t(ts.tv_sec) * 1000000000ull + std::uint64_t(ts.tv_nsec);
-}
 
 }  // namespace
 
@@ -154,7 +149,7 @@ Engine *Engine::ready() noexcept {
 
 Engine *Engine::wait_ready(std::uint32_t ms) noexcept {
     Engine *e = ready();
-    for (std::uint64_t end = now_ns() + std::uint64_t(ms) * 1000000; !e && now_ns() < end;) {
+    for (std::uint64_t end = monotonic_ns() + std::uint64_t(ms) * 1000000; !e && monotonic_ns() < end;) {
         {
             std::lock_guard lock(create_lock);
             if (!starting) return the_engine.load(std::memory_order_acquire);
@@ -285,11 +280,11 @@ void Engine::forget_after_fork(bool settled) noexcept {
 }
 
 int Engine::init() noexcept {
-    const std::uint64_t began = now_ns();
+    const std::uint64_t began = monotonic_ns();
     SD_LOG(debug, "engine build started");
     pid_ = getpid();
     if (getrandom(&nonce_, sizeof nonce_, GRND_NONBLOCK) != sizeof nonce_)
-        nonce_ = now_ns() ^ std::uint64_t(pid_);
+        nonce_ = monotonic_ns() ^ std::uint64_t(pid_);
     int rc = claim_registry(settings().registry);
     if (rc) {
         SD_LOG(error, "registry %s unusable (%s); staying on TCP", settings().registry,
@@ -314,7 +309,7 @@ int Engine::init() noexcept {
     // Last: the control thread reads what the lines above set.
     rc = start_control();
     if (rc == 0)
-        SD_LOG(debug, "engine built in %.1f ms", double(now_ns() - began) / 1e6);
+        SD_LOG(debug, "engine built in %.1f ms", double(monotonic_ns() - began) / 1e6);
     else
         SD_LOG(error, "control socket or thread not started (%s); staying on TCP",
                std::strerror(-rc));

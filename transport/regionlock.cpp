@@ -1,4 +1,5 @@
 #include "regionlock.hpp"
+#include "clock.hpp"
 
 #include "fabric.hpp"
 #include "log.hpp"
@@ -38,12 +39,6 @@ constexpr std::uint8_t kRegionVersion = 4;
 constexpr std::size_t kPidAt = 4;
 constexpr std::size_t kLockAt = 24;
 constexpr std::size_t kMapBytes = 4096;
-
-std::uint64_t now_ns() noexcept {
-    timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return std::uint64_t(ts.tv_sec) * 1000000000ull + std::uint64_t(ts.tv_nsec);
-}
 
 pid_t thread_id() noexcept { return pid_t(syscall(SYS_gettid)); }
 
@@ -100,8 +95,8 @@ void ProviderGate::open() noexcept {
 void ProviderGate::close(int ms) noexcept {
     closer_.store(thread_id(), std::memory_order_relaxed);
     closed_.store(true, std::memory_order_seq_cst);
-    const std::uint64_t end = now_ns() + std::uint64_t(ms) * 1000000ull;
-    while (inside_.load(std::memory_order_acquire) > 0 && now_ns() < end) {
+    const std::uint64_t end = monotonic_ns() + std::uint64_t(ms) * 1000000ull;
+    while (inside_.load(std::memory_order_acquire) > 0 && monotonic_ns() < end) {
         timespec nap{0, 200000};
         nanosleep(&nap, nullptr);
     }
@@ -165,7 +160,7 @@ bool RegionLock::wait_free(std::uint64_t bound_ns) noexcept {
     }
     // Already waited out once: the holder is gone; one look only.
     if (std::atomic_ref(wedged_).load(std::memory_order_relaxed)) return false;
-    const std::uint64_t start = now_ns();
+    const std::uint64_t start = monotonic_ns();
     for (unsigned spins = 0; lock_->load(std::memory_order_relaxed) <= 0; ++spins) {
         if (spins < 64) {
 #if defined(__x86_64__)
@@ -173,7 +168,7 @@ bool RegionLock::wait_free(std::uint64_t bound_ns) noexcept {
 #endif
             continue;
         }
-        const std::uint64_t t = now_ns();
+        const std::uint64_t t = monotonic_ns();
         // The region's owner gone: nobody will progress it, whoever holds
         // the lock; no need to wait out the bound.
         const bool owner_gone = t - start > 1000000 && (spins & 63) == 0 && owner_ > 0 &&

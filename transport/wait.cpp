@@ -48,12 +48,6 @@ void drain(int fd) noexcept {
 
 }  // namespace
 
-std::uint64_t monotonic_ns() noexcept {
-    timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return std::uint64_t(ts.tv_sec) * 1000000000ull + std::uint64_t(ts.tv_nsec);
-}
-
 int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
                bool (*ready)(void *), void *ctx, int timeout_ms) noexcept {
     Waiter w(bell.get());

@@ -5,6 +5,7 @@
 // and the process doorbell (rung by peers that post to a process with
 // sleepers; within poll/select/epoll, one watcher at a time sleeps on it).
 #pragma once
+#include "clock.hpp"
 #include "engine.hpp"
 
 #include <csignal>
@@ -14,7 +15,6 @@
 
 namespace sd::transport {
 
-std::uint64_t monotonic_ns() noexcept;
 
 // One sleep: registers the calling thread on `c`, announces it in the
 // process page, rechecks `ready` (after a last progress), then sleeps until
