@@ -1,4 +1,5 @@
-// The message queue between processes of two different uids: one per pair
+// The message queue between two processes (made for pairs of two
+// different uids; by default, SDIRECT_QUEUES=all, every pair's): one per pair
 // of processes and per direction, a single-producer single-consumer ring
 // of messages in a sealed memfd that the RECEIVING process creates and
 // passes to the sender with SCM_RIGHTS (handshake.cpp). The provider's shm
