@@ -587,7 +587,7 @@ void Engine::ring(const Peer *p) noexcept {
         auto &word = p->page->header.sleepers;
         const std::uint32_t v = word.load(std::memory_order_relaxed);
         // Rung already and not drained yet: its drainer takes our message
-        // in after its drain (wait.cpp: took_ring).
+        // in after its drain (Engine::take_ring).
         if ((v & ~kRung) == 0 || (v & kRung) || p->doorbell < 0) return;
         if (word.fetch_or(kRung, std::memory_order_seq_cst) & kRung) return;
         std::uint64_t one = 1;

@@ -1,11 +1,11 @@
 #include "fabric.hpp"
+#include "clock.hpp"
 #include "exitstats.hpp"
 
 #include "log.hpp"
 #include "regionlock.hpp"
 #include "settings.hpp"
 #include "sys.hpp"
-#include "wait.hpp"
 
 #include <atomic>
 #include <cerrno>
