@@ -7,13 +7,16 @@
 
 #include "handover.hpp"
 
+#include "transport/clock.hpp"
 #include "transport/log.hpp"
+#include "transport/settings.hpp"
 #include "transport/sys.hpp"
 
 #include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <ctime>
 #include <sys/socket.h>
 
 namespace sd::forking {
@@ -28,12 +31,87 @@ using transport::ConnState;
 using transport::epipe;
 using transport::sys;
 
+namespace {
+
+// The connection reset where its bytes died with another process: the
+// kernel connection is reset too (connect(AF_UNSPEC) sends the RST and
+// keeps the descriptor), so the peer's kernel side ends as ours does.
+void reset_lost(Stream &s) noexcept {
+    sockaddr unspec{};
+    unspec.sa_family = AF_UNSPEC;
+    (void)sys.connect(s.kfd(), &unspec, sizeof unspec);
+    s.orphan_lost.store(Stream::kLostUntold, std::memory_order_release);
+}
+
+// A holder of a shared socket uses it: its entry says so first, and if
+// another holder took the socket over meanwhile (share.cpp's take_over),
+// that owner moves the connection back to the kernel, its offsets added
+// to the counts, before this process touches the kernel socket.
+bool use_shared(Stream &s, int proof) noexcept {
+    std::lock_guard lock(s.pend_lock);
+    Sharers *sh = s.share.load(std::memory_order_relaxed);
+    if (!sh) sh = s.holders.load(std::memory_order_relaxed);
+    if (!sh) return true;
+    if (s.orphan_lost.load(std::memory_order_relaxed) != Stream::kNotLost) return false;
+    fallback::sharers_use(sh);
+    const std::uint64_t start = transport::monotonic_ns();
+    for (;;) {
+        bool pending = false;
+        const int owner = fallback::sharers_owner(sh, &pending);
+        if (!owner) return true;
+        if (pending) {
+            // Attaching (a few system calls): wait for it, unless it died.
+            if (transport::monotonic_ns() - start > 1000000000ull &&
+                fallback::sharers_owner_dead(owner))
+                fallback::sharers_disown(sh, owner);
+            timespec nap{0, 200000};
+            nanosleep(&nap, nullptr);
+            continue;
+        }
+        const int rc = transport::ask_owner_to_leave(owner, proof >= 0 ? proof : s.kfd(),
+                                                     transport::Reason::shared);
+        if (rc == -EAGAIN &&
+            transport::monotonic_ns() - start <
+                (std::uint64_t(transport::settings().upgrade_timeout_ms) + 2000) * 1000000ull) {
+            // Its upgrade is under way, or a call of its holds it: soon.
+            timespec nap{0, 2000000};
+            nanosleep(&nap, nullptr);
+            continue;
+        }
+        if (rc == 0) {
+            fallback::sharers_disown(sh, owner);
+            SD_LOG(info, "fd %d: pid %d had taken it over, and moved it back to the kernel",
+                   s.kfd(), owner);
+            continue;
+        }
+        if (rc == -ESRCH || rc == -ECONNRESET) {
+            SD_LOG(error, "fd %d: pid %d had taken it over, and %s before moving it back to the "
+                          "kernel: the connection is reset", s.kfd(), owner,
+                   rc == -ESRCH ? "that process died" : "the peer died with bytes unread there");
+            fallback::sharers_disown(sh, owner);
+            fallback::sharers_stick(sh);
+            reset_lost(s);
+            return false;
+        }
+        static std::atomic<bool> said{false};
+        if (!said.exchange(true))
+            SD_LOG(error, "fd %d: pid %d had taken it over, and could not move it back to the "
+                          "kernel (%s): its I/O fails with EIO here", s.kfd(), owner,
+                   std::strerror(-rc));
+        return false;
+    }
+}
+
+}  // namespace
+
 bool claim_inherited(Stream &s, int proof, transport::Reason why) noexcept {
-    if (!s.orphan.load(std::memory_order_acquire)) return true;
+    if (!s.orphan.load(std::memory_order_acquire)) return use_shared(s, proof);
     std::lock_guard lock(s.pend_lock);
     if (!s.orphan.load(std::memory_order_relaxed)) return true;
     if (s.orphan_lost.load(std::memory_order_relaxed) != Stream::kNotLost) return false;
     Sharers *h = s.holders.load(std::memory_order_relaxed);
+    // Used here: no other holder takes it over while we live.
+    if (h) fallback::sharers_use(h);
     // Left already (its owner closed its copy, or another holder claimed
     // it): the counts say where the kernel took over.
     int rc = h && sharers_left(h)
@@ -44,16 +122,11 @@ bool claim_inherited(Stream &s, int proof, transport::Reason why) noexcept {
         // (or its peer died with bytes unread there): the bytes it held
         // died with it, and the kernel stream alone would go on past a
         // gap. What TCP gives for a connection that lost its bytes is a
-        // reset: the kernel connection is reset too (connect(AF_UNSPEC)
-        // sends the RST and keeps the descriptor), so the peer's kernel
-        // side ends as ours does.
+        // reset.
         SD_LOG(error, "fd %d: inherited from pid %d while on the fabric, and %s before moving it "
                       "back to the kernel: the connection is reset", s.kfd(), s.owner,
                rc == -ESRCH ? "that process died" : "the peer died with bytes unread there");
-        sockaddr unspec{};
-        unspec.sa_family = AF_UNSPEC;
-        (void)sys.connect(s.kfd(), &unspec, sizeof unspec);
-        s.orphan_lost.store(Stream::kLostUntold, std::memory_order_release);
+        reset_lost(s);
         return false;
     }
     if (rc != 0) {

@@ -8,7 +8,10 @@
 // mode from the holders' counts (rejoin_locked).
 #include "share.hpp"
 
+#include "transport/engine.hpp"
 #include "transport/log.hpp"
+
+#include <unistd.h>
 
 #include <mutex>
 
@@ -19,6 +22,7 @@ using fallback::prefix_from_ring;
 using fallback::prefix_reserve;
 using fallback::sharers_alone;
 using fallback::sharers_born;
+using fallback::sharers_count;
 using fallback::sharers_counts;
 using fallback::sharers_expect_child;
 using fallback::sharers_leave;
@@ -28,6 +32,7 @@ using fallback::sharers_received;
 using fallback::sharers_sent;
 using fallback::sharers_stick;
 using fallback::sharers_stuck;
+using fallback::sharers_use;
 using fallback::Prefix;
 using fallback::Sharers;
 using fallback::Stream;
@@ -40,6 +45,19 @@ void fork_prepare(Stream &s, unsigned mark) noexcept {
     Phase p = s.phase.load(std::memory_order_acquire);
     if (p == Phase::fresh || p == Phase::listener) return;
     s.forked = true;
+    // A call of ours on it under way, or an epoll set that watches it
+    // (each holds a reference besides the fds'): this process uses it, and
+    // no child may take it over from us.
+    const bool busy = s.refs.load(std::memory_order_acquire) > s.fds.load(std::memory_order_acquire);
+    struct Busy {
+        const Stream &s;
+        bool busy;
+        ~Busy() {
+            if (!busy) return;
+            if (Sharers *h = s.holders.load(std::memory_order_relaxed)) sharers_use(h);
+            if (Sharers *sh = s.share.load(std::memory_order_relaxed)) sharers_use(sh);
+        }
+    } mark_busy{s, busy};
     if (s.orphan.load(std::memory_order_relaxed)) {
         // Another process's connection: the child holds it too.
         if (Sharers *h = s.holders.load(std::memory_order_relaxed)) sharers_expect_child(h);
@@ -115,8 +133,11 @@ void fork_child(Stream &s, unsigned mark, int parent) noexcept {
         s.orphan.store(true, std::memory_order_relaxed);
         s.owner = parent;
     }
-    if (Sharers *sh = s.share.load(std::memory_order_relaxed)) sharers_born(sh, parent);
-    if (Sharers *h = s.holders.load(std::memory_order_relaxed)) sharers_born(h, parent);
+    // Watched by an epoll set we inherited (its reference besides the
+    // fds'): the child uses it from the start.
+    const bool busy = s.refs.load(std::memory_order_relaxed) > s.fds.load(std::memory_order_relaxed);
+    if (Sharers *sh = s.share.load(std::memory_order_relaxed)) sharers_born(sh, parent, busy);
+    if (Sharers *h = s.holders.load(std::memory_order_relaxed)) sharers_born(h, parent, busy);
     if (left) {
         s.holders.store(nullptr, std::memory_order_relaxed);
         s.share.store(left, std::memory_order_relaxed);
@@ -134,10 +155,54 @@ void fork_child(Stream &s, unsigned mark, int parent) noexcept {
     s.phase.store(Phase::deferred, std::memory_order_relaxed);
 }
 
-bool adopt_share(Stream &s, Sharers *sh) noexcept {
-    // Still waiting for this process's engine (the builder clears pending).
-    if (s.pending.load(std::memory_order_relaxed) || !sharers_alone(sh, &s.share_check_ns))
+namespace {
+
+// The other holders live but none has used the socket since it holds it
+// (sshd's monitor, which keeps its copy while the child it forked serves
+// the session): this process takes it over, attached at once from the
+// counts, and stays in the slot as the owner; a holder that uses the
+// socket later asks it to leave first (claim_inherited). Only with an
+// engine ready, so that such a claim always finds a control thread to
+// answer it (the first call starts the build; a later one takes over).
+bool take_over(Stream &s, Sharers *sh) noexcept {
+    if (transport::builds_held()) return false;
+    transport::Engine *e = transport::Engine::ready();
+    if (!e || !fallback::sharers_take(sh)) return false;
+    s.pre_tx = sharers_sent(sh);
+    s.pre_rx = sharers_received(sh);
+    // Our connection's offsets go back into the counts when it leaves.
+    fallback::sharers_reset_counts(sh);
+    Conn *c = e->attach(s.kfd(), s.acceptor, s.rcvbuf.load(std::memory_order_relaxed), s.pre_tx,
+                        s.pre_rx);
+    if (!c) {
+        sharers_count(sh, true, s.pre_tx);
+        sharers_count(sh, false, s.pre_rx);
+        fallback::sharers_disown(sh, int(getpid()));
         return false;
+    }
+    c->holder_counts.store(sharers_counts(sh), std::memory_order_release);
+    s.share.store(nullptr, std::memory_order_release);
+    s.holders.store(sh, std::memory_order_release);
+    s.engine = e;
+    transport::unmark_unattached(s.kfd(), s.mark);
+    s.set_conn(c);
+    s.phase.store(Phase::attached, std::memory_order_release);
+    fallback::sharers_took(sh);
+    SD_LOG(info, "fd %d: taken over from holders that have not used it since the fork; kernel "
+                 "mode at offsets %llu/%llu until the peer upgrades it",
+           s.kfd(), (unsigned long long)s.pre_tx, (unsigned long long)s.pre_rx);
+    return true;
+}
+
+}  // namespace
+
+bool adopt_share(Stream &s, Sharers *sh) noexcept {
+    // Still waiting for this process's engine (the builder clears pending);
+    // retired: never attaches.
+    if (s.pending.load(std::memory_order_relaxed) || transport::retired()) return false;
+    const int may = fallback::sharers_may_take(sh, &s.share_check_ns);
+    if (may == 2) return take_over(s, sh);
+    if (may != 1) return false;
     s.pre_tx = sharers_sent(sh);
     s.pre_rx = sharers_received(sh);
     sharers_leave(sh);

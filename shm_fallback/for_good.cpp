@@ -16,9 +16,28 @@ using transport::Conn;
 using transport::ConnState;
 using transport::Reason;
 
+bool Stream::retire_shared() noexcept {
+    // Direct in the process we inherited it from: that one leaves for
+    // sharing (its peer waits for an upgrade again), and we count.
+    if (orphan.load(std::memory_order_acquire) && holders.load(std::memory_order_acquire) &&
+        !claim_inherited(-1, Reason::shared))
+        return false;
+    Sharers *sh = share.load(std::memory_order_acquire);
+    Conn *c = sh ? nullptr : conn.load(std::memory_order_acquire);
+    if (!sh && c) sh = left_holders(c);
+    if (!sh || sharers_stuck(sh)) return false;
+    // Ours is used: nobody takes it over while we live.
+    sharers_use(sh);
+    return true;
+}
+
 void Stream::to_kernel_for_good(Reason why) noexcept {
     Phase p = phase.load(std::memory_order_acquire);
     if (p == Phase::fresh || p == Phase::listener) return;
+    // A socket shared through fork, in a process that retires (a server's
+    // sandboxed child, sshd's pre-auth one): the other holders may bring
+    // it back to the fabric once we are gone, from the counts we keep.
+    if (why == Reason::privilege && retire_shared()) return;
     for_good.store(true, std::memory_order_release);
     // Direct in the process we inherited it from: that one leaves, for good.
     (void)claim_inherited(-1, why);

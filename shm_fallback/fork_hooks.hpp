@@ -27,9 +27,10 @@ class Stream;
 struct Sharers;
 
 struct ForkHooks {
-    // A socket direct in another process, inherited through fork: that
-    // owner moves it back to the kernel first (`proof`: an fd of the
-    // socket, -1 for the stream's own). False if it could not.
+    // A socket direct in another process, inherited through fork, or one
+    // shared through fork that another holder took over: that owner moves
+    // it back to the kernel first (`proof`: an fd of the socket, -1 for
+    // the stream's own). False if it could not.
     bool (*claim_inherited)(Stream &s, int proof, transport::Reason why) noexcept;
     // What an I/O call on an orphan whose claim failed returns.
     ssize_t (*orphan_error)(Stream &s, bool out, int flags) noexcept;

@@ -20,10 +20,23 @@ namespace sd::fallback {
 using transport::sys;
 
 // An entry is 0 (empty), a holder (kHolder | pid) or a place reserved by
-// a forking parent for its child (kReserved | parent's pid).
+// a forking parent for its child (kReserved | parent's pid). A holder's
+// entry gains kUsed at its first use of the socket after it became a
+// holder (an I/O call, a readiness wait or an epoll registration, or one
+// of those under way at the fork): only a holder that never used it may
+// lose the socket to another holder's take-over.
 inline constexpr std::uint64_t kHolder = 1ull << 32;
 inline constexpr std::uint64_t kReserved = 2ull << 32;
-inline constexpr int kEntries = 27;
+inline constexpr std::uint64_t kUsed = 4ull << 32;
+inline constexpr std::uint64_t kKind = kHolder | kReserved;
+inline constexpr int kEntries = 26;
+
+// The owner word: 0, or the pid of the holder that took the socket over
+// (kOwnerPending while it checks that the others still have not used it
+// and attaches; kOwnerSet once its connection exists, and others must ask
+// it to leave before they use the kernel socket).
+inline constexpr std::uint64_t kOwnerPending = 1ull << 32;
+inline constexpr std::uint64_t kOwnerSet = 2ull << 32;
 
 struct Sharers {
     std::atomic<std::uint32_t> used;
@@ -36,6 +49,7 @@ struct Sharers {
     // A holder cannot read a prefix (an exec'd image: the owner's spill
     // goes to memory only the fork tree maps).
     std::atomic<std::uint64_t> blind;
+    std::atomic<std::uint64_t> owner;  // kOwnerPending or kOwnerSet | pid, or 0
     std::atomic<std::uint64_t> entry[kEntries];
 };
 static_assert(sizeof(Sharers) == 256);
@@ -88,6 +102,9 @@ bool dead(pid_t pid) noexcept {
     return paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
 }
 
+// An entry without its use mark: the kind and the pid.
+std::uint64_t who(std::uint64_t v) noexcept { return v & ~kUsed; }
+
 bool put(Sharers *sh, std::uint64_t value) noexcept {
     for (auto &e : sh->entry) {
         std::uint64_t empty = 0;
@@ -96,10 +113,12 @@ bool put(Sharers *sh, std::uint64_t value) noexcept {
     return false;
 }
 
+// Replaces the entry that is `value` (used or not) by `with`.
 bool take(Sharers *sh, std::uint64_t value, std::uint64_t with) noexcept {
     for (auto &e : sh->entry) {
-        std::uint64_t v = value;
-        if (e.compare_exchange_strong(v, with, std::memory_order_acq_rel)) return true;
+        std::uint64_t v = e.load(std::memory_order_acquire);
+        while (v && who(v) == value)
+            if (e.compare_exchange_weak(v, with, std::memory_order_acq_rel)) return true;
     }
     return false;
 }
@@ -138,6 +157,8 @@ Sharers *sharers_open(std::uint64_t sent, std::uint64_t received) noexcept {
         sh->sent.store(sent, std::memory_order_relaxed);
         sh->received.store(received, std::memory_order_relaxed);
         sh->left.store(0, std::memory_order_relaxed);
+        sh->blind.store(0, std::memory_order_relaxed);
+        sh->owner.store(0, std::memory_order_relaxed);
         for (auto &e : sh->entry) e.store(0, std::memory_order_relaxed);
         sh->entry[0].store(me(), std::memory_order_release);
         return sh;
@@ -153,7 +174,7 @@ void purge_dead(Sharers *sh) noexcept {
     const std::uint64_t self = me();
     for (auto &e : sh->entry) {
         std::uint64_t v = e.load(std::memory_order_acquire);
-        if ((v & ~0xffffffffull) == kHolder && v != self && dead(pid_t(std::uint32_t(v))))
+        if ((v & kKind) == kHolder && who(v) != self && dead(pid_t(std::uint32_t(v))))
             e.compare_exchange_strong(v, 0, std::memory_order_acq_rel);
     }
 }
@@ -167,8 +188,8 @@ void sharers_expect_child(Sharers *sh) noexcept {
     if (!put(sh, place)) sh->stuck.store(1, std::memory_order_release);  // the child cannot be counted
 }
 
-void sharers_born(Sharers *sh, int parent) noexcept {
-    take(sh, kReserved | std::uint32_t(parent), me());
+void sharers_born(Sharers *sh, int parent, bool used) noexcept {
+    take(sh, kReserved | std::uint32_t(parent), me() | (used ? kUsed : 0));
 }
 
 void sharers_leave(Sharers *sh) noexcept {
@@ -185,8 +206,8 @@ bool sharers_alone(Sharers *sh, std::uint64_t *next_check) noexcept {
     bool look = false;
     for (auto &e : sh->entry) {
         std::uint64_t v = e.load(std::memory_order_acquire);
-        if (v == 0 || v == self) continue;
-        if ((v & ~0xffffffffull) != kHolder) return false;  // a child on its way
+        if (v == 0 || who(v) == self) continue;
+        if ((v & kKind) != kHolder) return false;  // a child on its way
         if (!look) {
             std::uint64_t now = transport::monotonic_ns();
             if (now < *next_check) return false;
@@ -266,8 +287,90 @@ Sharers *sharers_at(std::uint32_t index) noexcept {
 bool sharers_hold(const Sharers *sh) noexcept {
     const std::uint64_t self = me();
     for (const auto &e : sh->entry)
-        if (e.load(std::memory_order_acquire) == self) return true;
+        if (who(e.load(std::memory_order_acquire)) == self) return true;
     return false;
+}
+
+void sharers_use(Sharers *sh) noexcept {
+    const std::uint64_t self = me();
+    for (auto &e : sh->entry) {
+        std::uint64_t v = e.load(std::memory_order_seq_cst);
+        if (who(v) != self) continue;
+        // seq_cst: a taker that checks the entries after setting the
+        // owner word sees this mark, or this holder sees that word next
+        // (sharers_owner), never neither.
+        if (!(v & kUsed)) e.fetch_or(kUsed, std::memory_order_seq_cst);
+        return;
+    }
+}
+
+int sharers_may_take(Sharers *sh, std::uint64_t *next_check) noexcept {
+    if (sh->stuck.load(std::memory_order_acquire) || sh->owner.load(std::memory_order_acquire))
+        return 0;
+    const std::uint64_t self = me();
+    bool look = false, idle = false;
+    for (auto &e : sh->entry) {
+        std::uint64_t v = e.load(std::memory_order_acquire);
+        if (v == 0 || who(v) == self) continue;
+        if ((v & kKind) != kHolder) return 0;  // a child on its way
+        if (!look) {
+            std::uint64_t now = transport::monotonic_ns();
+            if (now < *next_check) return 0;
+            *next_check = now + kRecheckNs;
+            look = true;
+        }
+        if (dead(pid_t(std::uint32_t(v)))) {
+            e.compare_exchange_strong(v, 0, std::memory_order_acq_rel);
+            continue;
+        }
+        if (v & kUsed) return 0;
+        idle = true;  // alive, and never used it: may lose it to us
+    }
+    return idle ? 2 : 1;
+}
+
+bool sharers_take(Sharers *sh) noexcept {
+    const std::uint64_t self = me(), pending = kOwnerPending | std::uint32_t(getpid());
+    std::uint64_t none = 0;
+    if (!sh->owner.compare_exchange_strong(none, pending, std::memory_order_seq_cst)) return false;
+    // Every other holder still has not used it, now that the word is set
+    // (seq_cst, with sharers_use's mark): one that uses it from here on
+    // asks us to leave first.
+    for (auto &e : sh->entry) {
+        const std::uint64_t v = e.load(std::memory_order_seq_cst);
+        if (v == 0 || who(v) == self) continue;
+        if ((v & kKind) != kHolder || (v & kUsed)) {
+            sh->owner.store(0, std::memory_order_seq_cst);
+            return false;
+        }
+    }
+    return true;
+}
+
+void sharers_took(Sharers *sh) noexcept {
+    sh->owner.store(kOwnerSet | std::uint32_t(getpid()), std::memory_order_seq_cst);
+}
+
+void sharers_reset_counts(Sharers *sh) noexcept {
+    sh->sent.store(0, std::memory_order_relaxed);
+    sh->received.store(0, std::memory_order_relaxed);
+    sh->left.store(0, std::memory_order_release);
+}
+
+int sharers_owner(Sharers *sh, bool *pending) noexcept {
+    const std::uint64_t v = sh->owner.load(std::memory_order_seq_cst);
+    const int pid = int(std::uint32_t(v));
+    *pending = (v & kOwnerPending) != 0;
+    return v && pid != getpid() ? pid : 0;
+}
+
+bool sharers_owner_dead(int pid) noexcept { return dead(pid_t(pid)); }
+
+void sharers_disown(Sharers *sh, int pid) noexcept {
+    for (std::uint64_t v : {kOwnerPending | std::uint32_t(pid), kOwnerSet | std::uint32_t(pid)}) {
+        std::uint64_t expect = v;
+        if (sh->owner.compare_exchange_strong(expect, 0, std::memory_order_seq_cst)) return;
+    }
 }
 
 void sharers_blind(Sharers *sh) noexcept { sh->blind.store(1, std::memory_order_release); }

@@ -23,8 +23,10 @@ Sharers *sharers_open(std::uint64_t sent, std::uint64_t received) noexcept;
 
 // fork, before it: a place for the child about to be born.
 void sharers_expect_child(Sharers *sh) noexcept;
-// In the child: take the place the parent (pid `parent`) reserved.
-void sharers_born(Sharers *sh, int parent) noexcept;
+// In the child: take the place the parent (pid `parent`) reserved;
+// `used`: the child uses the socket already (an epoll registration it
+// inherited).
+void sharers_born(Sharers *sh, int parent, bool used = false) noexcept;
 // This process holds it no more (its last fd closed). The slot is free
 // once nobody holds it.
 void sharers_leave(Sharers *sh) noexcept;
@@ -34,6 +36,34 @@ void sharers_leave(Sharers *sh) noexcept;
 // looking costs syscalls). A place reserved for a child never born (a
 // failed fork) counts as a holder: the socket stays on TCP.
 bool sharers_alone(Sharers *sh, std::uint64_t *next_check) noexcept;
+
+// Taking over from holders that never used the socket. A holder that
+// uses the socket (I/O, a readiness wait, an epoll registration) marks
+// its entry first (sharers_use), then looks for an owner
+// (sharers_owner): a process that took it over while this one never used
+// it, and which must move the connection back to the kernel before this
+// one touches the kernel socket. A holder whose other holders are all
+// gone or dead (1 from sharers_may_take) takes the counts as the last
+// holder does; one whose others are alive but have never used the socket
+// since they hold it (2) may take it over: sharers_take sets the owner
+// word (pending) and then checks that none of them used it meanwhile
+// (false: not taken); the taker then zeroes the counts
+// (sharers_reset_counts: its connection's offsets are added again when it
+// leaves), attaches and publishes itself (sharers_took). A server's
+// process that keeps its copy of a connection idle while its child
+// serves it (sshd's monitor) so loses the connection to that child.
+void sharers_use(Sharers *sh) noexcept;
+int sharers_may_take(Sharers *sh, std::uint64_t *next_check) noexcept;
+bool sharers_take(Sharers *sh) noexcept;
+void sharers_took(Sharers *sh) noexcept;
+void sharers_reset_counts(Sharers *sh) noexcept;
+// The pid of another process that took the socket over (`pending`: it is
+// still attaching), or 0.
+int sharers_owner(Sharers *sh, bool *pending) noexcept;
+bool sharers_owner_dead(int pid) noexcept;
+// The owner word no longer names `pid` (its connection left, or it gave
+// the take-over up).
+void sharers_disown(Sharers *sh, int pid) noexcept;
 
 // Half-closed while shared (shutdown): the switch would not know of the
 // kernel's FIN, so no holder returns to direct mode any more.

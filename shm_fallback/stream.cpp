@@ -20,6 +20,7 @@
 #include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 namespace sd::fallback {
 
@@ -187,6 +188,22 @@ ssize_t Stream::pending_io(const iovec *iov, int iovcnt, int flags, bool out,
     const std::uint64_t deadline = tmo ? monotonic_ns() + std::uint64_t(tmo) : 0;
     std::size_t total = iov_total(iov, iovcnt);
     done = 0;
+    if (transport::retired()) {
+        // A retired process (chroot, seccomp, a change of ids) never
+        // attaches, and while it holds the socket (its entry used) no
+        // other holder takes it over: the kernel carries every call as
+        // asked, blocking or not (one system call, as a sandbox allows),
+        // counted for the holder that upgrades it after us.
+        Sharers *sh = share.load(std::memory_order_acquire);
+        Conn *c = sh ? nullptr : conn.load(std::memory_order_acquire);
+        if (Sharers *to = sh ? sh : (c ? left_holders(c) : nullptr)) {
+            const ssize_t n = out ? transport::kernel_writev(kfd(), iov, iovcnt, flags)
+                                  : transport::kernel_readv(kfd(), iov, iovcnt, flags);
+            if (n < 0) return -errno;
+            if (n > 0 && !(flags & MSG_PEEK)) sharers_count(to, out, std::uint64_t(n));
+            return n;
+        }
+    }
     for (;;) {
         ssize_t n;
         {
@@ -301,6 +318,9 @@ bool Stream::may_go_direct() const noexcept {
     Phase p = phase.load(std::memory_order_acquire);
     if (p == Phase::fresh || p == Phase::listener || orphan.load(std::memory_order_acquire))
         return false;
+    // A retired process attaches nothing: the kernel's readiness is the
+    // socket's (and a sandbox may allow nothing else).
+    if (transport::retired()) return false;
     if (Conn *c = conn.load(std::memory_order_acquire))
         return c->state.load(std::memory_order_acquire) != ConnState::final || left_holders(c);
     if (counting()) return true;
@@ -654,7 +674,14 @@ void Stream::last_close() noexcept {
                 SD_LOG(error, "fd %d: closing while a process we forked holds it, and the "
                               "connection could not leave the fabric first: %s", kfd(),
                        std::strerror(-rc));
+        } else if (!alone && c && engine && c->state.load(std::memory_order_acquire) !=
+                                                ConnState::final) {
+            // Taken over from holders that still hold it, and not direct
+            // (yet): our kernel offsets go back into their counts.
+            (void)engine->give_to_holders(c);
         }
+        // Took it over: the others may use it without asking us.
+        sharers_disown(h, int(getpid()));
     } else if (forked && on_fabric) {
         if (const int rc = engine->leave(c, transport::Reason::shared); rc < 0)  // holders unknown
             SD_LOG(error, "fd %d: closing after a fork, and the connection could not leave the "

@@ -172,7 +172,8 @@ class Stream {
     // `proof`: an fd of the socket (default: ours).
     bool claim_inherited(int proof = -1,
                          transport::Reason why = transport::Reason::shared) noexcept {
-        return !orphan.load(std::memory_order_acquire) ||
+        return (!orphan.load(std::memory_order_acquire) && !share.load(std::memory_order_acquire) &&
+                !holders.load(std::memory_order_acquire)) ||
                fork_hooks.claim_inherited(*this, proof, why);
     }
     // In a fork child (the fork protocol's fork_child calls it first): the
@@ -181,8 +182,12 @@ class Stream {
     void forget_parent_threads() noexcept;
     // The socket goes back to the kernel for good, for `why`
     // (for_good.cpp): a direct connection leaves the fabric, one not
-    // direct yet (or not attached yet) never upgrades.
+    // direct yet (or not attached yet) never upgrades. A socket shared
+    // through fork, in a process that retires (reason privilege), stays
+    // shared instead: this process counts its kernel bytes for the holder
+    // that upgrades it after us (retire_shared).
     void to_kernel_for_good(transport::Reason why) noexcept;
+    bool retire_shared() noexcept;
     // recv family; `flags` as for recvmsg. Bytes, 0 at EOF, or -errno.
     // A reset told to the application (from the fabric or from the kernel
     // socket) is told once: SO_ERROR does not report it again.

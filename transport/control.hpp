@@ -23,6 +23,9 @@ inline constexpr std::uint16_t kCtlVersion = 1;
 // no fd, no reply. commit: the initiator's last word after an accepting
 // reply (see try_initiate); no fd, no reply.
 enum class CtlType : std::uint16_t { request = 1, reply = 2, leave = 3, kick = 4, commit = 5 };
+// A leave's answer that is no Reason: the connection is settling (an
+// upgrade under way, or a call of its process holds it); ask again.
+inline constexpr std::uint32_t kLeaveAgain = 0xffff;
 
 // Control message, one SEQPACKET datagram. A request carries two fds (the
 // initiator's TCP socket as proof, its doorbell); an accepting reply one

@@ -220,6 +220,8 @@ class Engine {
     // held too: it commits nothing, or leaves as soon as it is direct.
     // `why`: what the peer is told (mark_kernel): shared, or exec.
     void hold(Conn *c, Reason why = Reason::shared) noexcept;
+    // The mark alone, with conn_lock_ held (no wait for an upgrade).
+    void hold_locked(Conn *c, Reason why) noexcept;
     // After hold(): waits (within the upgrade timeout) for an upgrade under
     // way to end. True if it ended direct (then the caller makes it leave).
     bool settle_upgrade(Conn *c) noexcept;
@@ -235,6 +237,15 @@ class Engine {
     int leave_locked(Conn *c, Reason why) noexcept;
     // The same for an application thread of ours (exec, posix_spawn).
     int leave(Conn *c, Reason why) noexcept;
+    // A connection taken over from other holders of its socket
+    // (holder_counts set) gives it back to them: direct, it leaves for
+    // sharing; otherwise it is held on the kernel (an upgrade under way is
+    // waited for) and its offsets are added to their counts. 0, or -errno
+    // as for leave.
+    int give_to_holders(Conn *c) noexcept;
+    // The same with conn_lock_ held, without waiting: -EAGAIN while an
+    // upgrade is under way or a call of ours holds the connection.
+    int give_to_holders_locked(Conn *c) noexcept;
     // A connection that is not direct stays on the kernel for good, for
     // `why` (retire.cpp): unpublished, no upgrade either way. One that left
     // for sharing no longer comes back.

@@ -30,6 +30,10 @@ void Engine::hold(Conn *c, Reason why) noexcept {
         nanosleep(&nap, nullptr);
     }
     std::lock_guard lock(conn_lock_);
+    hold_locked(c, why);
+}
+
+void Engine::hold_locked(Conn *c, Reason why) noexcept {
     ConnState st = c->state.load();
     if (st == ConnState::direct || st == ConnState::leaving) return;
     c->held_why.store(std::uint32_t(why), std::memory_order_relaxed);
@@ -53,6 +57,42 @@ bool Engine::settle_upgrade(Conn *c) noexcept {
         if (st != ConnState::initiating && st != ConnState::committing)
             return st == ConnState::direct || st == ConnState::leaving;
         if (monotonic_ns() >= deadline) return false;
+        timespec nap{0, 1000000};
+        nanosleep(&nap, nullptr);
+    }
+}
+
+int Engine::give_to_holders_locked(Conn *c) noexcept {
+    const ConnState st = c->state.load(std::memory_order_acquire);
+    if (st == ConnState::direct || st == ConnState::leaving) {
+        const int rc = leave_locked(c, Reason::shared);
+        return rc < 0 ? rc : 0;
+    }
+    auto *k = c->holder_counts.load(std::memory_order_acquire);
+    // Handed already (its leave added the offsets), or not ours to hand.
+    if (!k || (st == ConnState::final && k[2].load(std::memory_order_acquire))) return 0;
+    // No upgrade from now on: one under way sees the mark where it ends
+    // (it ends on the kernel, or goes direct and leaves for sharing).
+    hold_locked(c, Reason::shared);
+    if (st == ConnState::initiating || st == ConnState::committing) return -EAGAIN;
+    // A call of ours on the kernel holds it (a blocking send): later.
+    std::unique_lock tx(c->tx_lock, std::try_to_lock);
+    if (!tx.owns_lock()) return -EAGAIN;
+    std::unique_lock rx(c->rx_lock, std::try_to_lock);
+    if (!rx.owns_lock()) return -EAGAIN;
+    return hand_to_holders_locked(c) ? 0 : -EIO;
+}
+
+int Engine::give_to_holders(Conn *c) noexcept {
+    const std::uint64_t deadline =
+        monotonic_ns() + (std::uint64_t(settings().upgrade_timeout_ms) + 1000) * 1000000ull;
+    for (;;) {
+        {
+            std::lock_guard lock(conn_lock_);
+            const int rc = give_to_holders_locked(c);
+            if (rc != -EAGAIN) return rc;
+        }
+        if (monotonic_ns() >= deadline) return -ETIMEDOUT;
         timespec nap{0, 1000000};
         nanosleep(&nap, nullptr);
     }
@@ -109,6 +149,7 @@ int ask_owner_to_leave(pid_t owner, int fd, Reason why) noexcept {
                         if (rep.type == std::uint16_t(CtlType::reply) && rep.pid == owner)
                             rc = rep.status == std::uint32_t(Reason::none)         ? 0
                                  : rep.status == std::uint32_t(Reason::disconnect) ? -ECONNRESET
+                                 : rep.status == kLeaveAgain                       ? -EAGAIN
                                                                                   : -EIO;
                         break;
                     }
@@ -138,6 +179,17 @@ void Engine::handle_leave(int fd, pid_t pid, const Tuple &tuple, int proof, Reas
     } else {
         std::lock_guard lock(conn_lock_);
         Conn *c = find_tuple(tuple);
+        // Taken over from holders of the socket and not direct (yet):
+        // held on the kernel, its offsets back in their counts; or, while
+        // that cannot be done at once, the holder asks again.
+        const ConnState st = c ? c->state.load(std::memory_order_acquire) : ConnState::final;
+        if (c && st != ConnState::direct && st != ConnState::leaving && st != ConnState::final &&
+            c->holder_counts.load(std::memory_order_acquire)) {
+            const int rc = give_to_holders_locked(c);
+            if (rc == -EAGAIN) rep.status = kLeaveAgain;
+            else if (rc < 0) rep.status = std::uint32_t(Reason::timeout);
+            c = nullptr;
+        }
         // Not ours (any more): the kernel carries it all already.
         if (c) {
             if (const int rc = leave_locked(c, why); rc < 0) {
