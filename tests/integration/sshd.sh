@@ -15,7 +15,9 @@
 # Then the modes, from the clients' stats: ssh is the only end whose
 # connection is recorded (sshd's connection processes end through _exit,
 # which writes no stats; the pre-auth child could not open the file in its
-# sandbox anyway).
+# sandbox anyway). The session's bytes must cross the fabric: the
+# post-auth child takes the connection over from the monitor, which holds
+# its copy idle (went_direct).
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib.sh"
 it_need ssh:openssh-client scp:openssh-client ssh-keygen:openssh-client cmp:diffutils
 [[ -x /usr/sbin/sshd ]] ||
@@ -159,57 +161,58 @@ variant() {
 
 roles() { echo "$1-cat $1-upload $1-scp-up $1-scp-down"; }
 
-# went_direct NAME: the modes after the privilege drop. The connection
+# bulk ROLE: what the transfer must have carried on the fabric, from the
+# client's side (its own bytes, not counting the protocol's).
+bulk() {
+    case "$1" in
+    *-cat) echo "tx_fabric>4194303 rx_fabric>4194303" ;;
+    *-upload) echo "tx_fabric>4194303" ;;
+    *-scp-up) echo "tx_fabric>1048575" ;;
+    *-scp-down) echo "rx_fabric>1048575" ;;
+    esac
+}
+
+# went_direct NAME: the modes, from the client's stats. The connection
 # process (the listener's child, or with re-exec the new sshd it executed,
 # which adopts the socket it inherited and upgrades it as a fresh one)
-# upgrades the connection at the identification exchange (the client
-# sends its banner, and sometimes its key exchange offer, on the fabric).
-# Then it forks the pre-auth child, whose chroot retires it from the
-# fabric: the connection leaves for good, by the hand of the process that
-# owns it (the client's peer_pid), with the reason privilege, which the
-# client takes over. So direct once, then kernel, reason privilege: one
-# upgrade, one leave, some fabric bytes.
-# The upgrade must happen before the pre-auth fork. When it does not, the
-# connection never goes direct and the client never finds a peer: kernel,
-# no_peer (or peer_kernel, when the server's end said it stays on the
-# kernel before the client asked: seen once under load), no upgrade. One
-# way: the listener closes its copy late, so the
-# child is not alone during the identification exchange (delaying that
-# close by 1.5 s with strace's fault injection gives exactly this; 0.3 s
-# does not). Seen once in about 70 runs of this script, cause not caught.
-# Either is correct, and so is a third, seen under load: upgraded, then
-# left before any byte crossed the fabric. At least one of the four must
-# have gone direct with bytes on the fabric.
+# upgrades the connection at the identification exchange. Then it forks
+# the pre-auth child, whose chroot retires it: the connection leaves the
+# fabric for sharing (the client's end waits for an upgrade again), and
+# the child's kernel bytes are counted for the holders. After the
+# authentication that child exits and the connection process (the
+# monitor, which keeps its copy of the socket and never uses it again)
+# forks the session's child: that child finds its only other holder has
+# never used the socket since, takes it over from the counts and upgrades
+# it. So the session's bytes (the 4 MiB, the scp files) cross the fabric:
+# two upgrades, one leave, the bulk on the fabric; the client closes
+# first and ends direct. Also correct: the first upgrade did not happen
+# before the pre-auth fork (one upgrade, no leave: seen when the listener
+# closes its copy late), and the session's child closing first (its leave
+# for the monitor, which still holds the socket: the client ends on the
+# kernel, reason shared, as many leaves as upgrades). Never correct: the
+# bulk on the kernel.
 went_direct() {
-    local name="$1" role first direct=0
+    local name="$1" role first direct=0 want
     if ((it_kernel)); then
         it_log "mode check skipped ($name; SDIRECT_IT_KERNEL=1)"
         return
     fi
     for role in $(roles "$name"); do
-        if it_mode_check "$variant_port" "$role" kernel privilege peer_pid'>0' upgrades=1 \
-            leaves=1 tx_fabric+rx_fabric'>0'; then
+        want="$(bulk "$role")"
+        # shellcheck disable=SC2086 # the conditions are words
+        if it_mode_check "$variant_port" "$role" direct none peer_pid'>0' upgrades=2 leaves=1 $want ||
+            it_mode_check "$variant_port" "$role" direct none peer_pid'>0' upgrades=1 leaves=0 $want ||
+            it_mode_check "$variant_port" "$role" kernel shared upgrades=2 leaves=2 $want ||
+            it_mode_check "$variant_port" "$role" kernel shared upgrades=1 leaves=1 $want; then
             it_ok "$it_mode_text"
             direct=$((direct + 1))
         else
-            first="$it_mode_text"
-            if it_mode_check "$variant_port" "$role" kernel no_peer peer_pid=0 upgrades=0 \
-                leaves=0 tx_fabric+rx_fabric=0 ||
-                it_mode_check "$variant_port" "$role" kernel peer_kernel peer_pid=0 upgrades=0 \
-                    leaves=0 tx_fabric+rx_fabric=0; then
-                it_ok "$it_mode_text (never direct: not upgraded before the pre-auth fork)"
-            elif it_mode_check "$variant_port" "$role" kernel privilege peer_pid'>0' upgrades=1 \
-                leaves=1 tx_fabric+rx_fabric=0; then
-                it_ok "$it_mode_text (upgraded, and left before a byte crossed)"
-            else
-                it_bad "$first"
-            fi
+            it_mode_check "$variant_port" "$role" direct none peer_pid'>0' upgrades=2 leaves=1 $want
+            it_bad "$it_mode_text"
         fi
     done
-    if ((direct > 0)); then
-        it_ok "$name: $direct of 4 connections went direct, then left for privilege"
-    else
-        it_bad "$name: none of the 4 connections went direct before the privilege drop"
+    if ((direct == 4)); then
+        it_ok "$name: the session's bytes of all 4 connections crossed the fabric"
     fi
 }
 
