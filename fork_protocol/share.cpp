@@ -10,6 +10,7 @@
 
 #include "transport/engine.hpp"
 #include "transport/log.hpp"
+#include "transport/settings.hpp"
 
 #include <unistd.h>
 
@@ -201,7 +202,7 @@ bool adopt_share(Stream &s, Sharers *sh) noexcept {
     // retired: never attaches.
     if (s.pending.load(std::memory_order_relaxed) || transport::retired()) return false;
     const int may = fallback::sharers_may_take(sh, &s.share_check_ns);
-    if (may == 2) return take_over(s, sh);
+    if (may == 2) return transport::settings().take_over && take_over(s, sh);
     if (may != 1) return false;
     s.pre_tx = sharers_sent(sh);
     s.pre_rx = sharers_received(sh);

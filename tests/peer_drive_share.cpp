@@ -1,7 +1,8 @@
 // Drivers for a connection shared with other processes: a forked child
 // that writes or reads it at the same time as its parent, takes over the
 // incoming stream while bytes are in flight both ways, dies blocked in a
-// read; a program started on the socket (cat on stdin and stdout).
+// read, takes the connection over from a parent that keeps its copy idle;
+// a program started on the socket (cat on stdin and stdout).
 #include "peer_drivers.hpp"
 #include "peer_pingpong.hpp"
 #include "peer_records.hpp"
@@ -623,6 +624,100 @@ void drive_fork_after_answer(int *fd, const Options &opt) {
     token_put(go.w, 1);
     close(go.w);
     reap(child, "child");
+}
+
+namespace {
+
+// 1 MiB each way, as finish_alone's bulk, the responder's ack last.
+void bulk_both_ways(int fd, const Options &opt, std::uint64_t first, const char *what) {
+    Cmd down;
+    down.op = Op::send;
+    down.api = std::uint32_t(Tx::send);
+    down.size = 1 << 20;
+    down.seed = seed_of(opt, first);
+    send_cmd(fd, down);
+    recv_pattern(fd, Rx::recv, down.seed, down.size, 65536, what);
+    Cmd up;
+    up.op = Op::recv;
+    up.api = std::uint32_t(Rx::recv);
+    up.size = 1 << 20;
+    up.seed = seed_of(opt, first + 1);
+    send_cmd(fd, up);
+    send_pattern(fd, Tx::send, up.seed, up.size, 65536, 0);
+    expect_ack(fd, what);
+}
+
+// What this process has sent and received on the socket, as one line.
+void note_counts(const char *what, int fd) {
+    note("%s pid=%d tx=%llu rx=%llu", what, int(getpid()), (unsigned long long)counted_tx(fd),
+         (unsigned long long)counted_rx(fd));
+}
+
+// The child's side of the idle-parent scenarios: echo rounds (its first
+// call makes the parent leave the fabric; a later one finds the parent a
+// holder that never used the socket since, and takes it over), 10 ms
+// apart, so that the engine its first call builds is ready well before
+// the bulk. The child's counts are the whole stream's (the parent sends
+// and receives nothing meanwhile): "child-start" gives the offsets at the
+// fork, "child-took" and "child-bulk-done" those around the bulk.
+void child_takes_over(int fd, const Options &opt) {
+    note_counts("child-start", fd);
+    for (std::uint64_t r = 0; r < 6; ++r) {
+        echo_round(fd, fd, 20000 + 1111 * r, seed_of(opt, 90 + r));
+        sleep_us(10000);
+    }
+    note_counts("child-took", fd);
+    bulk_both_ways(fd, opt, 100, "the child's bulk");
+    note_counts("child-bulk-done", fd);
+}
+
+}  // namespace
+
+// The parent keeps its copy of the socket and never touches it while its
+// child serves the connection (sshd's monitor and its post-auth child):
+// it waits for the child's exit in waitpid only. The child takes the
+// connection over and moves its bulk on the fabric, then closes and
+// exits; the parent, alone, finishes. Every byte is checked on both ends.
+void drive_fork_idle_parent(int *fd, const Options &opt) {
+    const int s = *fd;
+    rounds_before(s, opt);
+    const pid_t child = fork_child([&] {
+        child_takes_over(s, opt);
+        note_counts("child-done", s);
+        close(s);
+    });
+    reap(child, "child serving the connection");
+    finish_alone(s, opt);
+}
+
+// As fork-idle-parent, but the child keeps the socket after its bulk and
+// hands the turn to the parent (pipe tokens), whose echo round makes the
+// child, the owner, move the connection back to the kernel first; the
+// child's last echo round then goes on the kernel, counted for the
+// holders, and the parent, alone once the child has exited, finishes.
+void drive_fork_idle_parent_claims(int *fd, const Options &opt) {
+    const int s = *fd;
+    rounds_before(s, opt);
+    Pipe to_child = make_pipe();
+    Pipe to_parent = make_pipe();
+    const pid_t child = fork_child([&] {
+        close(to_child.w);
+        close(to_parent.r);
+        child_takes_over(s, opt);
+        token_put(to_parent.w, 1);
+        token_take(to_child.r, "the parent's echo round");
+        echo_round(s, s, 30000, seed_of(opt, 120));
+        note_counts("child-done", s);
+    });
+    close(to_child.r);
+    close(to_parent.w);
+    token_take(to_parent.r, "the child's bulk");
+    echo_round(s, s, 25000, seed_of(opt, 110));
+    token_put(to_child.w, 2);
+    close(to_child.w);
+    close(to_parent.r);
+    reap(child, "child serving the connection");
+    finish_alone(s, opt);
 }
 
 void drive_spawn_cat(int *fd, const Options &opt) {

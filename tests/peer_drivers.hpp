@@ -63,6 +63,8 @@ void drive_fork_handoff_both(int *fd, const Options &opt);
 void drive_fork_then_earn(int *fd, const Options &opt);
 void drive_fork_stdio(int *fd, const Options &opt);
 void drive_fork_after_answer(int *fd, const Options &opt);
+void drive_fork_idle_parent(int *fd, const Options &opt);
+void drive_fork_idle_parent_claims(int *fd, const Options &opt);
 void drive_spawn_cat(int *fd, const Options &opt);
 
 // Readiness through every waiting call (peer_ready_poll.cpp).

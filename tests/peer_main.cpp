@@ -94,6 +94,8 @@ constexpr Entry drivers[] = {
     {"fork-then-earn", drive_fork_then_earn},
     {"fork-stdio", drive_fork_stdio},
     {"fork-after-answer", drive_fork_after_answer},
+    {"fork-idle-parent", drive_fork_idle_parent},
+    {"fork-idle-parent-claims", drive_fork_idle_parent_claims},
     {"spawn-cat", drive_spawn_cat},
     {"spawn-child", drive_spawn_child},
     {"bad-input", drive_bad_input},

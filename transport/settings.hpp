@@ -38,6 +38,7 @@ enum class Key : std::uint8_t {
     peer_cache,
     same_process,
     cross_user,
+    take_over,
     queues,
     upgrade_timeout_ms,
     leave_timeout_ms,
@@ -72,6 +73,7 @@ struct Settings {
     std::uint32_t peer_cache;  // idle peers kept attached (0: none)
     bool same_process;        // accelerate connections within one process
     bool cross_user;          // connections between processes of different uids may go direct
+    bool take_over;           // a holder of a shared socket takes it over from idle holders
     bool queues_all;          // our message queues between processes of one uid too
     std::uint32_t upgrade_timeout_ms;
     std::uint32_t leave_timeout_ms;  // longest wait for a peer to answer our leave

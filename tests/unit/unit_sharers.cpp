@@ -1,6 +1,7 @@
 // Sockets shared through fork (shm_fallback/sharers.hpp): who holds a
 // slot, a place reserved for a child about to be born, holders that died,
-// the bytes every holder counts, and a slot freed by its last holder.
+// the bytes every holder counts, a slot freed by its last holder, and a
+// holder's take-over from holders that never used the socket.
 // Real children of this process, forked here; each ends with _exit.
 #include <catch2/catch.hpp>
 
@@ -154,10 +155,10 @@ TEST_CASE("more holders than entries: dead ones are purged for the newcomer, els
           "[sharers]") {
     Sharers *sh = sharers_open(0, 0);
     REQUIRE(sh);
-    // 26 children born and gone (_exit): every entry but ours is a dead
-    // holder's.
+    // 25 children born and gone (_exit): every entry but ours is a dead
+    // holder's (26 entries).
     const int parent = int(getpid());
-    for (int i = 0; i < 26; ++i) {
+    for (int i = 0; i < 25; ++i) {
         sharers_expect_child(sh);
         const pid_t pid = fork();
         REQUIRE(pid >= 0);
@@ -170,8 +171,8 @@ TEST_CASE("more holders than entries: dead ones are purged for the newcomer, els
     CHECK_FALSE(sharers_stuck(sh));
     sharers_expect_child(sh);  // no empty entry: the dead are purged
     CHECK_FALSE(sharers_stuck(sh));
-    // Places reserved for children are never purged: 25 more fill it.
-    for (int i = 0; i < 25; ++i) sharers_expect_child(sh);
+    // Places reserved for children are never purged: 24 more fill it.
+    for (int i = 0; i < 24; ++i) sharers_expect_child(sh);
     CHECK_FALSE(sharers_stuck(sh));
     sharers_expect_child(sh);
     CHECK(sharers_stuck(sh));
@@ -185,5 +186,132 @@ TEST_CASE("a socket half-closed while shared stays shared", "[sharers]") {
     sharers_stick(sh);
     CHECK(sharers_stuck(sh));
     CHECK_FALSE(alone_now(sh));
+    sharers_leave(sh);
+}
+
+TEST_CASE("a child takes the socket over from a parent that never used it; the parent, using "
+          "it afterwards, finds the child named as owner; the counts restart from zero",
+          "[sharers]") {
+    Sharers *sh = sharers_open(300, 400);
+    REQUIRE(sh);
+    int up[2], down[2];
+    REQUIRE(pipe(up) == 0);
+    REQUIRE(pipe(down) == 0);
+    const int parent = int(getpid());
+    sharers_expect_child(sh);
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        sharers_born(sh, parent);
+        sharers_use(sh);
+        int bad = 0;
+        std::uint64_t next = 0;
+        if (sharers_may_take(sh, &next) != 2) bad |= 1;  // the parent lives, idle
+        if (!sharers_take(sh)) bad |= 2;
+        if (sharers_sent(sh) != 300 || sharers_received(sh) != 400) bad |= 4;
+        sharers_reset_counts(sh);
+        bool pending = false;
+        if (sharers_owner(sh, &pending) != 0) bad |= 8;  // itself: nobody to ask
+        sharers_took(sh);
+        char b = char(bad), c;
+        (void)!write(up[1], &b, 1);
+        (void)!read(down[0], &c, 1);
+        // Its connection left: the owner word no longer names it.
+        sharers_disown(sh, int(getpid()));
+        (void)!write(up[1], &b, 1);
+        (void)!read(down[0], &c, 1);
+        _exit(0);
+    }
+    char bad = 1;
+    REQUIRE(read(up[0], &bad, 1) == 1);
+    CHECK(int(bad) == 0);
+    CHECK(sharers_sent(sh) == 0);
+    CHECK(sharers_received(sh) == 0);
+    CHECK_FALSE(sharers_left(sh));
+    sharers_use(sh);
+    bool pending = true;
+    CHECK(sharers_owner(sh, &pending) == int(pid));
+    CHECK_FALSE(pending);
+    // Another holder owns it now: nobody else takes it meanwhile.
+    std::uint64_t next = 0;
+    CHECK(sharers_may_take(sh, &next) == 0);
+    REQUIRE(write(down[1], "x", 1) == 1);
+    REQUIRE(read(up[0], &bad, 1) == 1);
+    CHECK(sharers_owner(sh, &pending) == 0);
+    REQUIRE(write(down[1], "x", 1) == 1);
+    CHECK(reap(pid) == 0);
+    for (int fd : {up[0], up[1], down[0], down[1]}) close(fd);
+    sharers_leave(sh);
+}
+
+TEST_CASE("a holder that used the socket keeps others from taking it over; one whose other "
+          "holder died takes the counts as the last holder",
+          "[sharers]") {
+    Sharers *sh = sharers_open(0, 0);
+    REQUIRE(sh);
+    int up[2], down[2];
+    REQUIRE(pipe(up) == 0);
+    REQUIRE(pipe(down) == 0);
+    const int parent = int(getpid());
+    sharers_use(sh);  // the parent used it after the slot was made
+    sharers_expect_child(sh);
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        sharers_born(sh, parent);
+        sharers_use(sh);
+        std::uint64_t next = 0;
+        const int may = sharers_may_take(sh, &next);
+        char b = char(may);
+        (void)!write(up[1], &b, 1);
+        char c;
+        (void)!read(down[0], &c, 1);  // never comes: killed
+        _exit(0);
+    }
+    char may = -1;
+    REQUIRE(read(up[0], &may, 1) == 1);
+    CHECK(int(may) == 0);  // the parent used it: no take-over
+    // The child lives and used it: neither alone nor free to take.
+    std::uint64_t next = 0;
+    CHECK(sharers_may_take(sh, &next) == 0);
+    REQUIRE(kill(pid, SIGKILL) == 0);
+    int st = 0;
+    REQUIRE(waitpid(pid, &st, 0) == pid);
+    next = 0;
+    CHECK(sharers_may_take(sh, &next) == 1);  // dead: the parent is the last holder
+    for (int fd : {up[0], up[1], down[0], down[1]}) close(fd);
+    sharers_leave(sh);
+}
+
+TEST_CASE("a take-over gives up when another holder uses the socket before the check; a "
+          "child born with an inherited epoll watch counts as a user",
+          "[sharers]") {
+    Sharers *sh = sharers_open(0, 0);
+    REQUIRE(sh);
+    int up[2], down[2];
+    REQUIRE(pipe(up) == 0);
+    REQUIRE(pipe(down) == 0);
+    const int parent = int(getpid());
+    sharers_expect_child(sh);
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        sharers_born(sh, parent, true);  // watched by an epoll set it inherited
+        char b = 0, c;
+        (void)!write(up[1], &b, 1);
+        (void)!read(down[0], &c, 1);
+        _exit(0);
+    }
+    char c = 0;
+    REQUIRE(read(up[0], &c, 1) == 1);
+    std::uint64_t next = 0;
+    CHECK(sharers_may_take(sh, &next) == 0);  // the child uses it
+    // The word set and taken back: the child's mark was there first.
+    CHECK_FALSE(sharers_take(sh));
+    bool pending = true;
+    CHECK(sharers_owner(sh, &pending) == 0);
+    REQUIRE(write(down[1], "x", 1) == 1);
+    CHECK(reap(pid) == 0);
+    for (int fd : {up[0], up[1], down[0], down[1]}) close(fd);
     sharers_leave(sh);
 }
