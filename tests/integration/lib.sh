@@ -429,7 +429,7 @@ it_expect_direct() {
 
 # it_mode_check PORT ROLE MODE REASON [COND...]: whether the connections to
 # or from PORT in $it_tmp/ROLE.stats number at least one, and every one
-# ended in MODE with REASON and meets every COND: KEY=N or KEY>N, where KEY
+# ended in MODE with REASON and meets every COND: KEY=N, KEY>N or KEY<N, where KEY
 # is a counter of the stats line or a sum of them (tx_fabric+rx_fabric).
 # Status 0 if so, 1 if not, 2 without stats or connection; the words in
 # it_mode_text (the first connection that differs, else the first one).
@@ -454,12 +454,12 @@ it_mode_check() {
             bad = v["mode"] != mode || v["reason"] != reason
             k = split(conds, c, " ")
             for (j = 1; j <= k; j++) {
-                op = index(c[j], ">") ? ">" : "="
+                op = index(c[j], ">") ? ">" : index(c[j], "<") ? "<" : "="
                 split(c[j], kv, op)
                 m = split(kv[1], keys, "+")
                 sum = 0
                 for (q = 1; q <= m; q++) sum += v[keys[q]]
-                ok = op == ">" ? sum > kv[2] + 0 : sum == kv[2] + 0
+                ok = op == ">" ? sum > kv[2] + 0 : op == "<" ? sum < kv[2] + 0 : sum == kv[2] + 0
                 text = text " " kv[1] "=" sum
                 if (!ok) { bad = 1; text = text "(want " op kv[2] ")" }
             }

@@ -37,6 +37,23 @@ if ! ssh-keygen -q -t ed25519 -N '' -C sdirect-host -f "$it_tmp/host_ed25519" </
     it_finish
 fi
 cp "$it_tmp/client_ed25519.pub" "$it_tmp/authorized_keys"
+# sshd reads the authorized keys as the user who logs in.
+chmod 0711 "$it_tmp"
+chmod 0644 "$it_tmp/authorized_keys"
+
+# A login as another user (re-exec only): a system user made for the
+# test, removed at the end; none if useradd fails (then not checked).
+ssh_user=sdirect-ssh
+made_user=0
+if ! id "$ssh_user" >/dev/null 2>&1; then
+    if useradd -r -M -d / -s /bin/sh -p '*' "$ssh_user" >/dev/null 2>&1; then
+        made_user=1
+    else
+        it_log "useradd $ssh_user failed: the other user's login is not checked"
+        ssh_user=""
+    fi
+fi
+trap 'it_cleanup; ((made_user)) && userdel "$ssh_user" >/dev/null 2>&1' EXIT
 head -c 4194304 /dev/urandom >"$it_tmp/4m.bin"
 head -c 1048576 /dev/urandom >"$it_tmp/up-1m.bin"
 head -c 1048576 /dev/urandom >"$it_tmp/down-1m.bin"
@@ -129,6 +146,27 @@ variant() {
     timed "$name-scp-down" 30 scp "${opts[@]}" -P "$port" "root@127.0.0.1:$it_tmp/down-1m.bin" \
         "$it_tmp/$name-scp-down.bin" </dev/null >/dev/null 2>"$it_tmp/$name-scp-down.err"
     same "$name-scp-down" $? "$it_tmp/down-1m.bin" "$it_tmp/$name-scp-down.bin" "scp 1 MiB down"
+
+    if [[ "$name" == reexec && -n "$ssh_user" ]]; then
+        timed "$name-user" 30 ssh "${opts[@]}" -p "$port" "$ssh_user@127.0.0.1" cat \
+            <"$it_tmp/up-1m.bin" >"$it_tmp/$name-user.out" 2>"$it_tmp/$name-user.err"
+        same "$name-user" $? "$it_tmp/up-1m.bin" "$it_tmp/$name-user.out" \
+            "ssh $ssh_user@ cat, 1 MiB there and back"
+        # Another user's session is served on TCP (README): its child
+        # changes its uid while it holds the socket, and the monitor's
+        # temporary seteuid retires it; the client's end waits in kernel
+        # mode after the pre-auth leave (reason shared), or never went
+        # direct.
+        if ((!it_kernel)); then
+            if it_mode_check "$port" "$name-user" kernel shared upgrades=1 leaves=1 \
+                tx_fabric+rx_fabric'<65536' ||
+                it_mode_check "$port" "$name-user" kernel no_peer upgrades=0 leaves=0; then
+                it_ok "$it_mode_text"
+            else
+                it_bad "$it_mode_text"
+            fi
+        fi
+    fi
 
     # SIGTERM: the listener closes its socket and exits 0.
     start=$EPOCHREALTIME
