@@ -48,15 +48,27 @@ void reset_lost(Stream &s) noexcept {
 // that owner moves the connection back to the kernel, its offsets added
 // to the counts, before this process touches the kernel socket.
 bool use_shared(Stream &s, int proof) noexcept {
+    bool pending = false;
+    {
+        // Marked already, and nobody took it over: every call after the
+        // first, without the lock.
+        Sharers *sh = s.share.load(std::memory_order_acquire);
+        if (!sh) sh = s.holders.load(std::memory_order_acquire);
+        if (!sh) return true;
+        if (s.used_mark.load(std::memory_order_acquire) == sh &&
+            !fallback::sharers_owner(sh, &pending) &&
+            s.orphan_lost.load(std::memory_order_relaxed) == Stream::kNotLost)
+            return true;
+    }
     std::lock_guard lock(s.pend_lock);
     Sharers *sh = s.share.load(std::memory_order_relaxed);
     if (!sh) sh = s.holders.load(std::memory_order_relaxed);
     if (!sh) return true;
     if (s.orphan_lost.load(std::memory_order_relaxed) != Stream::kNotLost) return false;
     fallback::sharers_use(sh);
+    s.used_mark.store(sh, std::memory_order_release);
     const std::uint64_t start = transport::monotonic_ns();
     for (;;) {
-        bool pending = false;
         const int owner = fallback::sharers_owner(sh, &pending);
         if (!owner) return true;
         if (pending) {
@@ -79,6 +91,11 @@ bool use_shared(Stream &s, int proof) noexcept {
             continue;
         }
         if (rc == 0) {
+            // Its connection left without adding its offsets (it had left
+            // for good before: an exec, a change of privileges): nobody
+            // knows where the kernel took over, so no holder may upgrade
+            // it from the counts again.
+            if (!sharers_left(sh)) sharers_stick(sh);
             fallback::sharers_disown(sh, owner);
             SD_LOG(info, "fd %d: pid %d had taken it over, and moved it back to the kernel",
                    s.kfd(), owner);
@@ -89,7 +106,7 @@ bool use_shared(Stream &s, int proof) noexcept {
                           "kernel: the connection is reset", s.kfd(), owner,
                    rc == -ESRCH ? "that process died" : "the peer died with bytes unread there");
             fallback::sharers_disown(sh, owner);
-            fallback::sharers_stick(sh);
+            sharers_stick(sh);
             reset_lost(s);
             return false;
         }

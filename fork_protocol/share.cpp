@@ -115,6 +115,7 @@ void fork_child(Stream &s, unsigned mark, int parent) noexcept {
     if (s.fork_mark == mark) return;
     s.fork_mark = mark;
     s.forget_parent_threads();
+    s.used_mark.store(nullptr, std::memory_order_relaxed);  // the parent's entry, not ours
     Phase p = s.phase.load(std::memory_order_relaxed);
     if (p == Phase::fresh || p == Phase::listener) return;
     // The parent's connection state stays the parent's: the kernel socket

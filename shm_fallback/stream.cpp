@@ -85,6 +85,7 @@ void Stream::reset(int f, int dom, bool nb) noexcept {
     orphan_lost.store(kNotLost, std::memory_order_relaxed);
     owner = 0;
     holders.store(nullptr, std::memory_order_relaxed);
+    used_mark.store(nullptr, std::memory_order_relaxed);
     fork_mark = 0;
     share.store(nullptr, std::memory_order_relaxed);
     prefix.store(nullptr, std::memory_order_relaxed);

@@ -136,6 +136,10 @@ class Stream {
     enum : int { kNotLost, kLostUntold, kLostTold };
     std::atomic<int> orphan_lost{kNotLost};
     std::atomic<Sharers *> holders{nullptr};
+    // The slot (share or holders) whose entry of this process says it has
+    // used the socket (claim.cpp's use_shared): its later calls look only
+    // for an owner. Not inherited: a fork child's entry is its own.
+    std::atomic<Sharers *> used_mark{nullptr};
     unsigned fork_mark = 0;  // the fork pass that saw it last (dups)
     // The exec hand-over that passed this orphan on as an orphan
     // (fork_protocol/handover.cpp): that exec does not claim it.

@@ -330,11 +330,13 @@ TEST_CASE("a connection whose server shares it through fork before its first I/O
     Scratch scratch;
     const std::string log = scratch.file("log");
     // The settling ping-pong (800 ms) runs while the server's child holds
-    // the socket (1500 ms), past the upgrade timeout (200 ms).
+    // the socket (1500 ms), past the upgrade timeout (200 ms). The child
+    // never uses it: without SDIRECT_TAKE_OVER=0 the server would take the
+    // socket over from it and go direct (behaviour_share.cpp's case).
     const std::vector<std::string> args = {"--scenario", "pingpong", "--rounds", "100",
                                            "--settle-ms", "800"};
     const std::vector<std::string> env = {"SDIRECT_UPGRADE_TIMEOUT_MS=200", "SDIRECT_LOG=info",
-                                          "SDIRECT_LOG_FILE=" + log};
+                                          "SDIRECT_LOG_FILE=" + log, "SDIRECT_TAKE_OVER=0"};
     const std::string port_file = scratch.file("shared.port");
     Launch server{"shared-server", {"server", port_file, "--fork-hold-ms", "1500"}, true, env};
     server.args.insert(server.args.end(), args.begin(), args.end());
