@@ -46,17 +46,28 @@ void fork_prepare(Stream &s, unsigned mark) noexcept {
     Phase p = s.phase.load(std::memory_order_acquire);
     if (p == Phase::fresh || p == Phase::listener) return;
     s.forked = true;
-    // A call of ours on it under way, or an epoll set that watches it
-    // (each holds a reference besides the fds'): this process uses it, and
-    // no child may take it over from us.
-    const bool busy = s.refs.load(std::memory_order_acquire) > s.fds.load(std::memory_order_acquire);
+    if (!s.take_ns) s.take_ns = transport::monotonic_ns();  // we share it from now
+    // Whether this process uses it from the fork on: a call of ours on it
+    // under way, or an epoll set that watches it (each holds a reference
+    // besides the fds'). Then no child may take it over from us; else a
+    // child that uses it while we do not may (what we did before the fork
+    // does not count: a server forks the child that serves the connection
+    // once it has nothing more to say on it). Our next call marks us again.
+    // A retired process counts as using it for its whole life: it could
+    // not ask a taker to leave (a sandbox may forbid the call).
+    const bool busy = transport::retired() ||
+                      s.refs.load(std::memory_order_acquire) > s.fds.load(std::memory_order_acquire);
     struct Busy {
-        const Stream &s;
+        Stream &s;
         bool busy;
         ~Busy() {
-            if (!busy) return;
-            if (Sharers *h = s.holders.load(std::memory_order_relaxed)) sharers_use(h);
-            if (Sharers *sh = s.share.load(std::memory_order_relaxed)) sharers_use(sh);
+            s.used_mark.store(nullptr, std::memory_order_release);
+            for (Sharers *sl : {s.holders.load(std::memory_order_relaxed),
+                                s.share.load(std::memory_order_relaxed)}) {
+                if (!sl) continue;
+                if (busy) sharers_use(sl);
+                else fallback::sharers_unuse(sl);
+            }
         }
     } mark_busy{s, busy};
     if (s.orphan.load(std::memory_order_relaxed)) {
@@ -116,6 +127,8 @@ void fork_child(Stream &s, unsigned mark, int parent) noexcept {
     s.fork_mark = mark;
     s.forget_parent_threads();
     s.used_mark.store(nullptr, std::memory_order_relaxed);  // the parent's entry, not ours
+    s.take_ns = transport::monotonic_ns();
+    s.take_calls = 0;
     Phase p = s.phase.load(std::memory_order_relaxed);
     if (p == Phase::fresh || p == Phase::listener) return;
     // The parent's connection state stays the parent's: the kernel socket
@@ -159,14 +172,30 @@ void fork_child(Stream &s, unsigned mark, int parent) noexcept {
 
 namespace {
 
-// The other holders live but none has used the socket since it holds it
-// (sshd's monitor, which keeps its copy while the child it forked serves
-// the session): this process takes it over, attached at once from the
+// The other holders live but none has used the socket since its last
+// fork (a parent that keeps an idle copy while the child it forked serves
+// the connection; SDIRECT_TAKE_OVER=1): this process takes it over,
+// attached at once from the
 // counts, and stays in the slot as the owner; a holder that uses the
 // socket later asks it to leave first (claim_inherited). Only with an
 // engine ready, so that such a claim always finds a control thread to
 // answer it (the first call starts the build; a later one takes over).
 bool take_over(Stream &s, Sharers *sh) noexcept {
+    // Earned as a fresh connection earns its upgrade (SDIRECT_UPGRADE_AFTER_MS
+    // and 16 calls that moved bytes, counted since this process shares
+    // it; SDIRECT_BUILD_AFTER_MS before it may start the engine's build):
+    // a forking server's child that answers one request and closes costs
+    // what TCP costs.
+    const transport::Settings &set = transport::settings();
+    if (set.upgrade_after_ms) {
+        const std::uint64_t now = transport::monotonic_ns();
+        if (s.take_calls < Stream::kEarnCalls ||
+            now < s.take_ns + std::uint64_t(set.upgrade_after_ms) * 1000000ull)
+            return false;
+        if (!transport::Engine::current() && transport::Engine::idle_process() &&
+            now < s.take_ns + std::uint64_t(set.build_after_ms) * 1000000ull)
+            return false;
+    }
     if (transport::builds_held()) return false;
     transport::Engine *e = transport::Engine::ready();
     if (!e || !fallback::sharers_take(sh)) return false;

@@ -20,13 +20,6 @@
 #include "transport/wait.hpp"
 
 namespace sd::fallback {
-namespace {
-
-// Calls (reads and writes, both directions) that moved bytes before a
-// connection may ask: a request/answer protocol asks after 8 exchanges.
-constexpr std::uint32_t kEarnCalls = 16;
-
-}  // namespace
 
 void finish_pending_cb(void *ctx) noexcept {
     auto *s = static_cast<Stream *>(ctx);

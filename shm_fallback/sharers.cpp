@@ -304,6 +304,16 @@ void sharers_use(Sharers *sh) noexcept {
     }
 }
 
+void sharers_unuse(Sharers *sh) noexcept {
+    const std::uint64_t self = me();
+    for (auto &e : sh->entry) {
+        std::uint64_t v = e.load(std::memory_order_acquire);
+        if (who(v) != self) continue;
+        if (v & kUsed) e.fetch_and(~kUsed, std::memory_order_seq_cst);
+        return;
+    }
+}
+
 int sharers_may_take(Sharers *sh, std::uint64_t *next_check) noexcept {
     if (sh->stuck.load(std::memory_order_acquire) || sh->owner.load(std::memory_order_acquire))
         return 0;

@@ -37,22 +37,27 @@ void sharers_leave(Sharers *sh) noexcept;
 // failed fork) counts as a holder: the socket stays on TCP.
 bool sharers_alone(Sharers *sh, std::uint64_t *next_check) noexcept;
 
-// Taking over from holders that never used the socket. A holder that
-// uses the socket (I/O, a readiness wait, an epoll registration) marks
-// its entry first (sharers_use), then looks for an owner
-// (sharers_owner): a process that took it over while this one never used
-// it, and which must move the connection back to the kernel before this
-// one touches the kernel socket. A holder whose other holders are all
-// gone or dead (1 from sharers_may_take) takes the counts as the last
-// holder does; one whose others are alive but have never used the socket
-// since they hold it (2) may take it over: sharers_take sets the owner
-// word (pending) and then checks that none of them used it meanwhile
-// (false: not taken); the taker then zeroes the counts
+// Taking over from holders that have not used the socket since their
+// last fork (SDIRECT_TAKE_OVER=1). A holder that uses the socket (I/O, a
+// readiness wait, an epoll registration) marks its entry first
+// (sharers_use), then looks for an owner (sharers_owner): a process that
+// took it over while this one was not using it, and which must move the
+// connection back to the kernel before this one touches the kernel
+// socket. A holder whose other holders are all gone or dead (1 from
+// sharers_may_take) takes the counts as the last holder does; one whose
+// others are alive but unmarked (2) may take it over: sharers_take sets
+// the owner word (pending) and then checks that none of them marked its
+// entry meanwhile (false: not taken); the taker then zeroes the counts
 // (sharers_reset_counts: its connection's offsets are added again when it
-// leaves), attaches and publishes itself (sharers_took). A server's
-// process that keeps its copy of a connection idle while its child
-// serves it (sshd's monitor) so loses the connection to that child.
+// leaves), attaches and publishes itself (sharers_took). A server whose
+// parent keeps an idle copy of each connection its child serves so has
+// the connection direct in the child.
 void sharers_use(Sharers *sh) noexcept;
+// A fork starts the count again: the parent's entry says whether a call
+// of its is under way on the socket (or an epoll set of its watches it),
+// not what it did before (a server that talked on the connection itself
+// forks the child that serves it once it has nothing more to say).
+void sharers_unuse(Sharers *sh) noexcept;
 int sharers_may_take(Sharers *sh, std::uint64_t *next_check) noexcept;
 bool sharers_take(Sharers *sh) noexcept;
 void sharers_took(Sharers *sh) noexcept;

@@ -93,6 +93,8 @@ void Stream::reset(int f, int dom, bool nb) noexcept {
     pre_tx = pre_rx = 0;
     earn_ns = 0;
     earn_calls = 0;
+    take_ns = 0;
+    take_calls = 0;
     calls.store(0, std::memory_order_relaxed);
     held_fd.store(-1, std::memory_order_relaxed);
     fd_users.store(0, std::memory_order_relaxed);
@@ -260,6 +262,7 @@ ssize_t Stream::pending_io(const iovec *iov, int iovcnt, int flags, bool out,
             if (n > 0 && !(flags & MSG_PEEK)) {
                 if (sh || left) {
                     sharers_count(sh ? sh : left, out, std::uint64_t(n));
+                    ++take_calls;
                 } else {
                     (out ? pre_tx : pre_rx) += std::uint64_t(n);
                     if (earn_ns) ask_upgrade_locked();

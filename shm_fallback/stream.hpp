@@ -99,6 +99,15 @@ class Stream {
     // exists or is being built.
     std::uint64_t build_ns = 0;
     std::uint32_t earn_calls = 0;  // its kernel I/O calls that moved bytes so far
+    // Calls (reads and writes, both directions) that moved bytes before a
+    // connection may ask: a request/answer protocol asks after 8 exchanges.
+    static constexpr std::uint32_t kEarnCalls = 16;
+    // A socket shared through fork earns a take-over as a fresh connection
+    // earns its upgrade (fork_protocol/share.cpp): from `take_ns`, when
+    // this process began to share it, and through `take_calls`, its
+    // counted kernel I/O calls that moved bytes since (under pend_lock).
+    std::uint64_t take_ns = 0;
+    std::uint32_t take_calls = 0;
     // Threads asleep in the kernel on a connection that has not asked for
     // its upgrade (pend_lock): in its recv, or in a readiness wait that
     // sleeps in the kernel's poll or epoll_wait (`wait_holds` of them).

@@ -331,8 +331,9 @@ TEST_CASE("a connection whose server shares it through fork before its first I/O
     const std::string log = scratch.file("log");
     // The settling ping-pong (800 ms) runs while the server's child holds
     // the socket (1500 ms), past the upgrade timeout (200 ms). The child
-    // never uses it: without SDIRECT_TAKE_OVER=0 the server would take the
-    // socket over from it and go direct (behaviour_share.cpp's case).
+    // never uses it: with SDIRECT_TAKE_OVER=1 the server would take the
+    // socket over from it and go direct (behaviour_share.cpp's case), so
+    // the default (0) is set here all the same.
     const std::vector<std::string> args = {"--scenario", "pingpong", "--rounds", "100",
                                            "--settle-ms", "800"};
     const std::vector<std::string> env = {"SDIRECT_UPGRADE_TIMEOUT_MS=200", "SDIRECT_LOG=info",

@@ -91,14 +91,14 @@ constexpr Setting table[] = {
      "only its process page, read only, to the other's uid. 0: only "
      "processes of one uid go direct (see docs/ARCHITECTURE.md, \"Between "
      "users\")."},
-    {"SDIRECT_TAKE_OVER", SettingKind::boolean, "1",
-     "A process holding a socket shared through fork upgrades it again "
-     "while the other holders live, if none of them has used it since it "
-     "holds it (sshd's session child, whose monitor keeps its copy idle); "
-     "one that uses it later has it moved back to the kernel first. Cost: "
-     "should the process that took it over die while direct, the bytes "
-     "it had not read die with it, and the other holders get a reset "
-     "(ECONNRESET), as for a process that was direct at its fork. 0: the "
+    {"SDIRECT_TAKE_OVER", SettingKind::boolean, "0",
+     "1: a process holding a socket shared through fork upgrades it again "
+     "while the other holders live, if none of them has used it since its "
+     "last fork (a server whose parent keeps an idle copy of each "
+     "connection its child serves); one that uses it later has it moved "
+     "back to the kernel first. Cost: should the process that took it over "
+     "die while direct, the bytes it had not read die with it, and the "
+     "other holders get a reset (ECONNRESET) where TCP would go on. 0: the "
      "socket stays on TCP while more than one process holds it."},
     {"SDIRECT_QUEUES", SettingKind::text, "all",
      "Which pairs of processes carry their messages through the library's "

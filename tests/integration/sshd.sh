@@ -15,9 +15,8 @@
 # Then the modes, from the clients' stats: ssh is the only end whose
 # connection is recorded (sshd's connection processes end through _exit,
 # which writes no stats; the pre-auth child could not open the file in its
-# sandbox anyway). The session's bytes must cross the fabric: the
-# post-auth child takes the connection over from the monitor, which holds
-# its copy idle (went_direct).
+# sandbox anyway). The session's bytes must cross the fabric
+# (went_direct).
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib.sh"
 it_need ssh:openssh-client scp:openssh-client ssh-keygen:openssh-client cmp:diffutils
 [[ -x /usr/sbin/sshd ]] ||
@@ -152,11 +151,11 @@ variant() {
             <"$it_tmp/up-1m.bin" >"$it_tmp/$name-user.out" 2>"$it_tmp/$name-user.err"
         same "$name-user" $? "$it_tmp/up-1m.bin" "$it_tmp/$name-user.out" \
             "ssh $ssh_user@ cat, 1 MiB there and back"
-        # Another user's session is served on TCP (README): its child
-        # changes its uid while it holds the socket, and the monitor's
-        # temporary seteuid retires it; the client's end waits in kernel
-        # mode after the pre-auth leave (reason shared), or never went
-        # direct.
+        # Another user's session is served on TCP (README): sshd forks a
+        # session child that changes its uid while it holds the socket,
+        # and the monitor's temporary seteuid retires the monitor; the
+        # client's end waits in kernel mode after the pre-auth leave
+        # (reason shared), or never went direct.
         if ((!it_kernel)); then
             if it_mode_check "$port" "$name-user" kernel shared upgrades=1 leaves=1 \
                 tx_fabric+rx_fabric'<65536' ||
@@ -217,17 +216,14 @@ bulk() {
 # the pre-auth child, whose chroot retires it: the connection leaves the
 # fabric for sharing (the client's end waits for an upgrade again), and
 # the child's kernel bytes are counted for the holders. After the
-# authentication that child exits and the connection process (the
-# monitor, which keeps its copy of the socket and never uses it again)
-# forks the session's child: that child finds its only other holder has
-# never used the socket since, takes it over from the counts and upgrades
-# it. So the session's bytes (the 4 MiB, the scp files) cross the fabric:
-# two upgrades, one leave, the bulk on the fabric; the client closes
-# first and ends direct. Also correct: the first upgrade did not happen
-# before the pre-auth fork (one upgrade, no leave: seen when the listener
-# closes its copy late), and the session's child closing first (its leave
-# for the monitor, which still holds the socket: the client ends on the
-# kernel, reason shared, as many leaves as upgrades). Never correct: the
+# authentication that child exits, and for root sshd serves the session in
+# the connection process itself (no session child: OpenSSH skips that
+# fork for root), now the only holder left, which upgrades the connection
+# again from the counts. So the session's bytes (the 4 MiB, the scp
+# files) cross the fabric: two upgrades, one leave, the bulk on the
+# fabric; the client closes first and ends direct. Also correct: the
+# first upgrade did not happen before the pre-auth fork (one upgrade, no
+# leave: seen when the listener closes its copy late). Never correct: the
 # bulk on the kernel.
 went_direct() {
     local name="$1" role first direct=0 want
@@ -239,9 +235,7 @@ went_direct() {
         want="$(bulk "$role")"
         # shellcheck disable=SC2086 # the conditions are words
         if it_mode_check "$variant_port" "$role" direct none peer_pid'>0' upgrades=2 leaves=1 $want ||
-            it_mode_check "$variant_port" "$role" direct none peer_pid'>0' upgrades=1 leaves=0 $want ||
-            it_mode_check "$variant_port" "$role" kernel shared upgrades=2 leaves=2 $want ||
-            it_mode_check "$variant_port" "$role" kernel shared upgrades=1 leaves=1 $want; then
+            it_mode_check "$variant_port" "$role" direct none peer_pid'>0' upgrades=1 leaves=0 $want; then
             it_ok "$it_mode_text"
             direct=$((direct + 1))
         else
