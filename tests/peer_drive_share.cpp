@@ -121,6 +121,25 @@ void rounds_before(int fd, const Options &opt) {
     for (std::uint64_t r = 0; r < 3; ++r) echo_round(fd, fd, 1000 + 3000 * r, seed_of(opt, r));
 }
 
+// 1 MiB each way, the responder's ack last.
+void bulk_both_ways(int fd, const Options &opt, std::uint64_t first, const char *what) {
+    Cmd down;
+    down.op = Op::send;
+    down.api = std::uint32_t(Tx::send);
+    down.size = 1 << 20;
+    down.seed = seed_of(opt, first);
+    send_cmd(fd, down);
+    recv_pattern(fd, Rx::recv, down.seed, down.size, 65536, what);
+    Cmd up;
+    up.op = Op::recv;
+    up.api = std::uint32_t(Rx::recv);
+    up.size = 1 << 20;
+    up.seed = seed_of(opt, first + 1);
+    send_cmd(fd, up);
+    send_pattern(fd, Tx::send, up.seed, up.size, 65536, 0);
+    expect_ack(fd, what);
+}
+
 // After every other holder is gone: this process alone, both ways. The
 // "alone" line lets the harness tell these bytes from the earlier ones.
 void finish_alone(int fd, const Options &opt) {
@@ -128,21 +147,7 @@ void finish_alone(int fd, const Options &opt) {
          peer_text(fd).c_str(), (unsigned long long)counted_tx(fd),
          (unsigned long long)counted_rx(fd));
     for (std::uint64_t r = 0; r < 4; ++r) echo_round(fd, fd, 65536 + r, seed_of(opt, 500 + r));
-    Cmd down;
-    down.op = Op::send;
-    down.api = std::uint32_t(Tx::send);
-    down.size = 1 << 20;
-    down.seed = seed_of(opt, 510);
-    send_cmd(fd, down);
-    recv_pattern(fd, Rx::recv, down.seed, down.size, 65536, "bulk after the sharing ended");
-    Cmd up;
-    up.op = Op::recv;
-    up.api = std::uint32_t(Rx::recv);
-    up.size = 1 << 20;
-    up.seed = seed_of(opt, 511);
-    send_cmd(fd, up);
-    send_pattern(fd, Tx::send, up.seed, up.size, 65536, 0);
-    expect_ack(fd, "bulk after the sharing ended: responder's ack");
+    bulk_both_ways(fd, opt, 510, "bulk after the sharing ended");
     send_exit(fd);
 }
 
@@ -628,25 +633,6 @@ void drive_fork_after_answer(int *fd, const Options &opt) {
 
 namespace {
 
-// 1 MiB each way, as finish_alone's bulk, the responder's ack last.
-void bulk_both_ways(int fd, const Options &opt, std::uint64_t first, const char *what) {
-    Cmd down;
-    down.op = Op::send;
-    down.api = std::uint32_t(Tx::send);
-    down.size = 1 << 20;
-    down.seed = seed_of(opt, first);
-    send_cmd(fd, down);
-    recv_pattern(fd, Rx::recv, down.seed, down.size, 65536, what);
-    Cmd up;
-    up.op = Op::recv;
-    up.api = std::uint32_t(Rx::recv);
-    up.size = 1 << 20;
-    up.seed = seed_of(opt, first + 1);
-    send_cmd(fd, up);
-    send_pattern(fd, Tx::send, up.seed, up.size, 65536, 0);
-    expect_ack(fd, what);
-}
-
 // What this process has sent and received on the socket, as one line.
 void note_counts(const char *what, int fd) {
     note("%s pid=%d tx=%llu rx=%llu", what, int(getpid()), (unsigned long long)counted_tx(fd),
@@ -674,7 +660,7 @@ void child_takes_over(int fd, const Options &opt) {
 }  // namespace
 
 // The parent keeps its copy of the socket and never touches it while its
-// child serves the connection (sshd's monitor and its post-auth child):
+// child serves the connection (SDIRECT_TAKE_OVER=1, set by the test):
 // it waits for the child's exit in waitpid only. The child takes the
 // connection over and moves its bulk on the fabric, then closes and
 // exits; the parent, alone, finishes. Every byte is checked on both ends.

@@ -28,6 +28,45 @@ bool alone_now(Sharers *sh) {
     return sharers_alone(sh, &next);
 }
 
+// A child born into the place its parent reserves for it in a slot
+// (`used`: an epoll set it inherited watches the socket), which runs
+// `body` and ends with _exit of what it returns. The two talk through
+// pipes: the child's say() is the parent's hear(), the parent's go() the
+// child's wait_go(). A child that waits for a go that never comes ends
+// when the parent kills it.
+struct Kid {
+    int up[2] = {-1, -1}, down[2] = {-1, -1};
+    pid_t pid = -1;
+
+    template <typename Body>
+    Kid(Sharers *sh, Body body, bool used = false) {
+        REQUIRE(pipe(up) == 0);
+        REQUIRE(pipe(down) == 0);
+        const int parent = int(getpid());
+        sharers_expect_child(sh);
+        pid = fork();
+        REQUIRE(pid >= 0);
+        if (pid == 0) {
+            sharers_born(sh, parent, used);
+            _exit(body(*this));
+        }
+    }
+    ~Kid() {
+        for (int fd : {up[0], up[1], down[0], down[1]}) close(fd);
+    }
+    void say(char b) { (void)!write(up[1], &b, 1); }
+    void wait_go() {
+        char c;
+        (void)!read(down[0], &c, 1);
+    }
+    char hear() {
+        char b = -1;
+        REQUIRE(read(up[0], &b, 1) == 1);
+        return b;
+    }
+    void go() { REQUIRE(write(down[1], "g", 1) == 1); }
+};
+
 }  // namespace
 
 TEST_CASE("a new slot is held by its opener alone, with the bytes so far", "[sharers]") {
@@ -81,72 +120,49 @@ TEST_CASE("a child born into its place holds the socket and counts its bytes; on
           "[sharers]") {
     Sharers *sh = sharers_open(10, 20);
     REQUIRE(sh);
-    int up[2], down[2];  // child to parent, parent to child
-    REQUIRE(pipe(up) == 0);
-    REQUIRE(pipe(down) == 0);
-    const int parent = int(getpid());
-    sharers_expect_child(sh);
-    const pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-        sharers_born(sh, parent);
+    Kid kid(sh, [sh](Kid &k) {
         int bad = 0;
         if (!sharers_hold(sh)) bad |= 1;
         if (alone_now(sh)) bad |= 2;  // the parent holds it
         sharers_count(sh, true, 1000);
         sharers_count(sh, false, 3);
-        char c;
-        (void)!write(up[1], &bad, 1);
-        (void)!read(down[0], &c, 1);  // never comes: killed
-        _exit(bad);
-    }
-    char bad = 1;
-    REQUIRE(read(up[0], &bad, 1) == 1);
-    CHECK(bad == 0);
+        k.say(char(bad));
+        k.wait_go();  // never comes: killed
+        return bad;
+    });
+    CHECK(int(kid.hear()) == 0);
     CHECK(sharers_sent(sh) == 1010);
     CHECK(sharers_received(sh) == 23);
     std::uint64_t next = 0;
     CHECK_FALSE(sharers_alone(sh, &next));  // the child lives
     CHECK(next > 0);
-    REQUIRE(kill(pid, SIGKILL) == 0);
+    REQUIRE(kill(kid.pid, SIGKILL) == 0);
     int st = 0;
-    REQUIRE(waitpid(pid, &st, 0) == pid);
+    REQUIRE(waitpid(kid.pid, &st, 0) == kid.pid);
     CHECK(WIFSIGNALED(st));
     // Within the window: not looked at again, so still shared.
     next = ~std::uint64_t(0);
     CHECK_FALSE(sharers_alone(sh, &next));
     CHECK(alone_now(sh));
-    for (int fd : {up[0], up[1], down[0], down[1]}) close(fd);
     sharers_leave(sh);
 }
 
 TEST_CASE("a child that left the socket (closed it) leaves its parent alone", "[sharers]") {
     Sharers *sh = sharers_open(0, 0);
     REQUIRE(sh);
-    int up[2], down[2];
-    REQUIRE(pipe(up) == 0);
-    REQUIRE(pipe(down) == 0);
-    const int parent = int(getpid());
-    sharers_expect_child(sh);
-    const pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-        sharers_born(sh, parent);
+    Kid kid(sh, [sh](Kid &k) {
         const bool held = sharers_hold(sh);
         sharers_leave(sh);
-        (void)!write(up[1], "l", 1);
-        char c;
-        (void)!read(down[0], &c, 1);
-        _exit(held && !sharers_hold(sh) ? 0 : 1);
-    }
-    char c = 0;
-    REQUIRE(read(up[0], &c, 1) == 1);
+        k.say(0);
+        k.wait_go();
+        return held && !sharers_hold(sh) ? 0 : 1;
+    });
+    (void)kid.hear();
     // The child lives, but holds it no more.
     std::uint64_t next = ~std::uint64_t(0);
     CHECK(sharers_alone(sh, &next));
-    REQUIRE(write(down[1], "x", 1) == 1);
-    CHECK(reap(pid) == 0);
-    for (int fd : {up[0], up[1], down[0], down[1]}) close(fd);
+    kid.go();
+    CHECK(reap(kid.pid) == 0);
     sharers_leave(sh);
 }
 
@@ -189,97 +205,85 @@ TEST_CASE("a socket half-closed while shared stays shared", "[sharers]") {
     sharers_leave(sh);
 }
 
-TEST_CASE("a child takes the socket over from a parent that never used it; the parent, using "
-          "it afterwards, finds the child named as owner; the counts restart from zero",
+TEST_CASE("a child takes the socket over from a parent that has not used it since the fork; "
+          "the parent, using it afterwards, finds the child named as owner; the counts restart "
+          "from zero",
           "[sharers]") {
     Sharers *sh = sharers_open(300, 400);
     REQUIRE(sh);
-    int up[2], down[2];
-    REQUIRE(pipe(up) == 0);
-    REQUIRE(pipe(down) == 0);
-    const int parent = int(getpid());
-    sharers_expect_child(sh);
-    const pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-        sharers_born(sh, parent);
+    Kid kid(sh, [sh](Kid &k) {
         sharers_use(sh);
         int bad = 0;
         std::uint64_t next = 0;
-        if (sharers_may_take(sh, &next) != 2) bad |= 1;  // the parent lives, idle
+        if (sharers_may_take(sh, &next) != 2) bad |= 1;  // the parent lives, unmarked
         if (!sharers_take(sh)) bad |= 2;
         if (sharers_sent(sh) != 300 || sharers_received(sh) != 400) bad |= 4;
         sharers_reset_counts(sh);
         bool pending = false;
         if (sharers_owner(sh, &pending) != 0) bad |= 8;  // itself: nobody to ask
         sharers_took(sh);
-        char b = char(bad), c;
-        (void)!write(up[1], &b, 1);
-        (void)!read(down[0], &c, 1);
+        k.say(char(bad));
+        k.wait_go();
         // Its connection left: the owner word no longer names it.
         sharers_disown(sh, int(getpid()));
-        (void)!write(up[1], &b, 1);
-        (void)!read(down[0], &c, 1);
-        _exit(0);
-    }
-    char bad = 1;
-    REQUIRE(read(up[0], &bad, 1) == 1);
-    CHECK(int(bad) == 0);
+        k.say(0);
+        k.wait_go();
+        return 0;
+    });
+    CHECK(int(kid.hear()) == 0);
     CHECK(sharers_sent(sh) == 0);
     CHECK(sharers_received(sh) == 0);
     CHECK_FALSE(sharers_left(sh));
     sharers_use(sh);
     bool pending = true;
-    CHECK(sharers_owner(sh, &pending) == int(pid));
+    CHECK(sharers_owner(sh, &pending) == int(kid.pid));
     CHECK_FALSE(pending);
     // Another holder owns it now: nobody else takes it meanwhile.
     std::uint64_t next = 0;
     CHECK(sharers_may_take(sh, &next) == 0);
-    REQUIRE(write(down[1], "x", 1) == 1);
-    REQUIRE(read(up[0], &bad, 1) == 1);
+    kid.go();
+    (void)kid.hear();
     CHECK(sharers_owner(sh, &pending) == 0);
-    REQUIRE(write(down[1], "x", 1) == 1);
-    CHECK(reap(pid) == 0);
-    for (int fd : {up[0], up[1], down[0], down[1]}) close(fd);
+    kid.go();
+    CHECK(reap(kid.pid) == 0);
     sharers_leave(sh);
 }
 
 TEST_CASE("a holder that used the socket keeps others from taking it over; one whose other "
-          "holder died takes the counts as the last holder",
+          "holder died takes the counts as the last holder; a fork starts the parent's mark "
+          "again",
           "[sharers]") {
     Sharers *sh = sharers_open(0, 0);
     REQUIRE(sh);
-    int up[2], down[2];
-    REQUIRE(pipe(up) == 0);
-    REQUIRE(pipe(down) == 0);
-    const int parent = int(getpid());
     sharers_use(sh);  // the parent used it after the slot was made
-    sharers_expect_child(sh);
-    const pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-        sharers_born(sh, parent);
+    {
+        Kid kid(sh, [sh](Kid &k) {
+            sharers_use(sh);
+            std::uint64_t next = 0;
+            k.say(char(sharers_may_take(sh, &next)));
+            k.wait_go();  // never comes: killed
+            return 0;
+        });
+        CHECK(int(kid.hear()) == 0);  // the parent used it: no take-over
+        // The child lives and used it: neither alone nor free to take.
+        std::uint64_t next = 0;
+        CHECK(sharers_may_take(sh, &next) == 0);
+        REQUIRE(kill(kid.pid, SIGKILL) == 0);
+        int st = 0;
+        REQUIRE(waitpid(kid.pid, &st, 0) == kid.pid);
+        next = 0;
+        CHECK(sharers_may_take(sh, &next) == 1);  // dead: the parent is the last holder
+    }
+    // A fork of a parent with no call on the socket clears its mark.
+    sharers_unuse(sh);
+    Kid kid(sh, [sh](Kid &k) {
         sharers_use(sh);
         std::uint64_t next = 0;
-        const int may = sharers_may_take(sh, &next);
-        char b = char(may);
-        (void)!write(up[1], &b, 1);
-        char c;
-        (void)!read(down[0], &c, 1);  // never comes: killed
-        _exit(0);
-    }
-    char may = -1;
-    REQUIRE(read(up[0], &may, 1) == 1);
-    CHECK(int(may) == 0);  // the parent used it: no take-over
-    // The child lives and used it: neither alone nor free to take.
-    std::uint64_t next = 0;
-    CHECK(sharers_may_take(sh, &next) == 0);
-    REQUIRE(kill(pid, SIGKILL) == 0);
-    int st = 0;
-    REQUIRE(waitpid(pid, &st, 0) == pid);
-    next = 0;
-    CHECK(sharers_may_take(sh, &next) == 1);  // dead: the parent is the last holder
-    for (int fd : {up[0], up[1], down[0], down[1]}) close(fd);
+        k.say(char(sharers_may_take(sh, &next)));
+        return 0;
+    });
+    CHECK(int(kid.hear()) == 2);
+    CHECK(reap(kid.pid) == 0);
     sharers_leave(sh);
 }
 
@@ -288,30 +292,23 @@ TEST_CASE("a take-over gives up when another holder uses the socket before the c
           "[sharers]") {
     Sharers *sh = sharers_open(0, 0);
     REQUIRE(sh);
-    int up[2], down[2];
-    REQUIRE(pipe(up) == 0);
-    REQUIRE(pipe(down) == 0);
-    const int parent = int(getpid());
-    sharers_expect_child(sh);
-    const pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-        sharers_born(sh, parent, true);  // watched by an epoll set it inherited
-        char b = 0, c;
-        (void)!write(up[1], &b, 1);
-        (void)!read(down[0], &c, 1);
-        _exit(0);
-    }
-    char c = 0;
-    REQUIRE(read(up[0], &c, 1) == 1);
+    // Watched by an epoll set it inherited.
+    Kid kid(
+        sh,
+        [](Kid &k) {
+            k.say(0);
+            k.wait_go();
+            return 0;
+        },
+        true);
+    (void)kid.hear();
     std::uint64_t next = 0;
     CHECK(sharers_may_take(sh, &next) == 0);  // the child uses it
     // The word set and taken back: the child's mark was there first.
     CHECK_FALSE(sharers_take(sh));
     bool pending = true;
     CHECK(sharers_owner(sh, &pending) == 0);
-    REQUIRE(write(down[1], "x", 1) == 1);
-    CHECK(reap(pid) == 0);
-    for (int fd : {up[0], up[1], down[0], down[1]}) close(fd);
+    kid.go();
+    CHECK(reap(kid.pid) == 0);
     sharers_leave(sh);
 }
