@@ -187,15 +187,10 @@ bool take_over(Stream &s, Sharers *sh) noexcept {
     // a forking server's child that answers one request and closes costs
     // what TCP costs.
     const transport::Settings &set = transport::settings();
-    if (set.upgrade_after_ms) {
-        const std::uint64_t now = transport::monotonic_ns();
-        if (s.take_calls < Stream::kEarnCalls ||
-            now < s.take_ns + std::uint64_t(set.upgrade_after_ms) * 1000000ull)
-            return false;
-        if (!transport::Engine::current() && transport::Engine::idle_process() &&
-            now < s.take_ns + std::uint64_t(set.build_after_ms) * 1000000ull)
-            return false;
-    }
+    if (set.upgrade_after_ms &&
+        !Stream::earned(s.take_calls, s.take_ns + std::uint64_t(set.upgrade_after_ms) * 1000000ull,
+                        s.take_ns + std::uint64_t(set.build_after_ms) * 1000000ull))
+        return false;
     if (transport::builds_held()) return false;
     transport::Engine *e = transport::Engine::ready();
     if (!e || !fallback::sharers_take(sh)) return false;

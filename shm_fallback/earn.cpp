@@ -38,16 +38,19 @@ void Stream::start_earning() noexcept {
     phase.store(Phase::attached, std::memory_order_release);
 }
 
-void Stream::ask_upgrade_locked() noexcept {
-    if (++earn_calls < kEarnCalls) return;
+bool Stream::earned(std::uint32_t calls, std::uint64_t earn_at, std::uint64_t build_at) noexcept {
+    if (calls < kEarnCalls) return false;
     const std::uint64_t now = transport::monotonic_ns();
-    if (now < earn_ns) return;
+    if (now < earn_at) return false;
     // An ask that would start the build waits for SDIRECT_BUILD_AFTER_MS:
     // a process that exits during a build waits for its step in progress
     // (loading libfabric is ~0.2 s of sleeping constructors), so only a
     // connection that has lived about as long as a build is worth one.
-    if (now < build_ns && !transport::Engine::current() && transport::Engine::idle_process())
-        return;
+    return now >= build_at || transport::Engine::current() || !transport::Engine::idle_process();
+}
+
+void Stream::ask_upgrade_locked() noexcept {
+    if (!earned(++earn_calls, earn_ns, build_ns)) return;
     if (kernel_waiters) {
         // A blocked recv asks when it returns; a readiness wait asleep in
         // the kernel is woken to make the ask.

@@ -21,10 +21,10 @@ using transport::sys;
 
 // An entry is 0 (empty), a holder (kHolder | pid) or a place reserved by
 // a forking parent for its child (kReserved | parent's pid). A holder's
-// entry gains kUsed at its first use of the socket after it became a
-// holder (an I/O call, a readiness wait or an epoll registration, or one
-// of those under way at the fork): only a holder that never used it may
-// lose the socket to another holder's take-over.
+// entry gains kUsed at its first use of the socket since it became a
+// holder or last forked (an I/O call, a readiness wait or an epoll
+// registration, or one of those under way at the fork): only a holder
+// without it may lose the socket to another holder's take-over.
 inline constexpr std::uint64_t kHolder = 1ull << 32;
 inline constexpr std::uint64_t kReserved = 2ull << 32;
 inline constexpr std::uint64_t kUsed = 4ull << 32;
@@ -179,6 +179,52 @@ void purge_dead(Sharers *sh) noexcept {
     }
 }
 
+// What the other entries of the slot say, looked at no more than once per
+// recheck window (through *next_check: looking costs syscalls), the dead
+// holders' entries freed on the way. The values are sharers_may_take's.
+enum Others : int {
+    kOthersBusy,  // a child on its way, a holder alive (that used it, or
+                  // any with `idle_ok` false), or not looked at now
+    kOthersGone,  // every other holder closed it or is dead
+    kOthersIdle,  // the others alive have not used it since their last fork
+};
+Others others(Sharers *sh, std::uint64_t *next_check, bool idle_ok) noexcept {
+    const std::uint64_t self = me();
+    bool look = false, idle = false;
+    for (auto &e : sh->entry) {
+        std::uint64_t v = e.load(std::memory_order_acquire);
+        if (v == 0 || who(v) == self) continue;
+        if ((v & kKind) != kHolder) return kOthersBusy;  // a child on its way
+        if (!look) {
+            std::uint64_t now = transport::monotonic_ns();
+            if (now < *next_check) return kOthersBusy;
+            *next_check = now + kRecheckNs;
+            look = true;
+        }
+        if (dead(pid_t(std::uint32_t(v)))) {
+            e.compare_exchange_strong(v, 0, std::memory_order_acq_rel);
+            continue;
+        }
+        if (!idle_ok || (v & kUsed)) return kOthersBusy;
+        idle = true;  // alive, and not using it: may lose it to us
+    }
+    return idle ? kOthersIdle : kOthersGone;
+}
+
+// Sets or clears this process's use mark. seq_cst: a taker that checks
+// the entries after setting the owner word sees a mark set here, or this
+// holder sees that word next (sharers_owner), never neither.
+void mark_used(Sharers *sh, bool used) noexcept {
+    const std::uint64_t self = me();
+    for (auto &e : sh->entry) {
+        const std::uint64_t v = e.load(std::memory_order_seq_cst);
+        if (who(v) != self) continue;
+        if (used && !(v & kUsed)) e.fetch_or(kUsed, std::memory_order_seq_cst);
+        if (!used && (v & kUsed)) e.fetch_and(~kUsed, std::memory_order_seq_cst);
+        return;
+    }
+}
+
 }  // namespace
 
 void sharers_expect_child(Sharers *sh) noexcept {
@@ -201,23 +247,8 @@ void sharers_leave(Sharers *sh) noexcept {
 }
 
 bool sharers_alone(Sharers *sh, std::uint64_t *next_check) noexcept {
-    if (sh->stuck.load(std::memory_order_acquire)) return false;
-    const std::uint64_t self = me();
-    bool look = false;
-    for (auto &e : sh->entry) {
-        std::uint64_t v = e.load(std::memory_order_acquire);
-        if (v == 0 || who(v) == self) continue;
-        if ((v & kKind) != kHolder) return false;  // a child on its way
-        if (!look) {
-            std::uint64_t now = transport::monotonic_ns();
-            if (now < *next_check) return false;
-            *next_check = now + kRecheckNs;
-            look = true;
-        }
-        if (!dead(pid_t(std::uint32_t(v)))) return false;
-        e.compare_exchange_strong(v, 0, std::memory_order_acq_rel);
-    }
-    return true;
+    return !sh->stuck.load(std::memory_order_acquire) &&
+           others(sh, next_check, false) == kOthersGone;
 }
 
 void sharers_stick(Sharers *sh) noexcept { sh->stuck.store(1, std::memory_order_release); }
@@ -291,52 +322,14 @@ bool sharers_hold(const Sharers *sh) noexcept {
     return false;
 }
 
-void sharers_use(Sharers *sh) noexcept {
-    const std::uint64_t self = me();
-    for (auto &e : sh->entry) {
-        std::uint64_t v = e.load(std::memory_order_seq_cst);
-        if (who(v) != self) continue;
-        // seq_cst: a taker that checks the entries after setting the
-        // owner word sees this mark, or this holder sees that word next
-        // (sharers_owner), never neither.
-        if (!(v & kUsed)) e.fetch_or(kUsed, std::memory_order_seq_cst);
-        return;
-    }
-}
+void sharers_use(Sharers *sh) noexcept { mark_used(sh, true); }
 
-void sharers_unuse(Sharers *sh) noexcept {
-    const std::uint64_t self = me();
-    for (auto &e : sh->entry) {
-        std::uint64_t v = e.load(std::memory_order_acquire);
-        if (who(v) != self) continue;
-        if (v & kUsed) e.fetch_and(~kUsed, std::memory_order_seq_cst);
-        return;
-    }
-}
+void sharers_unuse(Sharers *sh) noexcept { mark_used(sh, false); }
 
 int sharers_may_take(Sharers *sh, std::uint64_t *next_check) noexcept {
     if (sh->stuck.load(std::memory_order_acquire) || sh->owner.load(std::memory_order_acquire))
         return 0;
-    const std::uint64_t self = me();
-    bool look = false, idle = false;
-    for (auto &e : sh->entry) {
-        std::uint64_t v = e.load(std::memory_order_acquire);
-        if (v == 0 || who(v) == self) continue;
-        if ((v & kKind) != kHolder) return 0;  // a child on its way
-        if (!look) {
-            std::uint64_t now = transport::monotonic_ns();
-            if (now < *next_check) return 0;
-            *next_check = now + kRecheckNs;
-            look = true;
-        }
-        if (dead(pid_t(std::uint32_t(v)))) {
-            e.compare_exchange_strong(v, 0, std::memory_order_acq_rel);
-            continue;
-        }
-        if (v & kUsed) return 0;
-        idle = true;  // alive, and never used it: may lose it to us
-    }
-    return idle ? 2 : 1;
+    return int(others(sh, next_check, true));
 }
 
 bool sharers_take(Sharers *sh) noexcept {

@@ -102,6 +102,10 @@ class Stream {
     // Calls (reads and writes, both directions) that moved bytes before a
     // connection may ask: a request/answer protocol asks after 8 exchanges.
     static constexpr std::uint32_t kEarnCalls = 16;
+    // Whether a connection has earned its upgrade (earn.cpp): `calls` of
+    // them, the clock past `earn_at`, and past `build_at` too where its ask
+    // would start the process's engine build.
+    static bool earned(std::uint32_t calls, std::uint64_t earn_at, std::uint64_t build_at) noexcept;
     // A socket shared through fork earns a take-over as a fresh connection
     // earns its upgrade (fork_protocol/share.cpp): from `take_ns`, when
     // this process began to share it, and through `take_calls`, its

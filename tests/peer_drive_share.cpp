@@ -88,6 +88,35 @@ pid_t fork_child(Body body) {
     return pid;
 }
 
+// Tokens both ways between a parent and the child it forks with
+// fork_turns: in each process `in` and `out` are its own ends (the
+// others are closed there); the parent closes its ends with done().
+struct Turns {
+    Pipe to_child = make_pipe();
+    Pipe to_parent = make_pipe();
+    int in = -1, out = -1;
+    void done() {
+        close(in);
+        close(out);
+    }
+};
+
+template <typename Body>
+pid_t fork_turns(Turns &t, Body body) {
+    const pid_t pid = fork_child([&] {
+        close(t.to_child.w);
+        close(t.to_parent.r);
+        t.in = t.to_child.r;
+        t.out = t.to_parent.w;
+        body();
+    });
+    close(t.to_child.r);
+    close(t.to_parent.w);
+    t.in = t.to_parent.r;
+    t.out = t.to_child.w;
+    return pid;
+}
+
 void send_stream_at(int fd, std::uint64_t seed, std::uint64_t off, std::uint64_t size) {
     std::vector<std::uint8_t> buf(65536);
     for (std::uint64_t done = 0; done < size;) {
@@ -247,32 +276,26 @@ void drive_fork_share_read(int *fd, const Options &opt) {
     send_cmd(s, cmd);
     // The parent reads the even turns, the child the odd ones; the
     // reader of the last turn (the child) ends the exchange.
-    Pipe to_child = make_pipe();
-    Pipe to_parent = make_pipe();
-    const pid_t child = fork_child([&] {
-        close(to_child.w);
-        close(to_parent.r);
+    Turns turn;
+    const pid_t child = fork_turns(turn, [&] {
         for (std::uint32_t i = 0; i < turns / 2; ++i) {
-            const std::uint32_t t = token_take(to_child.r, "the parent's turn");
+            const std::uint32_t t = token_take(turn.in, "the parent's turn");
             if (t != 2 * i + 1) fail("child: token for turn %u, expected %u", t, 2 * i + 1);
             read_turn(s, cmd, t, per_turn, 1);
-            token_put(to_parent.w, t + 1);
+            token_put(turn.out, t + 1);
         }
     });
-    close(to_child.r);
-    close(to_parent.w);
     for (std::uint32_t t = 0; t < turns; t += 2) {
         if (t) {
-            const std::uint32_t got = token_take(to_parent.r, "the child's turn");
+            const std::uint32_t got = token_take(turn.in, "the child's turn");
             if (got != t) fail("parent: token for turn %u, expected %u", got, t);
         }
         read_turn(s, cmd, t, per_turn, 0);
-        token_put(to_child.w, t + 1);
+        token_put(turn.out, t + 1);
     }
-    if (token_take(to_parent.r, "the child's last turn") != turns)
+    if (token_take(turn.in, "the child's last turn") != turns)
         fail("parent: the child's last token is not the end");
-    close(to_child.w);
-    close(to_parent.r);
+    turn.done();
     reap(child, "reading child");
     expect_ack(s, "records: responder's ack");
     finish_alone(s, opt);
@@ -684,24 +707,18 @@ void drive_fork_idle_parent(int *fd, const Options &opt) {
 void drive_fork_idle_parent_claims(int *fd, const Options &opt) {
     const int s = *fd;
     rounds_before(s, opt);
-    Pipe to_child = make_pipe();
-    Pipe to_parent = make_pipe();
-    const pid_t child = fork_child([&] {
-        close(to_child.w);
-        close(to_parent.r);
+    Turns turn;
+    const pid_t child = fork_turns(turn, [&] {
         child_takes_over(s, opt);
-        token_put(to_parent.w, 1);
-        token_take(to_child.r, "the parent's echo round");
+        token_put(turn.out, 1);
+        token_take(turn.in, "the parent's echo round");
         echo_round(s, s, 30000, seed_of(opt, 120));
         note_counts("child-done", s);
     });
-    close(to_child.r);
-    close(to_parent.w);
-    token_take(to_parent.r, "the child's bulk");
+    token_take(turn.in, "the child's bulk");
     echo_round(s, s, 25000, seed_of(opt, 110));
-    token_put(to_child.w, 2);
-    close(to_child.w);
-    close(to_parent.r);
+    token_put(turn.out, 2);
+    turn.done();
     reap(child, "child serving the connection");
     finish_alone(s, opt);
 }

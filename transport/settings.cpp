@@ -304,9 +304,9 @@ void load_settings() noexcept {
     values.peer_cache = integer(Key::peer_cache);
     if (values.peer_cache > 64) values.peer_cache = 64;
     values.same_process = boolean(Key::same_process);
+    values.take_over = boolean(Key::take_over);
     // Only between default registries: the other uid's is found by its
     // name (/dev/shm/sdirect-UID).
-    values.take_over = boolean(Key::take_over);
     values.cross_user =
         boolean(Key::cross_user) && !std::strcmp(reg, table[std::size_t(Key::registry)].fallback);
     values.queues_all = queues_all(raw(Key::queues));
