@@ -577,8 +577,8 @@ users_lib() {
     mkdir -p "$tmp/tools"
     chmod 755 "$tmp/tools"
     if bench_have_sdirect; then
-        cp "$build/intercept/libsdirect.so" "$tmp/tools/" || return 1
-        chmod a+rx "$tmp/tools/libsdirect.so"
+        cp "$build/intercept/libsdirect.so" "$build"/intercept/libsdirect-psm*.so "$tmp/tools/" || return 1
+        chmod a+rx "$tmp"/tools/libsdirect*.so
         users_lib_path="$tmp/tools/libsdirect.so"
     fi
 }

@@ -10,9 +10,11 @@
 #include <atomic>
 #include <cerrno>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <dirent.h>
 #include <dlfcn.h>
 #include <mutex>
 
@@ -63,9 +65,75 @@ constexpr EnvPin pins[] = {{"IPATH_NO_BACKTRACE", "1"},
                            {"HFI_NO_BACKTRACE", "1"},
                            {"FI_MR_CACHE_MONITOR", "disabled"}};
 
+// libfabric links libpsm2 (Omni-Path) and libpsm_infinipath (TrueScale),
+// whose constructors each spend about 100 ms timing the CPU's cycle
+// counter (sleeping, pinned to CPU 0). On a host without their hardware,
+// and unless SDIRECT_PROVIDER names their provider, a stand-in from beside
+// libsdirect.so is loaded first under the same soname
+// (transport/standin_psm.cpp), and libfabric links that instead. Not where
+// the real library is loaded already: the loader would use it anyway.
+struct StandIn {
+    const char *soname;
+    const char *file;
+    const char *provider;
+    const char *device_prefix;  // in /sys/class/infiniband
+};
+constexpr StandIn standins[] = {
+    {"libpsm2.so.2", "libsdirect-psm2.so", "psm2", "hfi1"},
+    {"libpsm_infinipath.so.1", "libsdirect-psm.so", "psm", "qib"},
+};
+
+bool device_present(const char *prefix) noexcept {
+    DIR *d = opendir("/sys/class/infiniband");
+    if (!d) return false;
+    bool found = false;
+    while (const dirent *e = readdir(d))
+        if (!std::strncmp(e->d_name, prefix, std::strlen(prefix))) found = true;
+    closedir(d);
+    return found;
+}
+
+// The stand-ins loaded (to be unloaded if libfabric will not link them).
+void *load_standins(void *(&handles)[std::size(standins)]) noexcept {
+    Dl_info self{};
+    if (!dladdr(reinterpret_cast<void *>(&device_present), &self) || !self.dli_fname) return nullptr;
+    const char *slash = std::strrchr(self.dli_fname, '/');
+    const std::size_t dir_len = slash ? std::size_t(slash - self.dli_fname) : 0;
+    const char *wanted = settings().provider ? settings().provider : "";
+    void *any = nullptr;
+    for (std::size_t i = 0; i < std::size(standins); ++i) {
+        const StandIn &s = standins[i];
+        handles[i] = nullptr;
+        if (!std::strcmp(wanted, s.provider) || device_present(s.device_prefix)) continue;
+        if (void *real = dlopen(s.soname, RTLD_NOW | RTLD_NOLOAD)) {
+            dlclose(real);
+            continue;
+        }
+        char path[4096];
+        if (std::snprintf(path, sizeof path, "%.*s/%s", int(dir_len), self.dli_fname, s.file) >=
+            int(sizeof path))
+            continue;
+        handles[i] = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        if (handles[i]) any = handles[i];
+        else SD_LOG(debug, "stand-in %s not loaded (%s)", path, dlerror());
+    }
+    return any;
+}
+
 void load() noexcept {
     Guard guard;
+    void *standin[std::size(standins)];
+    const bool stood_in = load_standins(standin) != nullptr;
     void *h = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h && stood_in) {
+        // A libfabric that needs more of them than the stand-ins offer:
+        // the real libraries, at their price.
+        SD_LOG(info, "libfabric did not load beside the psm stand-ins (%s); loading it as built",
+               dlerror());
+        for (void *s : standin)
+            if (s) dlclose(s);
+        h = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
+    }
     if (!h) {
         SD_LOG(info, "libfabric not loadable (%s); staying on TCP", dlerror());
         return;

@@ -516,13 +516,15 @@ it_as() {
     it_as_words=(setpriv "--reuid=$(id -u "$1")" "--regid=$(id -g "$1")" --init-groups)
 }
 
-# it_share_tools: the library and sdirect-run copied where every user may
+# it_share_tools: the library (with its psm stand-ins) and sdirect-run copied where every user may
 # read them (a service runs them as its own user); it_tools and
 # SDIRECT_LIB point there. Nothing in kernel mode.
 it_share_tools() {
     ((it_kernel)) && return 0
     mkdir -p "$it_tmp/tools"
     cp "$it_lib" "$it_tmp/tools/libsdirect.so"
+    # The psm stand-ins it loads from beside itself (when built).
+    cp "$(dirname "$it_lib")"/libsdirect-psm*.so "$it_tmp/tools/" 2>/dev/null || true
     cp "$it_tools/sdirect-run" "$it_tmp/tools/"
     chmod -R a+rX "$it_tmp/tools"
     it_tools="$it_tmp/tools"
