@@ -27,6 +27,7 @@
 #             backend's connection is upgraded after that fork. As root,
 #             PostgreSQL runs as nobody (it refuses root), pgbench too:
 #             both ends one user (pg-users has them apart).
+#   pg-C      the `pgbench -C -S` row of pg alone.
 #   pg-users  PostgreSQL as Debian runs it: the server as the user
 #             postgres (setpriv from root, as pg_ctlcluster changes to
 #             postgres), in a data directory of its own owned by postgres
@@ -125,8 +126,9 @@
 # Quick run (BENCH_QUICK=1): redis, pg, pg-users, netperf, nginx,
 # nginx-users and mariadb-users only (sockperf and idle when named), 1 repeat,
 # redis-benchmark -n 40000 / 100000 (about a second each: a client
-# process builds its fabric engine in about 0.21 s after its connection
-# earned its upgrade, and a shorter run ends on TCP, NOT DIRECT), 20
+# process without an engine asks to go direct only once its connection
+# has lived SDIRECT_BUILD_AFTER_MS, and a shorter run ends on TCP, NOT
+# DIRECT), 20
 # redis-cli processes, pgbench 1 s, netperf 1 s, ab 1 s (sockperf 2 s,
 # idle 3 s; mysqlslap 20000 queries).
 #
@@ -171,8 +173,8 @@ apps=("$@")
     "redis pg pg-users netperf nginx nginx-users mariadb-users")"
 for app in "${apps[@]}"; do
     case "$app" in
-        sockperf | redis | pg | pg-users | netperf | nginx | nginx-users | mariadb-users | idle) ;;
-        *) echo "usage: $me [sockperf] [redis] [pg] [pg-users] [netperf] [nginx] [nginx-users] [mariadb-users] [idle]" >&2; exit 2 ;;
+        sockperf | redis | pg | pg-C | pg-users | netperf | nginx | nginx-users | mariadb-users | idle) ;;
+        *) echo "usage: $me [sockperf] [redis] [pg] [pg-C] [pg-users] [netperf] [nginx] [nginx-users] [mariadb-users] [idle]" >&2; exit 2 ;;
     esac
 done
 
@@ -790,6 +792,7 @@ for app in "${apps[@]}"; do
         sockperf) groups+=(sp) ;;
         redis) groups+=(rd1 rd50 rcli) ;;
         pg) groups+=(pg pgc) ;;
+        pg-C) groups+=(pgc) ;;
         pg-users) groups+=(pgx) ;;
         netperf) groups+=(np npcrr) ;;
         nginx) groups+=(ab) ;;

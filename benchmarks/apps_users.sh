@@ -238,8 +238,8 @@ ngx_users() {
 # MariaDB as mysql: one data directory for every run, made at the first
 # myx measurement (mariadb-install-db as mysql, root without a password on
 # 127.0.0.1). mysqlslap times its clients from their connect on, and a
-# process builds its fabric engine (~0.21 s, more on a loaded host) only
-# when a connection asks: with the library's own settings a run of a
+# client process builds its fabric engine only when a connection asks,
+# from SDIRECT_BUILD_AFTER_MS (250 ms) of its life on: with the library's own settings a run of a
 # second or two would be half over on TCP before the client's engine is
 # there, and connections that end before it stay on TCP unrecorded. So
 # both ends upgrade at once (SDIRECT_UPGRADE_AFTER_MS=0): mysqlslap's

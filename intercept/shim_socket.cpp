@@ -62,13 +62,15 @@ SD_EXPORT int listen(int fd, int backlog) {
     Held s(fd);
     if (r == 0 && s) {
         s->phase.store(Phase::listener);
-        // A server: build the engine now, in the background, whatever the
-        // upgrade policy (unless SDIRECT_LISTEN_BUILD=0). The first
-        // accepted connection that earns its upgrade then needs no wait,
-        // and a server that forks a process per connection (postgres,
-        // netserver, sshd) gives its children a loaded libfabric: each of
-        // them would otherwise load it anew (~0.2 s) before going direct.
-        if (sd::transport::settings().listen_build) sd::transport::Engine::ready();
+        sd::transport::Engine::note_server();
+        // A server: its connections ask for their upgrade as soon as they
+        // earn it (earn.cpp). Its engine is built now, in the background,
+        // where connections upgrade at once (SDIRECT_UPGRADE_AFTER_MS=0)
+        // or SDIRECT_LISTEN_BUILD=1 asks; otherwise at its first ask, so
+        // that a server forking a child per connection forks without
+        // libfabric's mappings.
+        const auto &set = sd::transport::settings();
+        if (set.listen_build || !set.upgrade_after_ms) sd::transport::Engine::ready();
     }
     return r;
 }

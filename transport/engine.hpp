@@ -173,6 +173,12 @@ class Engine {
     // No engine here: none built, none being built, none failed (a failed
     // build may have left files and maps behind).
     static bool idle_process() noexcept;
+    // This process listened, or is a fork child of one that did: a
+    // server, which lives long enough to pay for a build at its first
+    // connection that earns its upgrade (SDIRECT_BUILD_AFTER_MS is for
+    // clients). Kept across fork; an exec starts over.
+    static void note_server() noexcept;
+    static bool serving() noexcept;
     // A change of ids (afresh.cpp) in a process whose engine never held a
     // connection or a peer (a server that listened before it dropped its
     // ids): the engine is given up as a fork child gives up its parent's.

@@ -172,6 +172,13 @@ bool Engine::when_ready(void (*fn)(void *), void *ctx) noexcept {
     return false;
 }
 
+namespace {
+std::atomic<bool> server_process{false};
+}
+
+void Engine::note_server() noexcept { server_process.store(true, std::memory_order_relaxed); }
+bool Engine::serving() noexcept { return server_process.load(std::memory_order_relaxed); }
+
 bool Engine::idle_process() noexcept {
     std::lock_guard lock(create_lock);
     return !the_engine.load(std::memory_order_acquire) && !unusable && !starting && !building;

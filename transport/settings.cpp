@@ -122,8 +122,8 @@ constexpr Setting table[] = {
      "window in which a send of ours races our answer. 0: no pause."},
     {"SDIRECT_ENGINE_WAIT_MS", SettingKind::integer, "1000",
      "How long connect() and accept() may wait for the process's fabric "
-     "engine while it is first built (libfabric takes a few hundred ms to "
-     "load). 0: never wait; connections made meanwhile start on TCP and "
+     "engine while it is first built (~6 ms; longer where libfabric loads "
+     "its psm libraries, see README). 0: never wait; connections made meanwhile start on TCP and "
      "are upgraded once the engine is ready."},
     {"SDIRECT_UPGRADE_AFTER_MS", SettingKind::integer, "20",
      "Upgrade only when it can pay: a connection starts on TCP and asks to "
@@ -137,24 +137,24 @@ constexpr Setting table[] = {
      "up to SDIRECT_ENGINE_WAIT_MS, and the connection is direct from its "
      "first byte)."},
     {"SDIRECT_BUILD_AFTER_MS", SettingKind::integer, "250",
-     "A connection of a process that has no fabric engine yet (none built, "
-     "none being built) asks to go direct only once it has lived this many "
-     "ms too (and SDIRECT_UPGRADE_AFTER_MS): its ask starts the build, "
-     "which takes about 0.2 s, and a process that exits during a build "
-     "waits for the step in progress. A process with an engine (a server "
-     "builds it at listen) upgrades at SDIRECT_UPGRADE_AFTER_MS. 0: no "
+     "A connection of a client process that has no fabric engine yet (none "
+     "built, none being built) asks to go direct only once it has lived "
+     "this many ms too (and SDIRECT_UPGRADE_AFTER_MS): its ask starts the "
+     "build, about 6 ms and 5 ms of CPU, and its exit tears the engine "
+     "down, which a client that lives a few tens of ms would not earn "
+     "back. A server (a process that listened, or a child it forked) and "
+     "a process with an engine upgrade at SDIRECT_UPGRADE_AFTER_MS. 0: no "
      "more than SDIRECT_UPGRADE_AFTER_MS; ignored when that is 0."},
-    {"SDIRECT_LISTEN_BUILD", SettingKind::boolean, "1",
-     "A listen() starts the process's fabric engine build at once, in the "
-     "background: the first accepted connection that earns its upgrade "
-     "needs no build, and the children of a server that forks per "
-     "connection inherit a loaded libfabric (each would otherwise load it, "
-     "~0.2 s, before its connection goes direct). The price: every fork of "
-     "a process with an engine copies libfabric's mappings, and each child's "
-     "exit tears them down (~0.35 ms more per fork, exit and wait here). 0: "
-     "a listener builds only when one of its own connections asks, as a "
-     "client does: for a server that forks a child per short connection "
-     "(pgbench -C against PostgreSQL)."},
+    {"SDIRECT_LISTEN_BUILD", SettingKind::boolean, "0",
+     "1: a listen() starts the process's fabric engine build at once, in "
+     "the background, so that its first connection that earns its upgrade "
+     "needs no build (~6 ms). The price: every fork of a process with an "
+     "engine copies libfabric's mappings, and each child's exit tears them "
+     "down (a fork, exit and wait took 0.41 ms here against 0.21 ms "
+     "without an engine), which a server forking a child per short "
+     "connection (pgbench -C against PostgreSQL) pays per connection; its "
+     "children build their own engine anyway. 0: a server builds at its "
+     "first connection that earns its upgrade."},
     {"SDIRECT_EXEC_STDIO", SettingKind::boolean, "1",
      "A program started by exec in place of one that runs the library, and "
      "running it too, re-adopts the connections it inherits and upgrades "
