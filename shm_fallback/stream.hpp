@@ -88,7 +88,7 @@ class Stream {
     // Connected before the engine was built: I/O runs non-blocking on the
     // kernel under pend_lock, counted, until the builder attaches us.
     std::atomic<bool> pending{false};
-    std::mutex pend_lock;
+    transport::RankedMutex<transport::Rank::pend> pend_lock;
     // Upgrade only when it can pay (earn.cpp, SDIRECT_UPGRADE_AFTER_MS): a
     // pending connection that has not asked for its upgrade yet asks at
     // its first kernel I/O that moves bytes from this time on (monotonic
