@@ -61,7 +61,7 @@ SD_EXPORT int listen(int fd, int backlog) {
     int r = sys.listen(fd, backlog);
     Held s(fd);
     if (r == 0 && s) {
-        s->phase.store(Phase::listener);
+        s->reset_to(Phase::listener);
         // A server: build the engine now, in the background, whatever the
         // upgrade policy (unless SDIRECT_LISTEN_BUILD=0). The first
         // accepted connection that earns its upgrade then needs no wait,
@@ -92,8 +92,7 @@ SD_EXPORT int connect(int fd, const sockaddr *addr, socklen_t len) {
                !sd::transport::retired()) {
         // Attached at its first use; not in a retired process, whose
         // sandbox may forbid the getpeername that tells the handshake done.
-        Phase p = Phase::fresh;
-        s->phase.compare_exchange_strong(p, Phase::connecting);
+        s->move(Phase::fresh, Phase::connecting);
     }
     errno = err;
     return r;

@@ -63,7 +63,7 @@ void Stream::reset(int f, int dom, bool nb) noexcept {
     struct stat st;
     ino = fstat(f, &st) == 0 ? std::uint64_t(st.st_ino) : 0;
     fds.store(1, std::memory_order_relaxed);
-    phase.store(Phase::fresh, std::memory_order_relaxed);
+    reset_to(Phase::fresh);
     nonblock.store(nb, std::memory_order_relaxed);
     nodelay.store(false, std::memory_order_relaxed);
     cork.store(false, std::memory_order_relaxed);
@@ -112,8 +112,7 @@ void Stream::forget_parent_threads() noexcept {
 
 void Stream::accepted() noexcept {
     acceptor = true;
-    Phase p = Phase::fresh;
-    phase.compare_exchange_strong(p, Phase::deferred);
+    move(Phase::fresh, Phase::deferred);
 }
 
 void Stream::fd_added(int nfd) noexcept {
@@ -146,7 +145,7 @@ void Stream::connected(bool accepted) noexcept {
         }
         return;
     }
-    if (!phase.compare_exchange_strong(p, Phase::attaching)) return connected(accepted);
+    if (!move(p, Phase::attaching)) return connected(accepted);
     acceptor = accepted;
     if (transport::rules_keep_fd_on_kernel(kfd(), accepted)) {
         // On TCP for good, before it touches the engine; the peer's
@@ -155,7 +154,7 @@ void Stream::connected(bool accepted) noexcept {
         transport::mark_unattached(kfd(), transport::Reason::rule, &mark);
         SD_LOG(info, "fd %d stays on TCP: %s", kfd(),
                transport::rules().error[0] ? "the rules file is unusable" : "a rule says kernel");
-        phase.store(Phase::attached, std::memory_order_release);
+        move_to(Phase::attached);
         return;
     }
     if (transport::settings().upgrade_after_ms) return start_earning();
@@ -164,7 +163,7 @@ void Stream::connected(bool accepted) noexcept {
         // socket was shared through fork).
         set_conn(engine->attach(kfd(), acceptor, rcvbuf.load(std::memory_order_relaxed), pre_tx,
                                   pre_rx));
-        phase.store(Phase::attached, std::memory_order_release);
+        move_to(Phase::attached);
         return;
     }
     std::lock_guard lock(pend_lock);
@@ -174,7 +173,7 @@ void Stream::connected(bool accepted) noexcept {
         pending.store(false, std::memory_order_release);
         refs.fetch_sub(1, std::memory_order_relaxed);
     }
-    phase.store(Phase::attached, std::memory_order_release);
+    move_to(Phase::attached);
 }
 
 // Until the engine exists, the kernel carries the bytes. Once a connection
