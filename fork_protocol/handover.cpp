@@ -237,7 +237,7 @@ bool hand_over_for_exec(Stream &s, std::uint64_t &tx, std::uint64_t &rx, int &sl
             // this image any more, should the exec fail.
             s.pending.store(false, std::memory_order_release);
             s.earn_ns = 0;
-            s.phase.store(Phase::attached, std::memory_order_release);
+            s.move_to(Phase::attached);
             tx = s.pre_tx;
             rx = s.pre_rx;
             return true;
@@ -488,7 +488,7 @@ Stream *adopt_inherited(int fd) noexcept {
             s->owner = e->owner;
             s->holders.store(sh, std::memory_order_release);
             s->orphan.store(true, std::memory_order_release);
-            s->phase.store(Phase::deferred, std::memory_order_release);
+            s->move_to(Phase::deferred);
         } else if (sh) {
             // As a fork child holds it: counted, upgraded by the last
             // holder left (adopt_share, share.cpp).
@@ -497,7 +497,7 @@ Stream *adopt_inherited(int fd) noexcept {
             s->acceptor = e->acceptor;
             s->forked = true;
             s->share.store(sh, std::memory_order_release);
-            s->phase.store(Phase::deferred, std::memory_order_release);
+            s->move_to(Phase::deferred);
         } else {
             SD_LOG(info, "fd %d: inherited through exec at offsets %" PRIu64 " sent, %" PRIu64
                          " received; it may be upgraded again", fd, e->tx, e->rx);

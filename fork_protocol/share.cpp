@@ -167,7 +167,7 @@ void fork_child(Stream &s, unsigned mark, int parent) noexcept {
         }
     }
     s.share_check_ns = 0;
-    s.phase.store(Phase::deferred, std::memory_order_relaxed);
+    s.move_to(Phase::deferred);
 }
 
 namespace {
@@ -212,7 +212,7 @@ bool take_over(Stream &s, Sharers *sh) noexcept {
     s.engine = e;
     transport::unmark_unattached(s.kfd(), s.mark);
     s.set_conn(c);
-    s.phase.store(Phase::attached, std::memory_order_release);
+    s.move_to(Phase::attached);
     fallback::sharers_took(sh);
     SD_LOG(info, "fd %d: taken over from holders that have not used it since the fork; kernel "
                  "mode at offsets %llu/%llu until the peer upgrades it",
@@ -239,7 +239,7 @@ bool adopt_share(Stream &s, Sharers *sh) noexcept {
     transport::unmark_unattached(s.kfd(), s.mark);
     SD_LOG(debug, "fd %d: the only holder left after fork; upgrading at offsets %llu/%llu",
            s.kfd(), (unsigned long long)s.pre_tx, (unsigned long long)s.pre_rx);
-    s.phase.store(Phase::deferred, std::memory_order_release);
+    s.move_to(Phase::deferred);
     return true;
 }
 

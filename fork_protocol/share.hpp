@@ -21,7 +21,7 @@ void drop_share(fallback::Stream &s) noexcept;
 // socket (final, reason shared): its holders count together, as for a
 // socket shared before its upgrade. The holders, or nullptr.
 fallback::Sharers *left_holders(const fallback::Stream &s, transport::Conn *c) noexcept;
-// This process holds it alone now (tx_lock and pend_lock held): the
+// This process holds it alone now (pend_lock and tx_lock held): the
 // connection waits in kernel mode for the peer again, from the holders'
 // counts. True when it is no longer counted for the holders.
 bool rejoin_locked(fallback::Stream &s, transport::Conn *c, fallback::Sharers *h) noexcept;

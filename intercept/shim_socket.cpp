@@ -61,7 +61,7 @@ SD_EXPORT int listen(int fd, int backlog) {
     int r = sys.listen(fd, backlog);
     Held s(fd);
     if (r == 0 && s) {
-        s->phase.store(Phase::listener);
+        s->reset_to(Phase::listener);
         sd::transport::Engine::note_server();
         // A server: its connections ask for their upgrade as soon as they
         // earn it (earn.cpp). Its engine is built now, in the background,
@@ -94,8 +94,7 @@ SD_EXPORT int connect(int fd, const sockaddr *addr, socklen_t len) {
                !sd::transport::retired()) {
         // Attached at its first use; not in a retired process, whose
         // sandbox may forbid the getpeername that tells the handshake done.
-        Phase p = Phase::fresh;
-        s->phase.compare_exchange_strong(p, Phase::connecting);
+        s->move(Phase::fresh, Phase::connecting);
     }
     errno = err;
     return r;

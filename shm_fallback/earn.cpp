@@ -35,7 +35,7 @@ void Stream::start_earning() noexcept {
     build_ns = now + std::uint64_t(transport::settings().build_after_ms) * 1000000ull;
     earn_calls = 0;
     ask_held = false;
-    phase.store(Phase::attached, std::memory_order_release);
+    move_to(Phase::attached);
 }
 
 bool Stream::earned(std::uint32_t calls, std::uint64_t earn_at, std::uint64_t build_at) noexcept {

@@ -49,9 +49,7 @@ void Stream::to_kernel_for_good(Reason why) noexcept {
     // Not attached yet: it never will be. Its peer may wait for an upgrade
     // that cannot come: our entry tells it why.
     for (Phase from : {Phase::connecting, Phase::deferred}) {
-        Phase expect = from;
-        if (phase.compare_exchange_strong(expect, Phase::attached, std::memory_order_acq_rel) &&
-            !conn.load(std::memory_order_acquire))
+        if (move(from, Phase::attached) && !conn.load(std::memory_order_acquire))
             transport::mark_unattached(kfd(), why, &mark);
     }
     {

@@ -43,8 +43,8 @@ struct ForkHooks {
     // Our connection left the fabric because a process we forked uses the
     // socket: its holders (who count together), or nullptr.
     Sharers *(*left_holders)(const Stream &s, transport::Conn *c) noexcept;
-    // Alone again with a connection that left for sharing (tx_lock and
-    // pend_lock held): kernel mode, awaiting the peer's upgrade. True
+    // Alone again with a connection that left for sharing (pend_lock and
+    // tx_lock held): kernel mode, awaiting the peer's upgrade. True
     // when it is no longer counted for the holders.
     bool (*rejoin_locked)(Stream &s, transport::Conn *c, Sharers *h) noexcept;
     // The table's fork passes, per stream: in the parent before the fork,

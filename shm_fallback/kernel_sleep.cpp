@@ -17,9 +17,10 @@ using transport::sys;
 
 namespace {
 
-// The waits asleep in the kernel. Lock order: a stream's pend_lock, then
-// this (kernel_waits_wake runs under pend_lock); a sleeper holds no other
-// lock while it takes it.
+// The waits asleep in the kernel. A plain mutex outside the lock order
+// (transport/lock_order.hpp): taken under a stream's pend_lock
+// (kernel_waits_wake runs under it), nothing under it; a sleeper holds
+// no other lock while it takes it.
 std::mutex sleeps_lock;
 boost::intrusive::list<KernelSleep, boost::intrusive::constant_time_size<false>> sleeps;
 std::atomic<int> n_sleeps{0};

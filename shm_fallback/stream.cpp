@@ -63,7 +63,7 @@ void Stream::reset(int f, int dom, bool nb) noexcept {
     struct stat st;
     ino = fstat(f, &st) == 0 ? std::uint64_t(st.st_ino) : 0;
     fds.store(1, std::memory_order_relaxed);
-    phase.store(Phase::fresh, std::memory_order_relaxed);
+    reset_to(Phase::fresh);
     nonblock.store(nb, std::memory_order_relaxed);
     nodelay.store(false, std::memory_order_relaxed);
     cork.store(false, std::memory_order_relaxed);
@@ -102,7 +102,7 @@ void Stream::reset(int f, int dom, bool nb) noexcept {
 }
 
 void Stream::forget_parent_threads() noexcept {
-    new (&pend_lock) std::mutex();
+    new (&pend_lock) transport::RankedMutex<transport::Rank::pend>();
     kernel_waiters = wait_holds = 0;  // the threads blocked in the parent are not here
     new (&alias_lock) std::mutex();
     refs.store(fds.load(std::memory_order_relaxed), std::memory_order_relaxed);
@@ -112,8 +112,7 @@ void Stream::forget_parent_threads() noexcept {
 
 void Stream::accepted() noexcept {
     acceptor = true;
-    Phase p = Phase::fresh;
-    phase.compare_exchange_strong(p, Phase::deferred);
+    move(Phase::fresh, Phase::deferred);
 }
 
 void Stream::fd_added(int nfd) noexcept {
@@ -146,7 +145,7 @@ void Stream::connected(bool accepted) noexcept {
         }
         return;
     }
-    if (!phase.compare_exchange_strong(p, Phase::attaching)) return connected(accepted);
+    if (!move(p, Phase::attaching)) return connected(accepted);
     acceptor = accepted;
     if (transport::rules_keep_fd_on_kernel(kfd(), accepted)) {
         // On TCP for good, before it touches the engine; the peer's
@@ -155,7 +154,7 @@ void Stream::connected(bool accepted) noexcept {
         transport::mark_unattached(kfd(), transport::Reason::rule, &mark);
         SD_LOG(info, "fd %d stays on TCP: %s", kfd(),
                transport::rules().error[0] ? "the rules file is unusable" : "a rule says kernel");
-        phase.store(Phase::attached, std::memory_order_release);
+        move_to(Phase::attached);
         return;
     }
     if (transport::settings().upgrade_after_ms) return start_earning();
@@ -164,7 +163,7 @@ void Stream::connected(bool accepted) noexcept {
         // socket was shared through fork).
         set_conn(engine->attach(kfd(), acceptor, rcvbuf.load(std::memory_order_relaxed), pre_tx,
                                   pre_rx));
-        phase.store(Phase::attached, std::memory_order_release);
+        move_to(Phase::attached);
         return;
     }
     std::lock_guard lock(pend_lock);
@@ -174,7 +173,7 @@ void Stream::connected(bool accepted) noexcept {
         pending.store(false, std::memory_order_release);
         refs.fetch_sub(1, std::memory_order_relaxed);
     }
-    phase.store(Phase::attached, std::memory_order_release);
+    move_to(Phase::attached);
 }
 
 // Until the engine exists, the kernel carries the bytes. Once a connection
@@ -507,7 +506,14 @@ ssize_t Stream::send_stream(const iovec *iov, int iovcnt, int flags) noexcept {
     const std::size_t total = iov_total(iov, iovcnt);
     std::size_t done = 0;
     for (;;) {
+        // A connection that left the fabric for sharing comes back to
+        // kernel mode here once this process holds it alone (rejoin_locked),
+        // under pend_lock and tx_lock: pend_lock first, as the lock order
+        // says.
+        std::unique_lock pend(pend_lock, std::defer_lock);
+        if (left_holders(c)) pend.lock();
         std::unique_lock tx(c->tx_lock);
+        if (pend.owns_lock() && !left_holders(c)) pend.unlock();
         // The caller's iov as it is, or (after a leave cut a send short)
         // what is left of it.
         iovec rest[kMaxSlice];
@@ -522,6 +528,10 @@ ssize_t Stream::send_stream(const iovec *iov, int iovcnt, int flags) noexcept {
             if (c->gone() && c->is_direct()) return send_nothing(c, flags);
             if (c->leave_under_way()) {
                 // Left the fabric: what is owed to the kernel goes first.
+                // Owed bytes may take a while (the peer returns ours, the
+                // kernel takes them): written without pend_lock, which a
+                // recv on the kernel takes.
+                if (pend.owns_lock() && c->tx_owed.load(std::memory_order_acquire)) pend.unlock();
                 const bool nb = nonblock.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
                 const std::int64_t tmo = sndtimeo_ns.load(std::memory_order_relaxed);
                 int rc = engine->leave_flush_locked(c, !nb, tmo ? monotonic_ns() + std::uint64_t(tmo) : 0);
@@ -529,9 +539,15 @@ ssize_t Stream::send_stream(const iovec *iov, int iovcnt, int flags) noexcept {
                 if (rc) return done ? ssize_t(done) : rc;
             }
             if (Sharers *h = left_holders(c)) {
-                std::lock_guard pend(pend_lock);
+                if (!pend.owns_lock()) {
+                    // Left, or its owed bytes written, since this pass
+                    // began: the next one takes both locks.
+                    tx.unlock();
+                    continue;
+                }
                 (void)rejoin_locked(c, h);  // alone: kernel mode, counted by c
             }
+            if (pend.owns_lock()) pend.unlock();
             ssize_t r = kernel_send(v, k, flags, c);
             // Left for sharing: the holders count past our offsets (added
             // under this lock when the mark was set).
@@ -544,6 +560,7 @@ ssize_t Stream::send_stream(const iovec *iov, int iovcnt, int flags) noexcept {
             if (r < 0) return done ? ssize_t(done) : r;
             return ssize_t(done) + r;
         }
+        if (pend.owns_lock()) pend.unlock();
         bool left = false;
         ssize_t r =
             transport::direct_send(side(), c, v, k, done ? sliced(v, k) : total, flags, &left);

@@ -6,6 +6,7 @@
 // Every method returns a value or -errno; only the shims touch errno.
 #pragma once
 #include "fork_hooks.hpp"
+#include "phase.hpp"
 #include "prefix.hpp"
 #include "sharers.hpp"
 #include "transport/conn.hpp"
@@ -22,16 +23,6 @@
 #include <vector>
 
 namespace sd::fallback {
-
-enum class Phase : std::uint8_t {
-    fresh,       // not connected yet (or connect still in progress)
-    connecting,  // non-blocking connect under way: attach at first use
-    deferred,    // accepted: attached at its first I/O (so that a server
-                 // that accepts, forks and closes never upgrades it)
-    attaching,   // one thread attaches; the others wait for it
-    attached,    // connected; `conn` set (or null when untracked)
-    listener,
-};
 
 class Stream {
   public:
@@ -53,7 +44,16 @@ class Stream {
     std::atomic<int> calls{0};
     std::atomic<int> held_fd{-1};
     std::atomic<int> fds{0};    // fd numbers mapping to this stream (dup)
+    // Read freely; changed only by the three below (phase.cpp), each
+    // change one of phase.hpp's table, which debug builds check.
     std::atomic<Phase> phase{Phase::fresh};
+    // From `from` to `to`, if it is still in `from` (compare-exchange).
+    bool move(Phase from, Phase to) noexcept;
+    // To `to` from whatever phase it is in, a move each try: as a store,
+    // with the move checked that it makes.
+    void move_to(Phase to) noexcept;
+    // A new socket (fresh) or a listening one: `to` whatever it was.
+    void reset_to(Phase to) noexcept;
     std::atomic<bool> nonblock{false};
     std::atomic<bool> nodelay{false};
     std::atomic<bool> cork{false};
@@ -88,7 +88,7 @@ class Stream {
     // Connected before the engine was built: I/O runs non-blocking on the
     // kernel under pend_lock, counted, until the builder attaches us.
     std::atomic<bool> pending{false};
-    std::mutex pend_lock;
+    transport::RankedMutex<transport::Rank::pend> pend_lock;
     // Upgrade only when it can pay (earn.cpp, SDIRECT_UPGRADE_AFTER_MS): a
     // pending connection that has not asked for its upgrade yet asks at
     // its first kernel I/O that moves bytes from this time on (monotonic

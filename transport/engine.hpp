@@ -646,7 +646,7 @@ class Engine {
     std::atomic<bool> control_gone_{false};
     // Held by the control thread from its wake-up to its next sleep, and
     // by a fork's prepare step (park_for_fork) until the fork is done.
-    std::mutex control_busy_;
+    RankedMutex<Rank::control> control_busy_;
 
     pid_t pid_ = 0;
     std::uint64_t nonce_ = 0;

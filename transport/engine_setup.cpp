@@ -275,7 +275,8 @@ void Engine::forget_after_fork(bool settled) noexcept {
     // parent: closing the endpoint here would unlink the parent's region.
     // Leave every object as it is and start afresh when needed.
     the_engine.store(nullptr, std::memory_order_relaxed);
-    parked_for_fork = nullptr;  // the parent's, locked for good here
+    // The parent's, locked for good here.
+    if (Engine *e = std::exchange(parked_for_fork, nullptr)) e->control_busy_.forget_held();
     regcache().forget();  // the parent's registrations, in the parent's domain
     pollers_after_fork_child();
     provider_gate().reset();

@@ -1,7 +1,19 @@
-// The engine's lock order, written once and checked.
+// The lock order of the engine and of the sockets over it, written once
+// and checked.
 //
 // A thread blocks on a lock only while every lock it holds ranks lower:
 //
+//   control   Engine::control_busy_ the control thread's turn, from its
+//                                   wake-up to its next sleep; a fork's
+//                                   prepare step holds it (try_lock) while
+//                                   it marks every stream shared
+//   pend      Stream::pend_lock     one socket's pending path: its kernel
+//                                   I/O counted before an attach, its ask
+//                                   and attach (the table lock under it),
+//                                   a fork's share; rejoin_locked takes the
+//                                   connection's tx_lock under it, so a
+//                                   send that rejoins lets its tx_lock go
+//                                   and takes both in this order
 //   flush     Engine::flush_lock_   the pass that sends due stages and
 //                                   starts due upgrades (taken by try_lock)
 //   table     Engine::conn_lock_    the connection table, peers, upgrades
@@ -35,9 +47,10 @@
 //   addrs_lock      verdict.cpp       this host's addresses
 //
 // Every thread keeps the locks it holds in a small thread-local list (the
-// deepest nesting is four). Builds with SDIRECT_LOCK_CHECK (debug and
-// sanitizer builds) abort with a message on a blocking acquisition out of
-// order and on a try_lock of a held lock; release builds only keep the list.
+// deepest nesting is five: control_busy_ or pend_lock over four of the
+// engine's). Builds with SDIRECT_LOCK_CHECK (debug and sanitizer builds)
+// abort with a message on a blocking acquisition out of order and on a
+// try_lock of a held lock; release builds only keep the list.
 #pragma once
 
 #include <cstdint>
@@ -45,7 +58,7 @@
 
 namespace sd::transport {
 
-enum class Rank : std::uint8_t { flush = 1, table, tx, progress, rx };
+enum class Rank : std::uint8_t { control = 1, pend, flush, table, tx, progress, rx };
 
 namespace lock_order {
 
@@ -81,6 +94,9 @@ public:
         m_.unlock();
     }
     bool held() const noexcept { return lock_order::holds(this); }
+    // In a fork child: the lock stays taken for good (the parent's thread
+    // took it), and this thread no longer counts it among those it holds.
+    void forget_held() noexcept { lock_order::released(this); }
 
 private:
     std::mutex m_;
