@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
+#include <cstdio>
 #include <fcntl.h>
 #include <cstring>
 #include <new>
@@ -53,6 +54,23 @@ bool state_changed(void *ctx) noexcept {
 
 }  // namespace
 
+std::uint64_t Stream::inode() noexcept {
+    if (std::uint64_t v = ino.load(std::memory_order_acquire)) return v;
+    const int f = fd.load(std::memory_order_relaxed);
+    struct stat st;
+    int rc;
+    if (!foreign_process()) {
+        rc = fstat(f, &st);
+    } else {
+        char path[48];
+        std::snprintf(path, sizeof path, "/proc/%d/fd/%d", table_pid(), f);
+        rc = stat(path, &st);
+    }
+    if (rc != 0 || !S_ISSOCK(st.st_mode)) return 0;
+    ino.store(std::uint64_t(st.st_ino), std::memory_order_release);
+    return std::uint64_t(st.st_ino);
+}
+
 void Stream::reset(int f, int dom, bool nb) noexcept {
     fd.store(f, std::memory_order_relaxed);
     {
@@ -60,8 +78,7 @@ void Stream::reset(int f, int dom, bool nb) noexcept {
         aliases.clear();
     }
     domain = dom;
-    struct stat st;
-    ino = fstat(f, &st) == 0 ? std::uint64_t(st.st_ino) : 0;
+    ino.store(0, std::memory_order_relaxed);
     fds.store(1, std::memory_order_relaxed);
     reset_to(Phase::fresh);
     nonblock.store(nb, std::memory_order_relaxed);

@@ -33,9 +33,12 @@ class Stream {
     // across a syscall that a close may race.
     std::atomic<int> fd{-1};
     int domain = 0;
-    // The socket's inode: exec finds it among the fds a new program
-    // inherits even where this process's own fd is closed (a vfork child).
-    std::uint64_t ino = 0;
+    // The socket's inode, looked up at its first need (inode()): exec
+    // finds the socket by it among the fds a new program inherits, even
+    // where this process's own fd is closed (a vfork child). Not at
+    // creation: a connection that never meets an exec would pay a system
+    // call for nothing. 0: not looked up yet.
+    std::atomic<std::uint64_t> ino{0};
     std::atomic<int> refs{0};   // fd mappings + calls in progress
     // Calls of the application in progress (the shims' Held). A close()
     // while there are some keeps the kernel socket open until the last one
@@ -47,6 +50,10 @@ class Stream {
     // Read freely; changed only by the three below (phase.cpp), each
     // change one of phase.hpp's table, which debug builds check.
     std::atomic<Phase> phase{Phase::fresh};
+    // The socket's inode (ino), looked up now if not yet: on our fd, or in
+    // a vfork child (whose fds may differ from the table's) on the fd of
+    // the process that owns the table, through /proc. 0 if neither can.
+    std::uint64_t inode() noexcept;
     // From `from` to `to`, if it is still in `from` (compare-exchange).
     bool move(Phase from, Phase to) noexcept;
     // To `to` from whatever phase it is in, a move each try: as a store,

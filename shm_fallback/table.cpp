@@ -165,6 +165,7 @@ void table_after_fork_child() noexcept {
 }
 
 bool foreign_process() noexcept { return int(getpid()) != self_pid; }
+int table_pid() noexcept { return self_pid; }
 
 // Read with getdents64 into the stack (a vfork child must not allocate).
 // The kernel lists the fds in increasing order: the first `max` found are
@@ -212,9 +213,9 @@ void leave_for_exec(const ino_t *kept, const int *kept_fd, int nkept) noexcept {
     for (int fd = 0, end = scan_end(); fd < end; ++fd) {
         Stream *s = acquire(fd);
         if (!s) continue;
-        const ino_t *at = std::lower_bound(kept, kept + nkept, ino_t(s->ino));
-        if (s->fd.load(std::memory_order_relaxed) == fd && s->ino && at != kept + nkept &&
-            *at == ino_t(s->ino))
+        const ino_t ino = s->fd.load(std::memory_order_relaxed) == fd ? ino_t(s->inode()) : 0;
+        const ino_t *at = std::lower_bound(kept, kept + nkept, ino);
+        if (ino && at != kept + nkept && *at == ino)
             fork_hooks.before_exec(*s, vforked, kept_fd[at - kept]);
         release(s);
     }
@@ -264,7 +265,7 @@ void table_before_spawn(const SpawnAction *actions, int nactions) noexcept {
         for (int fd = 0, end = scan_end(); fd < end; ++fd) {
             Stream *s = acquire(fd);
             if (!s) continue;
-            if (s->fd.load(std::memory_order_relaxed) == fd && s->ino)
+            if (s->fd.load(std::memory_order_relaxed) == fd && s->inode())
                 fork_hooks.before_exec(*s, vforked, fd);
             release(s);
         }
@@ -274,7 +275,7 @@ void table_before_spawn(const SpawnAction *actions, int nactions) noexcept {
     for (int fd = 0, end = scan_end(); fd < end; ++fd) {
         Stream *s = acquire(fd);
         if (!s) continue;
-        const ino_t ino = ino_t(s->ino);
+        const ino_t ino = ino_t(s->inode());
         release(s);
         if (!ino) continue;
         const int flags = transport::sys.fcntl(fd, F_GETFD);
@@ -346,7 +347,7 @@ void table_exec_drop_uninherited() noexcept {
         Stream *s = acquire(fd);
         if (!s) continue;
         if (s->fd.load(std::memory_order_relaxed) == fd &&
-            !std::binary_search(kept.begin(), kept.end(), ino_t(s->ino)))
+            !std::binary_search(kept.begin(), kept.end(), ino_t(s->inode())))
             for (Sharers *sh : {s->share.load(std::memory_order_acquire),
                                 s->holders.load(std::memory_order_acquire)})
                 if (sh && sharers_hold(sh) && nleft_on_exec < kLeftMax) {

@@ -77,6 +77,8 @@ bool slot_taken(int fd) noexcept;
 // A vfork child: its memory (this table, every stream) is its parent's,
 // so it must change none of it. One getpid() call.
 bool foreign_process() noexcept;
+// The process whose fds the table maps (a vfork child's parent, there).
+int table_pid() noexcept;
 
 
 }  // namespace sd::fallback
