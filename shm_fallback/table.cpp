@@ -148,23 +148,52 @@ void each_stream(Fn fn) noexcept {
 }
 }  // namespace
 
+// Whether code of ours may run in a process other than self_pid's: while
+// a fork is under way (another library's child handler may call in before
+// ours has run), or once a child may have been made without the fork
+// handlers (note_unhandled_child). Until then foreign_process() costs no
+// system call.
+std::atomic<int> forks_under_way{0};
+std::atomic<bool> unhandled_children{false};
+
 void table_fork_prepare() noexcept {
+    forks_under_way.fetch_add(1, std::memory_order_relaxed);
     fork_pass += 2;
     forking_pid = int(getpid());
     each_stream([](Stream *s) { fork_hooks.fork_prepare(*s, fork_pass); });
     pool_lock.lock();
 }
 
-void table_unlock_after_fork() noexcept { pool_lock.unlock(); }
+void table_unlock_after_fork() noexcept {
+    pool_lock.unlock();
+    forks_under_way.fetch_sub(1, std::memory_order_relaxed);
+}
 
 void table_after_fork_child() noexcept {
     self_pid = int(getpid());
     new (&pool_lock) std::mutex();
     // Inherited connections: the parent's engine state is not ours.
     each_stream([](Stream *s) { fork_hooks.fork_child(*s, fork_pass + 1, forking_pid); });
+    // One thread here, and no child yet: the parent's forks and children
+    // are not ours.
+    unhandled_children.store(false, std::memory_order_relaxed);
+    forks_under_way.store(0, std::memory_order_relaxed);
 }
 
-bool foreign_process() noexcept { return int(getpid()) != self_pid; }
+void note_unhandled_child() noexcept {
+    unhandled_children.store(true, std::memory_order_relaxed);
+    // The child may exec with fds that differ from the table's (a vfork
+    // child that moved or closed them): it finds the sockets by inode,
+    // looked up here while our fds are the table's.
+    if (slots && !foreign_process()) each_stream([](Stream *s) { (void)s->inode(); });
+}
+
+bool foreign_process() noexcept {
+    if (!unhandled_children.load(std::memory_order_relaxed) &&
+        !forks_under_way.load(std::memory_order_relaxed))
+        return false;
+    return int(getpid()) != self_pid;
+}
 int table_pid() noexcept { return self_pid; }
 
 // Read with getdents64 into the stack (a vfork child must not allocate).

@@ -75,8 +75,15 @@ int inherited_sockets(ino_t *out, int *out_fd, int max, int after = -1) noexcept
 bool slot_taken(int fd) noexcept;
 
 // A vfork child: its memory (this table, every stream) is its parent's,
-// so it must change none of it. One getpid() call.
+// so it must change none of it; or a child made without the fork
+// handlers, whose state is its parent's. One getpid() call, made only
+// while a fork is under way or once such a child may have been made.
 bool foreign_process() noexcept;
+// A child is about to be made without the fork handlers (vfork, _Fork,
+// clone, or their system calls through syscall(): shim_child.cpp): from
+// now on foreign_process() asks the kernel, and every socket's inode is
+// looked up while this process's fds are the table's.
+void note_unhandled_child() noexcept;
 // The process whose fds the table maps (a vfork child's parent, there).
 int table_pid() noexcept;
 

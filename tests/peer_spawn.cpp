@@ -12,8 +12,11 @@
 #include <fcntl.h>
 #include <spawn.h>
 #include <string>
+#include <sched.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <vector>
@@ -61,7 +64,13 @@ void exchange(int fd, const Options &opt, std::uint64_t first) {
 
 }  // namespace
 
-// --via spawn|system|popen|vfork; --child:
+// --via spawn|system|popen|vfork|vfork-moved|syscall-fork|_Fork|clone-vm;
+// vfork-moved: the vfork child moves the socket to fd 700 (dup2, close)
+// before its exec, so its fds differ from the parent's table; the last
+// three make a child without the fork handlers (the fork system call
+// through syscall(), glibc's _Fork, clone with CLONE_VM|CLONE_VFORK) that
+// closes the socket and exits without an exec: its close must leave the
+// parent's connection as it is (--child cloexec only). --child:
 //   cloexec    the socket has FD_CLOEXEC; the child checks it lacks it
 //   closed     inheritable, posix_spawn's addclose takes it from the child
 //   dup2-over  inheritable, posix_spawn's adddup2 puts /dev/null on its fd
@@ -93,8 +102,12 @@ void drive_spawn_child(int *fd, const Options &opt) {
     const int s = *fd;
     const std::string via = opt.get("via", "spawn");
     const std::string child = opt.get("child", "cloexec");
-    if (via != "spawn" && via != "system" && via != "popen" && via != "vfork")
-        fail("--via must be spawn, system, popen or vfork");
+    const bool closes = via == "syscall-fork" || via == "_Fork" || via == "clone-vm";
+    if (via != "spawn" && via != "system" && via != "popen" && via != "vfork" &&
+        via != "vfork-moved" && !closes)
+        fail("--via must be spawn, system, popen, vfork, vfork-moved, syscall-fork, _Fork or "
+             "clone-vm");
+    if (closes && child != "cloexec") fail("--via %s needs --child cloexec", via.c_str());
     const bool by_actions =
         child == "closed" || child == "dup2-over" || child == "closefrom" || child == "copied";
     const bool writes = child == "writes" || child == "copied";
@@ -117,7 +130,8 @@ void drive_spawn_child(int *fd, const Options &opt) {
          peer_text(s).c_str(), (unsigned long long)counted_tx(s),
          (unsigned long long)counted_rx(s));
     const std::string self = self_path();
-    const std::string fd_text = std::to_string(child == "copied" ? 700 : s);
+    const std::string fd_text =
+        std::to_string(child == "copied" || via == "vfork-moved" ? 700 : s);
     const std::string seed_text = std::to_string(seed);
     const std::string local = local_text(s);
     std::vector<std::string> args = {self, "spawn-child", "--fd", fd_text, "--local", local};
@@ -147,18 +161,43 @@ void drive_spawn_child(int *fd, const Options &opt) {
         if (null_fd >= 0) close(null_fd);
         if (rc != 0) fail("posix_spawn: %s", errno_name(rc));
         reap(pid, "the spawned child");
-    } else if (via == "vfork") {
+    } else if (via == "vfork" || via == "vfork-moved") {
         std::vector<char *> argv;
         for (std::string &a : args) argv.push_back(a.data());
         argv.push_back(nullptr);
         std::fflush(stdout);
+        static bool moved;  // static: kept across vfork's two returns
+        moved = via == "vfork-moved";
         const pid_t pid = vfork();
         if (pid < 0) fail("vfork: %s", errno_name(errno));
         if (pid == 0) {
+            if (moved && (dup2(s, 700) != 700 || close(s) != 0)) _exit(126);
             execve(self.c_str(), argv.data(), environ);
             _exit(127);
         }
         reap(pid, "the spawned child");
+    } else if (closes) {
+        std::fflush(stdout);
+        pid_t pid = -1;
+        if (via == "clone-vm") {
+            constexpr std::size_t kStack = 1 << 16;
+            void *stack = mmap(nullptr, kStack, PROT_READ | PROT_WRITE,
+                               MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+            if (stack == MAP_FAILED) fail("mmap: %s", errno_name(errno));
+            static int closing;
+            closing = s;
+            pid = clone([](void *) -> int { return close(closing) == 0 ? 0 : 125; },
+                        static_cast<char *>(stack) + kStack, CLONE_VM | CLONE_VFORK | SIGCHLD,
+                        nullptr);
+            if (pid < 0) fail("clone: %s", errno_name(errno));
+            reap(pid, "the clone(CLONE_VM) child");
+            munmap(stack, kStack);
+        } else {
+            pid = via == "_Fork" ? _Fork() : pid_t(syscall(SYS_fork));
+            if (pid < 0) fail("%s: %s", via.c_str(), errno_name(errno));
+            if (pid == 0) _exit(close(s) == 0 ? 0 : 125);
+            reap(pid, "the child without fork handlers");
+        }
     } else {
         // Through the shell: arguments without spaces or quotes.
         std::string command;

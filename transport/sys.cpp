@@ -178,6 +178,12 @@ Sys sys = {
     Lazy<&Sys::execvpe>::call,
     Lazy<&Sys::fexecve>::call,
     Lazy<&Sys::execveat>::call,
+    // vfork, _Fork, clone, syscall: their entry points resolve the table
+    // before they read it.
+    nullptr,
+    nullptr,
+    nullptr,
+    nullptr,
     Lazy<&Sys::posix_spawn>::call,
     Lazy<&Sys::posix_spawnp>::call,
     Lazy<&Sys::spawn_actions_init>::call,
@@ -330,6 +336,10 @@ SD_UNINSTRUMENTED void resolve_sys() noexcept {
     bind_or_enosys(sys.execve, "execve");
     bind_or_enosys(sys.execvpe, "execvpe");
     bind_or_enosys(sys.fexecve, "fexecve");
+    bind_real(sys.vfork, "vfork");
+    bind_nullable(sys.Fork, "_Fork");
+    bind_real(sys.clone, "clone");
+    bind_real(sys.syscall, "syscall");
     bind_or_enosys(sys.execveat, "execveat");
     bind_spawn(sys.posix_spawn, "posix_spawn");
     bind_spawn(sys.posix_spawnp, "posix_spawnp");

@@ -90,6 +90,13 @@ struct Sys {
     int (*execvpe)(const char *, char *const[], char *const[]);
     int (*fexecve)(int, char *const[], char *const[]);
     int (*execveat)(int, const char *, char *const[], char *const[], int);
+    // Children made without the fork handlers (intercept/shim_child.cpp):
+    // jumped to, never called from C (vfork's caller must be the one that
+    // returns twice).
+    void *vfork;
+    void *Fork;   // _Fork (glibc 2.34 on; null before)
+    void *clone;
+    void *syscall;
     int (*posix_spawn)(pid_t *, const char *, const posix_spawn_file_actions_t *,
                        const posix_spawnattr_t *, char *const[], char *const[]);
     int (*posix_spawnp)(pid_t *, const char *, const posix_spawn_file_actions_t *,

@@ -52,7 +52,9 @@ TEST_CASE("a created stream is found at its fd with a reference each caller rele
     CHECK(s->nonblock.load());
     struct stat st;
     REQUIRE(fstat(fd, &st) == 0);
-    CHECK(s->ino == std::uint64_t(st.st_ino));
+    CHECK(s->ino.load() == 0);  // looked up at its first need, not at creation
+    CHECK(s->inode() == std::uint64_t(st.st_ino));
+    CHECK(s->ino.load() == std::uint64_t(st.st_ino));
     Stream *a = acquire(fd);
     CHECK(a == s);
     CHECK(s->refs.load() == 2);
