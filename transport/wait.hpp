@@ -4,6 +4,7 @@
 // poll/select/epoll to any connection or epoll set of its interest set)
 // and the process doorbell (rung by peers that post to a process with
 // sleepers; within poll/select/epoll, one watcher at a time sleeps on it).
+// Waits that no bell announces look and nap in wait_until.
 #pragma once
 #include "clock.hpp"
 #include "engine.hpp"
