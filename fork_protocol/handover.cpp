@@ -23,7 +23,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <linux/sockios.h>
@@ -70,11 +69,6 @@ std::atomic<int> waiting{0};
 // the exec's table_before_exec leaves it alone. A failed exec ends it.
 unsigned handing_pass = 0;
 bool handing = false;
-
-void nap_ms(int ms) noexcept {
-    timespec t{0, long(ms) * 1000000};
-    nanosleep(&t, nullptr);
-}
 
 // This library's file name (without its folder), for LD_PRELOAD.
 const char *own_name() noexcept {
@@ -205,18 +199,15 @@ bool hand_over_for_exec(Stream &s, std::uint64_t &tx, std::uint64_t &rx, int &sl
             return true;
         }
         // Anonymous arena: the other holders get a moment to let go.
-        bool alone = false;
-        for (int ms = 0; ms <= kShareWaitMs; ++ms) {
-            std::uint64_t next = 0;  // look now, not at the next 20 ms mark
-            if ((alone = sharers_alone(sh, &next))) break;
-            nap_ms(1);
-        }
-        if (!alone) return false;
+        if (transport::wait_until({.nap_ns = 1000000, .max_naps = kShareWaitMs + 1}, 0, [sh] {
+                std::uint64_t next = 0;  // look now, not at the next 20 ms mark
+                return sharers_alone(sh, &next);
+            }) != transport::Waited::ready)
+            return false;
     }
-    for (int i = 0; i < 10000 && s.phase.load(std::memory_order_acquire) == Phase::attaching; ++i) {
-        timespec nap{0, 100000};
-        nanosleep(&nap, nullptr);
-    }
+    (void)transport::wait_until({.nap_ns = 100000, .max_naps = 10000}, 0, [&s] {
+        return s.phase.load(std::memory_order_acquire) != Phase::attaching;
+    });
     {
         std::lock_guard lock(s.pend_lock);
         // Bytes of the peer's that every holder reads before the kernel
@@ -439,10 +430,8 @@ Stream *adopt_inherited(int fd) noexcept {
     int expect = 0;
     if (!e->state.compare_exchange_strong(expect, 1, std::memory_order_acq_rel)) {
         // Another thread adopts it: its stream, once there.
-        for (int i = 0; i < 100000 && e->state.load(std::memory_order_acquire) == 1; ++i) {
-            timespec nap{0, 10000};
-            nanosleep(&nap, nullptr);
-        }
+        (void)transport::wait_until({.nap_ns = 10000, .max_naps = 100000}, 0,
+                                    [e] { return e->state.load(std::memory_order_acquire) != 1; });
         return e->state.load(std::memory_order_acquire) == 2 ? acquire(fd) : nullptr;
     }
     int domain = 0;

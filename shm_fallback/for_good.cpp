@@ -6,9 +6,9 @@
 #include "stream.hpp"
 
 #include "transport/log.hpp"
+#include "transport/wait.hpp"
 
 #include <cstring>
-#include <ctime>
 
 namespace sd::fallback {
 
@@ -42,10 +42,9 @@ void Stream::to_kernel_for_good(Reason why) noexcept {
     // Direct in the process we inherited it from: that one leaves, for good.
     (void)claim_inherited(-1, why);
     // Another thread's first call is attaching it: let it finish.
-    for (int i = 0; i < 10000 && phase.load(std::memory_order_acquire) == Phase::attaching; ++i) {
-        timespec nap{0, 100000};
-        nanosleep(&nap, nullptr);
-    }
+    (void)transport::wait_until({.nap_ns = 100000, .max_naps = 10000}, 0, [this] {
+        return phase.load(std::memory_order_acquire) != Phase::attaching;
+    });
     // Not attached yet: it never will be. Its peer may wait for an upgrade
     // that cannot come: our entry tells it why.
     for (Phase from : {Phase::connecting, Phase::deferred}) {

@@ -6,11 +6,11 @@
 
 #include "transport/log.hpp"
 #include "transport/sys.hpp"
+#include "transport/wait.hpp"
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <ctime>
 #include <fcntl.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
@@ -80,10 +80,8 @@ bool Stream::hold_for_calls() noexcept {
     // one that blocks: on_kfd). The caller closes that number once they
     // are out of it; calls from now on read the private fd. Bounded,
     // should such calls keep coming.
-    for (int i = 0; i < 100000 && fd_users.load(std::memory_order_acquire); ++i) {
-        timespec nap{0, 10000};
-        nanosleep(&nap, nullptr);
-    }
+    (void)transport::wait_until({.nap_ns = 10000, .max_naps = 100000}, 0,
+                                [this] { return fd_users.load(std::memory_order_acquire) == 0; });
     if (transport::Conn *c = conn.load(std::memory_order_acquire)) {
         std::atomic_ref<std::int32_t>(c->stat->fd).store(priv, std::memory_order_relaxed);
         // Calls asleep in poll on the old number look again, at the new one.

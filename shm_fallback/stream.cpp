@@ -156,10 +156,9 @@ void Stream::connected(bool accepted) noexcept {
     if (p != Phase::fresh && p != Phase::connecting && p != Phase::deferred) {
         // Another thread's first call attaches it: ours goes the same way,
         // not past a connection that is not there yet.
-        while (phase.load(std::memory_order_acquire) == Phase::attaching) {
-            timespec nap{0, 100000};
-            nanosleep(&nap, nullptr);
-        }
+        (void)transport::wait_until({.nap_ns = 100000}, 0, [this] {
+            return phase.load(std::memory_order_acquire) != Phase::attaching;
+        });
         return;
     }
     if (!move(p, Phase::attaching)) return connected(accepted);
@@ -591,11 +590,13 @@ ssize_t Stream::send_stream(const iovec *iov, int iovcnt, int flags) noexcept {
         // The connection leaves the fabric: let the leave through, then the
         // rest goes the kernel's way.
         tx.unlock();
-        while (c->leave_wanted.load(std::memory_order_acquire) && c->is_direct()) {
-            engine->progress();
-            timespec nap{0, 20000};
-            nanosleep(&nap, nullptr);
-        }
+        (void)transport::wait_until(
+            {.nap_ns = 20000}, 0,
+            [c] { return !c->leave_wanted.load(std::memory_order_acquire) || !c->is_direct(); },
+            [this](std::uint64_t, std::uint64_t) {
+                engine->progress();
+                return true;
+            });
     }
 }
 

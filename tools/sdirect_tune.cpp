@@ -12,6 +12,7 @@
 // library's statistics file then proves the connection ran direct and by
 // which protocol its bytes went. Per size: the median of the repeats; the
 // best protocol is the one with the highest median.
+#include "transport/clock.hpp"
 #include "transport/protocol.hpp"
 
 #include <algorithm>
@@ -49,11 +50,7 @@ struct Options {
     int repeats = 3;
 };
 
-double now_s() {
-    timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
-}
+double now_s() { return double(sd::transport::monotonic_ns()) * 1e-9; }
 
 [[noreturn]] void die(const char *what) {
     std::fprintf(stderr, "sdirect-tune: %s: %s\n", what, std::strerror(errno));

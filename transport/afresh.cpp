@@ -29,7 +29,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -159,10 +158,8 @@ void Engine::forsake_after() noexcept {
     // matches). Its socket is closed once it is gone, never under its poll.
     const std::uint64_t one = 1;
     if (watch_fd_ >= 0) (void)sys.write(watch_fd_, &one, sizeof one);
-    for (int i = 0; i < 3000 && !control_gone_.load(std::memory_order_acquire); ++i) {
-        timespec nap{0, 1000000};
-        nanosleep(&nap, nullptr);
-    }
+    (void)wait_until({.nap_ns = 1000000, .max_naps = 3000}, 0,
+                     [this] { return control_gone_.load(std::memory_order_acquire); });
     if (control_gone_.load(std::memory_order_acquire) && ctl_fd_ >= 0)
         sys.close(std::exchange(ctl_fd_, -1));
     else

@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <fcntl.h>
 #include <algorithm>
 #include <new>
@@ -91,12 +90,10 @@ Conn *Engine::attach(int fd, bool acceptor, std::uint32_t rcvbuf, std::uint64_t 
 }
 
 void Engine::await_upgrade(const Conn *c) noexcept {
-    for (std::uint32_t ms = 0; ms < settings().upgrade_timeout_ms + 100; ++ms) {
+    (void)wait_until({.nap_ns = 1000000, .max_naps = settings().upgrade_timeout_ms + 100}, 0, [c] {
         const ConnState st = c->state.load(std::memory_order_acquire);
-        if (st != ConnState::initiating && st != ConnState::committing) return;
-        timespec nap{0, 1000000};
-        nanosleep(&nap, nullptr);
-    }
+        return st != ConnState::initiating && st != ConnState::committing;
+    });
 }
 
 void Engine::detach(Conn *c) noexcept {

@@ -14,7 +14,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <ctime>
 #include <new>
 #include <poll.h>
 #include <sched.h>
@@ -407,20 +406,23 @@ int Engine::rma(Conn *c, const iovec *iov, int iovcnt, const fi_rma_iov *remote,
     // queue), the peer must progress: wake it now and then; at once for a
     // write that must be delivered (the peer's progress places it).
     if (flags & FI_DELIVERY_COMPLETE) ring(c->peer);
-    const std::uint64_t start = monotonic_ns();
-    for (unsigned spins = 0; op->state.load(std::memory_order_acquire) == 0; ++spins) {
-        progress();
-        if ((spins & 255) == 255) ring(c->peer);
-        if ((spins & 1023) != 1023) continue;
+    // Spins (a progress pass per look) for 200 us, then naps 50 us every
+    // 1024 looks.
+    unsigned spins = 0;
+    const Waited w = wait_until(
+        {.nap_ns = 0, .every = 1024, .late_nap_ns = 50000, .late_ns = 200000}, 0,
+        [&] {
+            if (op->state.load(std::memory_order_acquire) != 0) return true;
+            progress();
+            if ((spins++ & 255) == 255) ring(c->peer);
+            return false;
+        },
         // A peer whose region lock a dead process left held never
         // progresses again: as good as dead for this operation.
-        if (peer_alive(c->peer) && c->peer->region.wait_free(kRegionLockBoundNs)) {
-            if (monotonic_ns() - start > 200000) {
-                timespec nap{0, 50000};
-                nanosleep(&nap, nullptr);
-            }
-            continue;
-        }
+        [&](std::uint64_t, std::uint64_t) {
+            return peer_alive(c->peer) && c->peer->region.wait_free(kRegionLockBoundNs);
+        });
+    if (w != Waited::ready) {
         // The peer died with the operation pending (shm reports a failed
         // copy of its fast path on the receive CQ, without our context):
         // nothing of it counts; the slot goes with it.
@@ -480,42 +482,45 @@ int Engine::post(Conn *c, MsgType type, const iovec *iov, int iovcnt, std::uint3
     XLink *link = c->peer->queued ? &links_[xl] : nullptr;
     const std::uint32_t whole = std::uint32_t(sizeof h + (n == 2 ? v[1].iov_len : 0));
     Guard guard;
-    std::uint64_t start = 0, kicked = 0;
-    for (unsigned tries = 0;; ++tries) {
-        ssize_t rc;
+    // One try: 0, -FI_EAGAIN (no room now), or the error post returns.
+    auto put = [&]() noexcept -> ssize_t {
         if (link) {
             // The producer lock is a leaf: nothing is taken under it.
             std::lock_guard out(link->out.lock);
-            rc = xq_put(link->out, v, n, whole);
-            if (rc == -EAGAIN) rc = -FI_EAGAIN;
-            else if (rc < 0) {
-                c->unreturned.fetch_add(h.credits, std::memory_order_relaxed);
-                return rc == -EFAULT ? -EFAULT : -EPIPE;
-            }
-        } else {
-            // As in rma(): the peer's region lock, watched with a bound.
-            // (Waited for outside the gate: an exit does not wait for a wait.)
-            bool free = c->peer->region.wait_free(kRegionLockBoundNs);
-            InProvider in;
-            if (!free || !in.ok()) {
-                c->unreturned.fetch_add(h.credits, std::memory_order_relaxed);
-                return -EPIPE;
-            }
-            rc = fi_sendmsg(ep_.ep, &msg, FI_INJECT);
+            const int rc = xq_put(link->out, v, n, whole);
+            if (rc == -EAGAIN) return -FI_EAGAIN;
+            return rc < 0 && rc != -EFAULT ? -EPIPE : rc;
         }
-        if (rc == 0) break;
-        if (rc != -FI_EAGAIN) {
+        // As in rma(): the peer's region lock, watched with a bound.
+        // (Waited for outside the gate: an exit does not wait for a wait.)
+        bool free = c->peer->region.wait_free(kRegionLockBoundNs);
+        InProvider in;
+        if (!free || !in.ok()) return -EPIPE;
+        const ssize_t rc = fi_sendmsg(ep_.ep, &msg, FI_INJECT);
+        if (rc != 0 && rc != -FI_EAGAIN) {
             SD_LOG(error, "conn %u: fabric send failed: %s", c->id, fabric_strerror(int(rc)));
-            c->unreturned.fetch_add(h.credits, std::memory_order_relaxed);
             return -EIO;
         }
-        // The peer's queue is full or it has not yet processed our
-        // connection request: it must progress. Wake it and help ourselves.
-        ring(c->peer);
-        progress();
-        if (tries == 0) start = monotonic_ns();
-        if ((tries & 63) == 63) {
-            std::uint64_t t = monotonic_ns();
+        return rc;
+    };
+    ssize_t rc = 0;
+    std::uint64_t kicked = 0;
+    // After every 64 failed tries, a nap, not a yield: beside a busy
+    // thread on our CPU a yield hands it a whole time slice (milliseconds),
+    // while a sleeper is back on the CPU as soon as its timer fires. 10 us
+    // naps, 50 us after 200 us.
+    const Waited w = wait_until(
+        {.nap_ns = 10000, .every = 64, .late_nap_ns = 50000, .late_ns = 200000}, deadline_ns,
+        [&] {
+            if ((rc = put()) != -FI_EAGAIN) return true;
+            // The peer's queue is full or it has not yet processed our
+            // connection request: it must progress. Wake it and help
+            // ourselves.
+            ring(c->peer);
+            progress();
+            return false;
+        },
+        [&](std::uint64_t start, std::uint64_t) {
             // A peer whose threads are all outside the library (asleep,
             // computing) drains its queue only when it calls in again:
             // its control thread does it for us. The queue holds a fixed
@@ -524,20 +529,11 @@ int Engine::post(Conn *c, MsgType type, const iovec *iov, int iovcnt, std::uint3
             // of 2 MiB), and without this a send waited, even a
             // non-blocking one, until the peer's application called in.
             (void)kick_overdue(c->peer, start, &kicked);
-            if (!peer_alive(c->peer)) {
-                c->unreturned.fetch_add(h.credits, std::memory_order_relaxed);
-                return -EPIPE;
-            }
-            if (deadline_ns && t >= deadline_ns) {
-                c->unreturned.fetch_add(h.credits, std::memory_order_relaxed);
-                return -EAGAIN;
-            }
-            // A nap, not a yield: beside a busy thread on our CPU a yield
-            // hands it a whole time slice (milliseconds), while a sleeper
-            // is back on the CPU as soon as its timer fires.
-            timespec nap{0, t - start > 200000 ? 50000 : 10000};
-            nanosleep(&nap, nullptr);
-        }
+            return peer_alive(c->peer);
+        });
+    if (w != Waited::ready || rc != 0) {
+        c->unreturned.fetch_add(h.credits, std::memory_order_relaxed);
+        return w == Waited::stopped ? -EPIPE : w == Waited::timed_out ? -EAGAIN : int(rc);
     }
     // A stream message (posted under tx_lock) ends the peer's registered
     // sinks at or before its offset: take_sink reads this.

@@ -97,15 +97,13 @@ void *build_engine(void *) noexcept {
 // the exit's own unloading needs anyway) or one fi_getinfo.
 void wait_for_build() noexcept {
     fabric_exit_began();
-    for (int i = 0; i < 5000; ++i) {
+    (void)wait_until({.nap_ns = 1000000, .max_naps = 5000}, 0, [] {
         {
             std::lock_guard lock(create_lock);
-            if (!building) break;
+            if (!building) return true;
         }
-        if (fabric_builder_parked()) break;
-        timespec nap{0, 1000000};
-        nanosleep(&nap, nullptr);
-    }
+        return fabric_builder_parked();
+    });
     // No other thread may be inside the provider when the process ends:
     // one killed there while holding a region's lock (a peer's, or ours
     // that peers take) would leave it held for ever, and libfabric's
@@ -149,15 +147,14 @@ Engine *Engine::ready() noexcept {
 
 Engine *Engine::wait_ready(std::uint32_t ms) noexcept {
     Engine *e = ready();
-    for (std::uint64_t end = monotonic_ns() + std::uint64_t(ms) * 1000000; !e && monotonic_ns() < end;) {
-        {
-            std::lock_guard lock(create_lock);
-            if (!starting) return the_engine.load(std::memory_order_acquire);
-        }
-        timespec nap{0, 1000000};
-        nanosleep(&nap, nullptr);
-        e = current();
-    }
+    if (e) return e;
+    (void)wait_until({.nap_ns = 1000000}, monotonic_ns() + std::uint64_t(ms) * 1000000, [&] {
+        if ((e = current())) return true;
+        std::lock_guard lock(create_lock);
+        if (starting) return false;
+        e = the_engine.load(std::memory_order_acquire);
+        return true;
+    });
     return e;
 }
 
@@ -201,27 +198,20 @@ int Engine::init_for_thread() noexcept { return init(); }
 
 bool Engine::settle_before_fork() noexcept {
     // A build takes well under a second; ten is a generous bound.
-    bool done = false;
-    for (int i = 0; i < 10000; ++i) {
-        {
-            std::lock_guard lock(create_lock);
-            done = !building;
-        }
-        if (done) break;
-        timespec nap{0, 1000000};
-        nanosleep(&nap, nullptr);
-    }
-    if (done) {
+    const Waited built = wait_until({.nap_ns = 1000000, .max_naps = 10000}, 0, [] {
+        std::lock_guard lock(create_lock);
+        return !building;
+    });
+    if (built == Waited::ready) {
         // The build is over: its thread's end follows at once (a second
         // at most; without /proc, as if it had ended).
         const pid_t tid = builder_tid.load(std::memory_order_acquire);
         char path[48];
         std::snprintf(path, sizeof path, "/proc/self/task/%d", int(tid));
         struct stat st;
-        for (int i = 0; tid && i < 1000 && stat(path, &st) == 0; ++i) {
-            timespec nap{0, 1000000};
-            nanosleep(&nap, nullptr);
-        }
+        if (tid)
+            (void)wait_until({.nap_ns = 1000000, .max_naps = 1000}, 0,
+                             [&] { return stat(path, &st) != 0; });
         builder_tid.store(0, std::memory_order_relaxed);
         return true;
     }
@@ -243,14 +233,10 @@ void Engine::park_for_fork() noexcept {
     // Polled with try_lock: a timed lock (pthread_mutex_clocklock) is one
     // ThreadSanitizer does not see taken.
     const unsigned bound_ms = settings().upgrade_timeout_ms + 500;
-    for (unsigned waited_us = 0;; waited_us += 200) {
-        if (e->control_busy_.try_lock()) {
-            parked_for_fork = e;
-            return;
-        }
-        if (waited_us >= bound_ms * 1000) break;
-        timespec nap{0, 200000};
-        nanosleep(&nap, nullptr);
+    if (wait_until({.nap_ns = 200000, .max_naps = bound_ms * 5}, 0,
+                   [e] { return e->control_busy_.try_lock(); }) == Waited::ready) {
+        parked_for_fork = e;
+        return;
     }
     SD_LOG(info, "fork while the control thread answered a request for over %u ms", bound_ms);
 }

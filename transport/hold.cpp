@@ -24,11 +24,9 @@
 namespace sd::transport {
 
 void Engine::hold(Conn *c, Reason why) noexcept {
-    for (int ms = 0; (c->state.load() == ConnState::initiating ||
-                      c->state.load() == ConnState::committing) && ms < 200; ++ms) {
-        timespec nap{0, 1000000};
-        nanosleep(&nap, nullptr);
-    }
+    (void)wait_until({.nap_ns = 1000000, .max_naps = 200}, 0, [c] {
+        return c->state.load() != ConnState::initiating && c->state.load() != ConnState::committing;
+    });
     std::lock_guard lock(conn_lock_);
     hold_locked(c, why);
 }
@@ -52,14 +50,12 @@ bool Engine::settle_upgrade(Conn *c) noexcept {
     // commit end within the upgrade timeout.
     const std::uint64_t deadline =
         monotonic_ns() + (std::uint64_t(settings().upgrade_timeout_ms) + 500) * 1000000ull;
-    for (;;) {
-        const ConnState st = c->state.load(std::memory_order_acquire);
-        if (st != ConnState::initiating && st != ConnState::committing)
-            return st == ConnState::direct || st == ConnState::leaving;
-        if (monotonic_ns() >= deadline) return false;
-        timespec nap{0, 1000000};
-        nanosleep(&nap, nullptr);
-    }
+    ConnState st = ConnState::initiating;
+    const Waited w = wait_until({.nap_ns = 1000000}, deadline, [&] {
+        st = c->state.load(std::memory_order_acquire);
+        return st != ConnState::initiating && st != ConnState::committing;
+    });
+    return w == Waited::ready && (st == ConnState::direct || st == ConnState::leaving);
 }
 
 int Engine::give_to_holders_locked(Conn *c) noexcept {
@@ -86,16 +82,12 @@ int Engine::give_to_holders_locked(Conn *c) noexcept {
 int Engine::give_to_holders(Conn *c) noexcept {
     const std::uint64_t deadline =
         monotonic_ns() + (std::uint64_t(settings().upgrade_timeout_ms) + 1000) * 1000000ull;
-    for (;;) {
-        {
-            std::lock_guard lock(conn_lock_);
-            const int rc = give_to_holders_locked(c);
-            if (rc != -EAGAIN) return rc;
-        }
-        if (monotonic_ns() >= deadline) return -ETIMEDOUT;
-        timespec nap{0, 1000000};
-        nanosleep(&nap, nullptr);
-    }
+    int rc = -EAGAIN;
+    const Waited w = wait_until({.nap_ns = 1000000}, deadline, [&] {
+        std::lock_guard lock(conn_lock_);
+        return (rc = give_to_holders_locked(c)) != -EAGAIN;
+    });
+    return w == Waited::ready ? rc : -ETIMEDOUT;
 }
 
 int ask_owner_to_leave(pid_t owner, int fd, Reason why) noexcept {

@@ -41,11 +41,6 @@ bool back_arrived(void *ctx) noexcept {
     return c->back_complete.load(std::memory_order_acquire) || c->gone();
 }
 
-void nap_us(long us) noexcept {
-    timespec ts{0, us * 1000};
-    nanosleep(&ts, nullptr);
-}
-
 // SDIRECT_LEAVE_PAUSE_US (tests): the whole pause, signals or not.
 void pause_us(std::uint32_t us) noexcept {
     timespec ts{time_t(us / 1000000), long(us % 1000000) * 1000};
@@ -427,15 +422,15 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
         c->wake_locked();
     }
     std::unique_lock tx(c->tx_lock, std::defer_lock);
-    while (!tx.try_lock()) {
-        if (monotonic_ns() >= deadline) {
-            c->leave_wanted.store(false, std::memory_order_release);
-            SD_LOG(error, "fd %d: a send of ours held the connection for %u ms: it stays direct",
-                   fd, settings().leave_timeout_ms);
-            return -ETIMEDOUT;
-        }
-        progress();
-        nap_us(50);
+    if (wait_until({.nap_ns = 50000}, deadline, [&] { return tx.try_lock(); },
+                   [&](std::uint64_t, std::uint64_t) {
+                       progress();
+                       return true;
+                   }) != Waited::ready) {
+        c->leave_wanted.store(false, std::memory_order_release);
+        SD_LOG(error, "fd %d: a send of ours held the connection for %u ms: it stays direct", fd,
+               settings().leave_timeout_ms);
+        return -ETIMEDOUT;
     }
     // First or not (the peer may have left meanwhile), we return what we
     // hold unread: every holder of the socket reads the kernel from now on.
@@ -600,11 +595,10 @@ int Engine::hand_over_for_exec(Conn *c, std::uint64_t &tx, std::uint64_t &rx) no
     if (st == ConnState::direct || st == ConnState::leaving)
         if (int rc = leave(c, Reason::inherited); rc < 0) return rc;
     // An upgrade request of ours in flight ends first (bounded).
-    for (int ms = 0; ms < 200; ++ms) {
-        st = c->state.load(std::memory_order_acquire);
-        if (st != ConnState::initiating && st != ConnState::committing) break;
-        nap_us(1000);
-    }
+    (void)wait_until({.nap_ns = 1000000, .max_naps = 200}, 0, [c] {
+        const ConnState now = c->state.load(std::memory_order_acquire);
+        return now != ConnState::initiating && now != ConnState::committing;
+    });
     std::lock_guard lock(conn_lock_);
     std::lock_guard tx_guard(c->tx_lock);
     std::lock_guard rx_guard(c->rx_lock);

@@ -1,5 +1,6 @@
 #include "regionlock.hpp"
 #include "clock.hpp"
+#include "wait.hpp"
 
 #include "fabric.hpp"
 #include "log.hpp"
@@ -61,25 +62,24 @@ bool ProviderGate::enter() noexcept {
         ++depth;
         return true;
     }
-    for (int naps = 0;; ++naps) {
+    // Closed: the process is about to end (or exec). Wait for that rather
+    // than fail the application's call (a send failing with EPIPE raises
+    // SIGPIPE, and the process would end by it instead of its exit
+    // status). Bounded: the exiting thread may need a lock this thread
+    // holds. Reopened (a failed exec): enter after all.
+    const Waited w = wait_until({.nap_ns = 1000000, .max_naps = 1000}, 0, [this] {
         inside_.fetch_add(1, std::memory_order_seq_cst);
         // Pairs with close(): either it sees us inside and waits, or we see
         // it closed and stay out.
         if (!closed_.load(std::memory_order_seq_cst) ||
-            closer_.load(std::memory_order_relaxed) == thread_id()) {
-            ++depth;
+            closer_.load(std::memory_order_relaxed) == thread_id())
             return true;
-        }
         inside_.fetch_sub(1, std::memory_order_release);
-        // The process is about to end (or exec): wait for that rather than
-        // fail the application's call (a send failing with EPIPE raises
-        // SIGPIPE, and the process would end by it instead of its exit
-        // status). Bounded: the exiting thread may need a lock this thread
-        // holds. Reopened (a failed exec): enter after all.
-        if (naps == 1000) return false;
-        timespec nap{0, 1000000};
-        nanosleep(&nap, nullptr);
-    }
+        return false;
+    });
+    if (w != Waited::ready) return false;
+    ++depth;
+    return true;
 }
 
 void ProviderGate::leave() noexcept {
@@ -95,11 +95,8 @@ void ProviderGate::open() noexcept {
 void ProviderGate::close(int ms) noexcept {
     closer_.store(thread_id(), std::memory_order_relaxed);
     closed_.store(true, std::memory_order_seq_cst);
-    const std::uint64_t end = monotonic_ns() + std::uint64_t(ms) * 1000000ull;
-    while (inside_.load(std::memory_order_acquire) > 0 && monotonic_ns() < end) {
-        timespec nap{0, 200000};
-        nanosleep(&nap, nullptr);
-    }
+    (void)wait_until({.nap_ns = 200000}, monotonic_ns() + std::uint64_t(ms) * 1000000ull,
+                     [this] { return inside_.load(std::memory_order_acquire) <= 0; });
     if (int left = inside_.load(std::memory_order_acquire))
         SD_LOG(info, "exit or exec: %d thread(s) still inside the provider after %d ms", left, ms);
 }

@@ -17,7 +17,6 @@
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
-#include <ctime>
 #include <mutex>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -86,13 +85,10 @@ void list_dirs_locked() noexcept {
 // registry's rules for our own stay as they are).
 void look_elsewhere(const char *name, Found &f) noexcept {
     // Bounded: a fork child may have inherited the lock held for ever.
-    std::unique_lock lock(dirs_lock, std::try_to_lock);
-    for (int i = 0; !lock.owns_lock() && i < 1000; ++i) {
-        timespec nap{0, 100000};
-        nanosleep(&nap, nullptr);
-        (void)lock.try_lock();
-    }
-    if (!lock.owns_lock()) return;
+    std::unique_lock lock(dirs_lock, std::defer_lock);
+    if (wait_until({.nap_ns = 100000, .max_naps = 1000}, 0, [&] { return lock.try_lock(); }) !=
+        Waited::ready)
+        return;
     const std::uint64_t now = monotonic_ns();
     if (!scanned || now - scanned_ns > kRescanNs) {
         list_dirs_locked();
@@ -152,13 +148,10 @@ bool address_is_local(std::uint16_t family, const std::uint8_t *addr) noexcept {
                                                      0, 0, 0, 0, 0, 0, 0, 1};
     if (family == AF_INET && addr[0] == 127) return true;
     if (family == AF_INET6 && !std::memcmp(addr, v6_loopback, 16)) return true;
-    std::unique_lock lock(addrs_lock, std::try_to_lock);
-    for (int i = 0; !lock.owns_lock() && i < 1000; ++i) {
-        timespec nap{0, 100000};
-        nanosleep(&nap, nullptr);
-        (void)lock.try_lock();
-    }
-    if (!lock.owns_lock()) return true;  // cannot tell: say nothing new
+    std::unique_lock lock(addrs_lock, std::defer_lock);
+    if (wait_until({.nap_ns = 100000, .max_naps = 1000}, 0, [&] { return lock.try_lock(); }) !=
+        Waited::ready)
+        return true;  // cannot tell: say nothing new
     const std::uint64_t now = monotonic_ns();
     if (!addrs_listed || now - addrs_ns > kRescanNs) {
         list_addrs_locked();

@@ -4,6 +4,7 @@
 // poll/select/epoll to any connection or epoll set of its interest set)
 // and the process doorbell (rung by peers that post to a process with
 // sleepers; within poll/select/epoll, one watcher at a time sleeps on it).
+// Waits that no bell announces look and nap in wait_until.
 #pragma once
 #include "clock.hpp"
 #include "engine.hpp"
@@ -11,9 +12,77 @@
 #include <csignal>
 #include <cstddef>
 #include <cstdint>
+#include <ctime>
 #include <poll.h>
 
 namespace sd::transport {
+
+// Waiting for a condition that no bell announces (a state another thread
+// or process changes, a lock held elsewhere, a full queue): look, and
+// between looks spin or nap. One loop for every such wait, shaped by its
+// Pace; a wait that can sleep on the doorbell (recv, send's credits,
+// poll) uses sleep_once or sleep_on_fds below instead.
+struct Pace {
+    // The nap between rounds, in ns (0: none, the wait spins). A nap is
+    // one nanosleep, cut short by a signal (the next look comes sooner).
+    long nap_ns = 0;
+    // Failed looks per round (a power of two): a round runs the wait's
+    // hook, checks the deadline and the bound, then naps.
+    unsigned every = 1;
+    // The nap once more than `late_ns` have passed since the first failed
+    // look (0: nap_ns throughout).
+    long late_nap_ns = 0;
+    std::uint64_t late_ns = 0;
+    // At most this many naps (0: no bound but the deadline).
+    unsigned max_naps = 0;
+
+    long nap_after(std::uint64_t elapsed_ns) const noexcept {
+        return late_nap_ns && elapsed_ns > late_ns ? late_nap_ns : nap_ns;
+    }
+};
+
+enum class Waited {
+    ready,      // a look found what the wait waits for
+    timed_out,  // the deadline passed, or the last of max_naps naps
+    stopped,    // the round's hook ended the wait
+};
+
+inline void nap(long ns) noexcept {
+    if (ns <= 0) return;
+    timespec ts{time_t(ns / 1000000000), ns % 1000000000};
+    nanosleep(&ts, nullptr);
+}
+
+// Until `look()` is true: looks, and after every `p.every` failed looks
+// runs `round(start, now)` (start: the clock at the first failed look;
+// false ends the wait), checks `deadline_ns` (0: none) and the bound, and
+// naps. A first look that succeeds costs nothing more: no clock read, no
+// system call. Inline, with the look and the hook inlined too: the send
+// path's wait for room in a peer's queue is one of these.
+template <typename Look, typename Round>
+inline Waited wait_until(const Pace &p, std::uint64_t deadline_ns, Look &&look,
+                         Round &&round) noexcept {
+    if (look()) return Waited::ready;
+    const std::uint64_t start = monotonic_ns();
+    unsigned naps = 0;
+    for (unsigned failed = 1;; ++failed) {
+        if ((failed & (p.every - 1)) == 0) {
+            const std::uint64_t now = monotonic_ns();
+            if (!round(start, now)) return Waited::stopped;
+            if (deadline_ns && now >= deadline_ns) return Waited::timed_out;
+            if (p.max_naps && naps == p.max_naps) return Waited::timed_out;
+            nap(p.nap_after(now - start));
+            ++naps;
+        }
+        if (look()) return Waited::ready;
+    }
+}
+
+// As above, with nothing to do between looks but nap.
+template <typename Look>
+inline Waited wait_until(const Pace &p, std::uint64_t deadline_ns, Look &&look) noexcept {
+    return wait_until(p, deadline_ns, look, [](std::uint64_t, std::uint64_t) { return true; });
+}
 
 
 // One sleep: registers the calling thread on `c`, announces it in the
