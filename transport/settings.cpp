@@ -16,7 +16,10 @@ constexpr Setting table[] = {
      "Log level on stderr: silent, error, info (one line per upgrade, "
      "switch and fallback) or debug."},
     {"SDIRECT_PROVIDER", SettingKind::text, "shm",
-     "libfabric provider used for direct mode between processes of this host."},
+     "libfabric provider used for direct mode between processes of this host. "
+     "psm2 or psm also loads the real libpsm2 or libpsm_infinipath, whose "
+     "clock calibration takes ~100 ms each, instead of the library's "
+     "stand-ins (loaded where no Omni-Path or TrueScale device exists)."},
     {"SDIRECT_REGISTRY", SettingKind::text, "/dev/shm/sdirect-UID",
      "Directory of the per-user host registry (mode 0700); UID is replaced "
      "by the real user id. If another user owns that name, the first of "
