@@ -50,48 +50,39 @@ extern "C" __attribute__((visibility("hidden"), used)) void *sd_unhandled_child(
 
 #if defined(__x86_64__)
 // At entry the stack is 8 bytes off 16-byte alignment (the return
-// address): vfork and _Fork push nothing else and align with 8 bytes;
-// clone and syscall push the six argument registers and %rax (the vector
-// register count of a variadic call), seven words, which aligns it.
-// %r11 is scratch in the calling convention and in the system call.
+// address). vfork and _Fork take no arguments (SD_NO_ARGS): 8 bytes align
+// it. clone and syscall pass theirs on (SD_PASSED_ON): the six argument
+// registers and %rax (the vector register count of a variadic call) are
+// pushed, seven words, which aligns it, and popped before the jump; the
+// entry's number, and for syscall the system call's number, go to
+// sd_unhandled_child. %r11 is scratch in the calling convention and in
+// the system call. The entry numbers are Entry's.
 asm(R"(
+    .macro SD_NO_ARGS name, entry
     .text
     .p2align 4
-    .globl vfork
-    .type vfork, @function
-vfork:
+    .globl \name
+    .type \name, @function
+\name:
     .cfi_startproc
     subq $8, %rsp
     .cfi_adjust_cfa_offset 8
-    movl $0, %edi
+    movl $\entry, %edi
     xorl %esi, %esi
     call sd_unhandled_child
     addq $8, %rsp
     .cfi_adjust_cfa_offset -8
     jmp *%rax
     .cfi_endproc
-    .size vfork, .-vfork
+    .size \name, .-\name
+    .endm
 
+    .macro SD_PASSED_ON name, entry, number
+    .text
     .p2align 4
-    .globl _Fork
-    .type _Fork, @function
-_Fork:
-    .cfi_startproc
-    subq $8, %rsp
-    .cfi_adjust_cfa_offset 8
-    movl $1, %edi
-    xorl %esi, %esi
-    call sd_unhandled_child
-    addq $8, %rsp
-    .cfi_adjust_cfa_offset -8
-    jmp *%rax
-    .cfi_endproc
-    .size _Fork, .-_Fork
-
-    .p2align 4
-    .globl clone
-    .type clone, @function
-clone:
+    .globl \name
+    .type \name, @function
+\name:
     .cfi_startproc
     pushq %rdi
     pushq %rsi
@@ -101,8 +92,8 @@ clone:
     pushq %r9
     pushq %rax
     .cfi_adjust_cfa_offset 56
-    movl $2, %edi
-    xorl %esi, %esi
+    movq \number, %rsi
+    movl $\entry, %edi
     call sd_unhandled_child
     movq %rax, %r11
     popq %rax
@@ -115,36 +106,13 @@ clone:
     .cfi_adjust_cfa_offset -56
     jmp *%r11
     .cfi_endproc
-    .size clone, .-clone
+    .size \name, .-\name
+    .endm
 
-    .p2align 4
-    .globl syscall
-    .type syscall, @function
-syscall:
-    .cfi_startproc
-    pushq %rdi
-    pushq %rsi
-    pushq %rdx
-    pushq %rcx
-    pushq %r8
-    pushq %r9
-    pushq %rax
-    .cfi_adjust_cfa_offset 56
-    movq %rdi, %rsi
-    movl $3, %edi
-    call sd_unhandled_child
-    movq %rax, %r11
-    popq %rax
-    popq %r9
-    popq %r8
-    popq %rcx
-    popq %rdx
-    popq %rsi
-    popq %rdi
-    .cfi_adjust_cfa_offset -56
-    jmp *%r11
-    .cfi_endproc
-    .size syscall, .-syscall
+    SD_NO_ARGS vfork, 0
+    SD_NO_ARGS _Fork, 1
+    SD_PASSED_ON clone, 2, $0
+    SD_PASSED_ON syscall, 3, %rdi
 )");
 #else
 namespace {

@@ -3,6 +3,8 @@
 // try_lock of a lock the thread holds.
 #include <catch2/catch.hpp>
 
+#include "unit_child.hpp"
+
 #include "transport/lock_order.hpp"
 
 #include <csignal>
@@ -11,25 +13,6 @@
 #include <unistd.h>
 
 using namespace sd::transport;
-
-namespace {
-
-// Runs `body` in a child; returns its wait status.
-template <class F>
-int in_child(F body) {
-    pid_t pid = fork();
-    if (pid == 0) {
-        std::signal(SIGABRT, SIG_DFL);
-        close(2);  // the violation message is expected
-        body();
-        _exit(0);
-    }
-    int st = 0;
-    waitpid(pid, &st, 0);
-    return st;
-}
-
-}  // namespace
 
 TEST_CASE("a thread knows which ranked locks it holds", "[lock-order]") {
     RankedMutex<Rank::table> table;

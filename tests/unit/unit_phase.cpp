@@ -3,6 +3,8 @@
 // checked build stops on a move outside the table.
 #include <catch2/catch.hpp>
 
+#include "unit_child.hpp"
+
 #include "shm_fallback/stream.hpp"
 #include "transport/lock_order.hpp"
 
@@ -18,20 +20,6 @@ namespace {
 constexpr Phase kAll[] = {Phase::fresh,     Phase::connecting, Phase::deferred,
                           Phase::attaching, Phase::attached,   Phase::listener};
 
-// Runs `body` in a child; returns its wait status.
-template <class F>
-int in_child(F body) {
-    pid_t pid = fork();
-    if (pid == 0) {
-        std::signal(SIGABRT, SIG_DFL);
-        close(2);  // the violation message is expected
-        body();
-        _exit(0);
-    }
-    int st = 0;
-    waitpid(pid, &st, 0);
-    return st;
-}
 
 }  // namespace
 
