@@ -419,9 +419,16 @@ ssize_t Stream::recv_stream(const iovec *iov, int iovcnt, int flags) noexcept {
     std::uint64_t spin_until = 0;
     transport::SpinSlot slot;
     std::size_t done = 0;
-    bool check_kernel = true;
+    // A blocking recv's first look leaves out the probe of the companion
+    // for the peer's end (a system call, where an answer is usually on its
+    // way): its sleep watches the companion, and the look after it probes.
+    // A non-blocking recv probes at once (it does not wait), and so does
+    // one after readiness saw the companion at its end.
+    using transport::KernelLook;
+    KernelLook look =
+        nb || c->kernel_eof.load(std::memory_order_relaxed) ? KernelLook::probe : KernelLook::due;
     for (;;) {
-        ssize_t r = transport::try_recv(side(), c, iov, iovcnt, done, total, flags, check_kernel);
+        ssize_t r = transport::try_recv(side(), c, iov, iovcnt, done, total, flags, look);
         if (r == -ESTALE) {
             iovec v[kMaxSlice];
             int k = slice(iov, iovcnt, done, total - done, v, kMaxSlice);
@@ -475,11 +482,11 @@ ssize_t Stream::recv_stream(const iovec *iov, int iovcnt, int flags) noexcept {
             }
         }
         if (now < spin_until && c->is_direct()) {
-            check_kernel = false;  // spin on the fabric only: no syscalls
+            look = KernelLook::none;  // spin on the fabric only: no syscalls
             continue;
         }
         slot.release();
-        check_kernel = true;
+        look = KernelLook::probe;
         const bool upgrading = c->upgrading();
         int w = transport::sleep_once(engine, c, kfd(), POLLIN | POLLRDHUP,
                                       upgrading ? state_changed : readable, c,

@@ -128,14 +128,22 @@ ssize_t direct_send(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, 
 // `blocking`, at most until `deadline` (0: none).
 int flush_locked(const SocketSide &s, Conn *c, bool blocking, std::uint64_t deadline) noexcept;
 
+// How much of the kernel socket a look at the fabric takes in.
+enum class KernelLook {
+    none,   // the fabric only: a spin's look, no system call
+    due,    // also the bytes due there (before the peer's switch point,
+            // after its leave)
+    probe,  // and, with nothing on the fabric, a probe of the companion
+            // for the peer's end (EOF or reset without a word on the fabric)
+};
+
 // recv.cpp: one look at what the connection has for a recv that has
 // `skip` of `total` bytes already: bytes (the companion socket's before
 // the peer's switch point, then the ring's or the peer's advertised
-// buffer's), 0 at EOF, -EAGAIN (nothing now; `check_kernel` false: the
-// kernel socket not looked at), -ESTALE (off the fabric now: the kernel
-// has the rest), or -errno.
+// buffer's), 0 at EOF, -EAGAIN (nothing now, as far as `look` looked),
+// -ESTALE (off the fabric now: the kernel has the rest), or -errno.
 ssize_t try_recv(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, std::size_t skip,
-                 std::size_t total, int flags, bool check_kernel) noexcept;
+                 std::size_t total, int flags, KernelLook look) noexcept;
 // Write zero-copy, receive side: nothing to read, so `piece` (one
 // buffer of the caller's) is advertised and the peer's next send
 // writes into it. Bytes written, -EAGAIN (over without bytes: other

@@ -124,7 +124,7 @@ ssize_t read_advert(const SocketSide &s, Conn *c, RxLock &lock, const iovec *iov
 }  // namespace
 
 ssize_t try_recv(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, std::size_t skip,
-                 std::size_t total, int flags, bool check_kernel) noexcept {
+                 std::size_t total, int flags, KernelLook look) noexcept {
     s.engine->progress();
     std::unique_lock lock(c->rx_lock);
     for (int round = 0; round < 2; ++round) {
@@ -134,7 +134,7 @@ ssize_t try_recv(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, std
         if (c->rx_off < c->switch_off) {
             // Bytes still due on the companion socket: before the peer's
             // switch point, or the peer has not switched at all.
-            if (!check_kernel) return -EAGAIN;
+            if (look == KernelLook::none) return -EAGAIN;
             std::uint64_t due = c->switch_off - c->rx_off;
             int k = slice(iov, iovcnt, skip, std::min<std::uint64_t>(total - skip, due), v, kMaxSlice);
             ssize_t n = kernel_recv(s, c, v, k, (flags & MSG_PEEK) | MSG_DONTWAIT);
@@ -158,7 +158,7 @@ ssize_t try_recv(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, std
             }
             // Until then: counted (an upgrade later starts at rx_off), and
             // never blocking in the kernel (the fabric may come back).
-            if (!check_kernel) return -EAGAIN;
+            if (look == KernelLook::none) return -EAGAIN;
             int k = slice(iov, iovcnt, skip, total - skip, v, kMaxSlice);
             return kernel_recv(s, c, v, k, (flags & MSG_PEEK) | MSG_DONTWAIT);
         }
@@ -183,7 +183,7 @@ ssize_t try_recv(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, std
         if (c->fin_off != kNoOffset && c->rx_off >= c->fin_off)
             // A reset after the peer's FIN is the next send's to report.
             return c->reset_after_fin.load(std::memory_order_acquire) ? 0 : -c->take_reset();
-        if (!check_kernel) return -EAGAIN;
+        if (look != KernelLook::probe) return -EAGAIN;
         // Nothing on the fabric. A companion at EOF without a fabric FIN
         // means the peer process is gone: deliver what arrived, then EOF.
         char probe;
