@@ -78,7 +78,7 @@ Conn *Engine::attach(int fd, bool acceptor, std::uint32_t rcvbuf, std::uint64_t 
         conns_[c->id].store(c, std::memory_order_release);
     }
     if (!fabric_ok_) {
-        c->state.store(ConnState::final, std::memory_order_relaxed);
+        c->move_to(ConnState::final);
         SD_LOG_CONN(info, *c->stat, "stays on TCP: no_fabric (see the log line about the fabric)");
         return c;
     }

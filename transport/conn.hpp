@@ -2,6 +2,7 @@
 // registry, its counters, and (once upgraded) its direct-mode state:
 // peer, credits, the receive ring and the threads waiting on it.
 #pragma once
+#include "conn_state.hpp"
 #include "lock_order.hpp"
 #include "procpage.hpp"
 #include "wire.hpp"
@@ -38,21 +39,6 @@ Tuple reversed(const Tuple &t) noexcept;
 
 // A held receive-side lock, passed to code that may drop it while it waits.
 using RxLock = std::unique_lock<RankedMutex<Rank::rx>>;
-
-enum class ConnState : std::uint32_t {
-    kernel,      // upgrade may still happen (entry published)
-    initiating,  // our upgrade request is in flight
-    // We accepted a peer's request and wait for its commit: nothing goes
-    // on the fabric until then, so a peer that gives up (timeout, signal,
-    // fd limit, stopped) leaves both ends on TCP.
-    committing,
-    direct,      // peer known; our next send switches to the fabric
-    // Going back to the kernel: sends take the kernel socket,
-    // receives read the fabric up to the peer's end (peer_end), then the
-    // kernel. Becomes final once the fabric part is read.
-    leaving,
-    final,       // on TCP for good (reason in the stat slot)
-};
 
 // A thread blocked on a connection; woken through its own eventfd. Lives
 // on the waiting thread's stack, linked into the connection's list.
@@ -130,6 +116,7 @@ struct Conn {
     std::uint32_t window = 0;       // our receive window = ring size, bytes
     Tuple tuple{};
     ConnStat *stat = nullptr;
+    // Changed by move and move_to only (conn_state.hpp: the moves allowed).
     std::atomic<ConnState> state{ConnState::kernel};
     // Our registry entry while it is published: its file's identity
     // (registry.hpp), so that unpublishing needs no read of it. 0: none.
@@ -296,6 +283,12 @@ struct Conn {
     }
     void add_waiter(Waiter *w) noexcept;
     void remove_waiter(Waiter *w) noexcept;
+    // The one place the state changes (conn_state.cpp): from the state
+    // the caller saw, as a compare-exchange; false if another thread moved
+    // it first. A move outside kConnMoves aborts a checked build.
+    bool move(ConnState from, ConnState to) noexcept;
+    // To `to` from whatever state it is in, each step a move of the table.
+    void move_to(ConnState to) noexcept;
     bool is_direct() const noexcept { return state.load(std::memory_order_acquire) == ConnState::direct; }
     bool is_leaving() const noexcept { return state.load(std::memory_order_acquire) == ConnState::leaving; }
     // Not direct yet, but an upgrade may still make it so.

@@ -70,7 +70,7 @@ bool send_commit(int fd, pid_t self) noexcept {
 }  // namespace
 
 void Engine::set_final(Conn *c, Reason r) noexcept {
-    c->state.store(ConnState::final, std::memory_order_release);
+    c->move_to(ConnState::final);
     c->stat->reason.store(std::uint32_t(r), std::memory_order_relaxed);
     c->verdict_due.store(false, std::memory_order_relaxed);
     SD_LOG_CONN(info, *c->stat, "stays on TCP: %s", reason_name(r));
@@ -213,8 +213,7 @@ void Engine::try_initiate(Conn *c) noexcept {
         set_final(c, Reason::fabric_error);
         return;
     }
-    ConnState expect = ConnState::kernel;
-    if (!c->state.compare_exchange_strong(expect, ConnState::initiating)) return;
+    if (!c->move(ConnState::kernel, ConnState::initiating)) return;
 
     Reason why = Reason::none;
     Peer *peer = nullptr;
@@ -379,15 +378,13 @@ void Engine::try_initiate(Conn *c) noexcept {
     if (why == Reason::count_) {
         // Crossed requests: the accepting side's request wins; ours yields.
         // The state may already be the winner's (committing, direct).
-        expect = ConnState::initiating;
-        c->state.compare_exchange_strong(expect, ConnState::kernel);
+        c->move(ConnState::initiating, ConnState::kernel);
         return;
     }
     if (why == Reason::none) why = Reason::peer_refused;
     // Only our own attempt ends here: a crossing request we answered owns
     // the state from committing on.
-    expect = ConnState::initiating;
-    if (!c->state.compare_exchange_strong(expect, ConnState::final)) return;
+    if (!c->move(ConnState::initiating, ConnState::final)) return;
     set_final(c, why);  // logs it
 }
 
@@ -395,7 +392,7 @@ void Engine::go_direct(Conn *c) noexcept {
     c->stat->reason.store(std::uint32_t(Reason::none), std::memory_order_relaxed);
     c->stat->mode.store(std::uint32_t(Mode::direct), std::memory_order_relaxed);
     c->stat->upgrades.fetch_add(1, std::memory_order_relaxed);
-    c->state.store(ConnState::direct, std::memory_order_release);
+    c->move_to(ConnState::direct);
     unpublish(c);
     std::lock_guard rx(c->rx_lock);
     c->wake_locked();
@@ -502,7 +499,7 @@ void Engine::answer_upgrade(int fd, CtlMsg &req, int proof, int bell, int queue)
         }
         // Our own request, if one is in flight, yields to this one (the
         // peer answers it with a conflict) and leaves the state alone.
-        c->state.store(ConnState::committing, std::memory_order_release);
+        c->move_to(ConnState::committing);
         // Everything the fabric needs is in place before we answer: the
         // initiator may send the moment it has committed, before we read
         // its commit, and our receives take what arrives.

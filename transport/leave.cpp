@@ -79,7 +79,7 @@ bool Conn::settle_left_locked() noexcept {
         return false;
     }
     stat->mode.store(std::uint32_t(Mode::kernel), std::memory_order_relaxed);
-    state.store(ConnState::final, std::memory_order_release);
+    move_to(ConnState::final);
     wake_locked();
     return true;
 }
@@ -98,8 +98,7 @@ void Engine::send_leave_locked(Conn *c, bool first, Reason why) noexcept {
     const std::uint32_t flags = (first ? kLeaveFirst : 0) | std::uint32_t(why) << 8;
     if (post(c, MsgType::leave, nullptr, 0, 0, c->tx_off, deadline, flags) == 0)
         ring(c->peer);
-    ConnState expect = ConnState::direct;
-    c->state.compare_exchange_strong(expect, ConnState::leaving);
+    c->move(ConnState::direct, ConnState::leaving);
     SD_LOG(debug, "fd %d: our fabric stream ends at %llu", c->stat->fd,
            (unsigned long long)c->tx_off);
 }
@@ -152,8 +151,7 @@ void Engine::on_leave(Conn *c, const MsgHeader &h) noexcept {
     // The flush pass may send the leave before the state below changes:
     // everything above is set by then (rearm looks at tx_end).
     c->leave_due.store(true, std::memory_order_release);
-    ConnState expect = ConnState::direct;
-    c->state.compare_exchange_strong(expect, ConnState::leaving);
+    c->move(ConnState::direct, ConnState::leaving);
     if (const std::uint32_t us = settings().leave_pause_us) pause_us(us);
     want_flush(c);
     c->settle_left_locked();
@@ -231,7 +229,7 @@ bool Engine::hand_to_holders_locked(Conn *c) noexcept {
     c->rearm_due.store(false, std::memory_order_relaxed);
     c->stat->reason.store(std::uint32_t(Reason::shared), std::memory_order_relaxed);
     c->stat->mode.store(std::uint32_t(Mode::kernel), std::memory_order_relaxed);
-    c->state.store(ConnState::final, std::memory_order_release);
+    c->move_to(ConnState::final);
     k[0].fetch_add(c->tx_off, std::memory_order_acq_rel);
     k[1].fetch_add(c->rx_off, std::memory_order_acq_rel);
     k[2].store(1, std::memory_order_release);
@@ -358,7 +356,7 @@ void Engine::rearm_locked(Conn *c) noexcept {
     if (c->stat->reason.load(std::memory_order_relaxed) != std::uint32_t(Reason::inherited))
         c->stat->reason.store(std::uint32_t(Reason::shared), std::memory_order_relaxed);
     c->stat->peer_pid = 0;
-    c->state.store(ConnState::kernel, std::memory_order_release);
+    c->move_to(ConnState::kernel);
     publish(c);
     c->initiate_due.store(true, std::memory_order_release);
     want_flush(c);
@@ -518,7 +516,7 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
         }
         c->stat->reason.store(std::uint32_t(why), std::memory_order_relaxed);
         c->stat->mode.store(std::uint32_t(Mode::kernel), std::memory_order_relaxed);
-        c->state.store(ConnState::final, std::memory_order_release);
+        c->move_to(ConnState::final);
         c->show_flow(true);
         c->wake_locked();
     }
@@ -619,7 +617,7 @@ int Engine::hand_over_for_exec(Conn *c, std::uint64_t &tx, std::uint64_t &rx) no
         c->held_why.store(std::uint32_t(Reason::inherited), std::memory_order_relaxed);
         c->held.store(true, std::memory_order_release);
         c->verdict_due.store(false, std::memory_order_relaxed);
-        c->state.store(ConnState::final, std::memory_order_release);
+        c->move_to(ConnState::final);
         unpublish(c);
     }
     c->stat->reason.store(std::uint32_t(Reason::inherited), std::memory_order_relaxed);
