@@ -357,8 +357,12 @@ void Engine::try_initiate(Conn *c) noexcept {
         // responder has given up too, and nothing went on the fabric. A
         // process that changed its privileges meanwhile commits nothing:
         // its connections stay on the kernel (the responder, without our
-        // commit, gives up).
-        if (!retired() && !c->held.load(std::memory_order_acquire) && send_commit(s, pid_)) {
+        // commit, gives up); nor does a connection that a refusal for good
+        // made final meanwhile (a request of the peer's that we answered,
+        // under this lock): no move from final to direct.
+        if (!retired() && !c->held.load(std::memory_order_acquire) &&
+            c->state.load(std::memory_order_acquire) == ConnState::initiating &&
+            send_commit(s, pid_)) {
             sys.close(s);
             go_direct(c);
             SD_LOG_CONN(info, *c->stat, "upgraded to direct (initiator, peer pid %d)", e.pid);
@@ -453,12 +457,15 @@ void Engine::answer_upgrade(int fd, CtlMsg &req, int proof, int bell, int queue)
         // an entry of ours written while we were dumpable (a change since,
         // prctl or set*id), or was itself dumpable then. The next
         // connection goes through the queues; this one stays on TCP.
+        // These two refusals are for good: the connection stays on TCP,
+        // unless it is direct already (a stale request), or past that.
+        const bool waiting = c->upgrading();
         if (!queued && (!we_dump || !req.dumpable)) {
-            set_final(c, Reason::not_dumpable);
+            if (waiting) set_final(c, Reason::not_dumpable);
             return refuse(std::uint32_t(Reason::not_dumpable));
         }
         if (req.pid == pid_ && !settings().same_process) {
-            set_final(c, Reason::same_process);
+            if (waiting) set_final(c, Reason::same_process);
             return refuse(std::uint32_t(Reason::same_process));
         }
         // Proven to hold the other end: only now is anything of ours opened
