@@ -138,7 +138,9 @@ constexpr Setting table[] = {
      "and its answer) costs what TCP costs. 0: at once (connect() and "
      "listen() start the engine build, connect() and accept() wait for it "
      "up to SDIRECT_ENGINE_WAIT_MS, and the connection is direct from its "
-     "first byte)."},
+     "first byte when its server has accepted it by then; against a server "
+     "that accepts later it starts on TCP and goes direct when the server's "
+     "upgrade comes)."},
     {"SDIRECT_BUILD_AFTER_MS", SettingKind::integer, "250",
      "A connection of a client process that has no fabric engine yet (none "
      "built, none being built) asks to go direct only once it has lived "
