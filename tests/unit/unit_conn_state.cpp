@@ -5,6 +5,8 @@
 // of "an upgrade may still happen", direct, leaving, or on TCP for good.
 #include <catch2/catch.hpp>
 
+#include "unit_child.hpp"
+
 #include "transport/conn.hpp"
 #include "transport/lock_order.hpp"
 
@@ -20,21 +22,6 @@ namespace {
 
 constexpr ConnState kAll[] = {ConnState::kernel, ConnState::initiating, ConnState::committing,
                               ConnState::direct, ConnState::leaving,    ConnState::final};
-
-// Runs `body` in a child; returns its wait status.
-template <class F>
-int in_child(F body) {
-    pid_t pid = fork();
-    if (pid == 0) {
-        std::signal(SIGABRT, SIG_DFL);
-        close(2);  // the violation message is expected
-        body();
-        _exit(0);
-    }
-    int st = 0;
-    waitpid(pid, &st, 0);
-    return st;
-}
 
 }  // namespace
 
