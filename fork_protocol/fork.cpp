@@ -8,6 +8,7 @@
 #include "shm_fallback/readiness.hpp"
 #include "shm_fallback/table.hpp"
 #include "transport/engine.hpp"
+#include "transport/renew.hpp"
 
 #include <pthread.h>
 
@@ -18,7 +19,7 @@ namespace {
 bool settled = true;
 
 void prepare() noexcept {
-    settled = transport::Engine::settle_before_fork();
+    transport::renew(settled, transport::Engine::settle_before_fork());
     transport::Engine::park_for_fork();
     fallback::table_fork_prepare();
 }

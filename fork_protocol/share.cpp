@@ -8,13 +8,16 @@
 // mode from the holders' counts (rejoin_locked).
 #include "share.hpp"
 
+#include "shm_fallback/table.hpp"
 #include "transport/engine.hpp"
 #include "transport/log.hpp"
+#include "transport/renew.hpp"
 #include "transport/settings.hpp"
 
 #include <unistd.h>
 
 #include <mutex>
+#include <utility>
 
 namespace sd::forking {
 
@@ -41,10 +44,12 @@ using transport::Conn;
 using transport::ConnState;
 
 void fork_prepare(Stream &s, unsigned mark) noexcept {
-    if (s.fork_mark == mark) return;  // another fd of the same socket
-    s.fork_mark = mark;
+    // Nothing to do, and nothing written (the page stays shared with the
+    // child), for a socket not connected.
     Phase p = s.phase.load(std::memory_order_acquire);
     if (p == Phase::fresh || p == Phase::listener) return;
+    if (s.fork_mark == mark) return;  // another fd of the same socket
+    s.fork_mark = mark;
     s.forked = true;
     if (!s.take_ns) s.take_ns = transport::monotonic_ns();  // we share it from now
     // Whether this process uses it from the fork on: a call of ours on it
@@ -107,6 +112,14 @@ void fork_prepare(Stream &s, unsigned mark) noexcept {
     // one left upgrades it; unless it is on TCP for good.
     if (s.for_good.load(std::memory_order_acquire)) return;
     std::lock_guard lock(s.pend_lock);
+    // The peer asks for its upgrade on the same terms as we do: once it
+    // may be asking, an entry of ours tells it that no holder makes one
+    // while the socket is shared. Before then (a server that forks the
+    // child serving a connection it has just accepted), the entry is left
+    // to a holder that still finds it shared later (mark_while_shared):
+    // the usual child, alone once its parent closes, would only remove it.
+    const bool peer_may_ask = !transport::settings().upgrade_after_ms ||
+                              (s.earn_ns && transport::monotonic_ns() >= s.earn_ns);
     if (s.earn_ns) {
         // Still earning its upgrade: no builder will come for it, and
         // the holder left last upgrades it from the shared counts.
@@ -114,23 +127,30 @@ void fork_prepare(Stream &s, unsigned mark) noexcept {
         s.pending.store(false, std::memory_order_release);
     }
     Sharers *sh = s.share.load(std::memory_order_relaxed);
-    // The peer may wait for an upgrade that no holder makes while it is
-    // shared: our entry tells it why (the last holder's replaces it).
-    if (!sh) transport::mark_unattached(s.kfd(), transport::Reason::shared, &s.mark);
+    // The last holder's entry replaces ours.
+    if (!sh && peer_may_ask && !std::exchange(s.share_marked, true))
+        transport::mark_unattached(s.kfd(), transport::Reason::shared, &s.mark);
     if (!sh && !(sh = sharers_open(s.pre_tx, s.pre_rx))) return;
     s.share.store(sh, std::memory_order_release);
     sharers_expect_child(sh);
 }
 
 void fork_child(Stream &s, unsigned mark, int parent) noexcept {
+    Phase p = s.phase.load(std::memory_order_relaxed);
+    if (p == Phase::fresh || p == Phase::listener) {
+        // Only the parent's threads to forget, once or for each fd alike;
+        // nothing written that is as new already (a forking server's
+        // listener stays on a page the child shares).
+        s.forget_parent_threads();
+        transport::renew(s.used_mark, nullptr);
+        return;
+    }
     if (s.fork_mark == mark) return;
     s.fork_mark = mark;
     s.forget_parent_threads();
     s.used_mark.store(nullptr, std::memory_order_relaxed);  // the parent's entry, not ours
     s.take_ns = transport::monotonic_ns();
     s.take_calls = 0;
-    Phase p = s.phase.load(std::memory_order_relaxed);
-    if (p == Phase::fresh || p == Phase::listener) return;
     // The parent's connection state stays the parent's: the kernel socket
     // is all the child has.
     Conn *c = s.conn.exchange(nullptr, std::memory_order_relaxed);
@@ -203,7 +223,7 @@ bool take_over(Stream &s, Sharers *sh) noexcept {
     if (!c) {
         sharers_count(sh, true, s.pre_tx);
         sharers_count(sh, false, s.pre_rx);
-        fallback::sharers_disown(sh, int(getpid()));
+        fallback::sharers_disown(sh, fallback::own_pid());
         return false;
     }
     c->holder_counts.store(sharers_counts(sh), std::memory_order_release);
@@ -220,6 +240,18 @@ bool take_over(Stream &s, Sharers *sh) noexcept {
     return true;
 }
 
+// Still shared after SDIRECT_UPGRADE_AFTER_MS, at a holder's I/O: the peer
+// may be asking for an upgrade that no holder makes; an entry of ours
+// tells it why (once per socket; the holder left last replaces it, or the
+// last close removes it).
+void mark_while_shared(Stream &s) noexcept {
+    if (s.share_marked || s.for_good.load(std::memory_order_acquire)) return;
+    const std::uint64_t after = std::uint64_t(transport::settings().upgrade_after_ms) * 1000000ull;
+    if (transport::monotonic_ns() < s.take_ns + after) return;
+    s.share_marked = true;
+    transport::mark_unattached(s.kfd(), transport::Reason::shared, &s.mark);
+}
+
 }  // namespace
 
 bool adopt_share(Stream &s, Sharers *sh) noexcept {
@@ -227,8 +259,11 @@ bool adopt_share(Stream &s, Sharers *sh) noexcept {
     // retired: never attaches.
     if (s.pending.load(std::memory_order_relaxed) || transport::retired()) return false;
     const int may = fallback::sharers_may_take(sh, &s.share_check_ns);
-    if (may == 2) return transport::settings().take_over && take_over(s, sh);
-    if (may != 1) return false;
+    if (may == 2 && transport::settings().take_over && take_over(s, sh)) return true;
+    if (may != 1) {
+        mark_while_shared(s);
+        return false;
+    }
     s.pre_tx = sharers_sent(sh);
     s.pre_rx = sharers_received(sh);
     sharers_leave(sh);

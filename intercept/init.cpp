@@ -6,6 +6,7 @@
 // transport/engine_setup.cpp).
 #include "fork_protocol/fork.hpp"
 #include "fork_protocol/handover.hpp"
+#include "shm_fallback/readiness.hpp"
 #include "shm_fallback/table.hpp"
 #include "transport/fabric.hpp"
 #include "transport/protocol.hpp"
@@ -34,6 +35,7 @@ __attribute__((constructor(101))) void sdirect_start() {
     sd::transport::load_protocols();
     sd::transport::load_rules();
     sd::fallback::table_init();
+    sd::fallback::epoll_init();
     sd::forking::inherit_init();
     sd::forking::install();
     if (sd::transport::settings().enable) sd::intercept::std_streams_init();

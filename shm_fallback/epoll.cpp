@@ -6,6 +6,7 @@
 
 #include "kernel_sleep.hpp"
 #include "table.hpp"
+#include "transport/renew.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -79,19 +80,6 @@ namespace {
 
 std::atomic<EpollSet *> *sets = nullptr;
 int nsets = 0;
-std::once_flag sets_once;
-
-void sets_init() noexcept {
-    rlimit rl{};
-    getrlimit(RLIMIT_NOFILE, &rl);
-    rlim_t n = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > (1u << 20) ? (1u << 20) : rl.rlim_max;
-    if (n < 1024) n = 1024;
-    void *mem = mmap(nullptr, n * sizeof(std::atomic<EpollSet *>), PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (mem == MAP_FAILED) return;
-    sets = static_cast<std::atomic<EpollSet *> *>(mem);
-    nsets = int(n);
-}
 
 std::atomic<int> live_sets{0};
 // One past the highest epoll fd ever given a set: a fork child's pass over
@@ -328,8 +316,20 @@ void enlist_set(EpollSet *set, transport::Watch &w) noexcept {
 
 // ---- epoll ------------------------------------------------------------------------
 
+void epoll_init() noexcept {
+    // As many as the socket table; mapped once, before the process forks
+    // (a forking server's children then make no system call of ours at
+    // their first epoll_create). Pages are touched only where sets are.
+    const int n = table_size();
+    if (n <= 0) return;
+    void *mem = mmap(nullptr, std::size_t(n) * sizeof(std::atomic<EpollSet *>),
+                     PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (mem == MAP_FAILED) return;
+    sets = static_cast<std::atomic<EpollSet *> *>(mem);
+    nsets = n;
+}
+
 void epoll_created(int epfd) noexcept {
-    std::call_once(sets_once, sets_init);
     if (!sets || epfd < 0 || epfd >= nsets) return;
     auto *set = new (std::nothrow) EpollSet;
     if (!set) return;
@@ -497,7 +497,7 @@ int wake_fd_of(EpollSet *set, int epfd) noexcept {
     fd = transport::out_of_the_way(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     epoll_event ev{};
     ev.events = EPOLLIN;
-    ev.data.u64 = kWakeTag | (std::uint64_t(getpid()) & ~kTagMask);
+    ev.data.u64 = kWakeTag | (std::uint64_t(own_pid()) & ~kTagMask);
     if (fd >= 0 && sys.epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
         sys.close(fd);
         fd = -1;
@@ -694,7 +694,7 @@ void epoll_after_fork_child() noexcept {
     // shared): the child drops its copy, makes its own at its first
     // kernel sleep, and tells the two apart by the pid in their data.
     if (!sets) return;
-    new (&sets_lock) std::mutex();
+    transport::renew(sets_lock);
     for (int fd = 0, end = sets_used.load(std::memory_order_acquire); fd < end; ++fd)
         if (EpollSet *set = sets[fd].load(std::memory_order_relaxed)) {
             new (&set->lock) std::mutex();

@@ -3,6 +3,7 @@
 #include "table.hpp"
 #include "transport/sys.hpp"
 #include "transport/wait.hpp"
+#include "transport/renew.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -60,9 +61,9 @@ void kernel_waits_wake() noexcept {
 
 void kernel_sleeps_after_fork_child() noexcept {
     // The list's records live on the stacks of the parent's threads.
-    new (&sleeps_lock) std::mutex();
-    new (&sleeps) decltype(sleeps)();
-    n_sleeps.store(0, std::memory_order_relaxed);
+    transport::renew(sleeps_lock);
+    if (!sleeps.empty()) new (&sleeps) decltype(sleeps)();
+    transport::renew(n_sleeps, 0);
 }
 
 bool kernel_may_answer(Stream *s, bool *held) noexcept {

@@ -31,7 +31,9 @@ int poll_fds(pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask) noexce
 int select_fds(int nfds, fd_set *rd, fd_set *wr, fd_set *ex, int timeout_ms,
                const sigset_t *mask) noexcept;
 
-// epoll sets, by epoll fd number.
+// epoll sets, by epoll fd number; epoll_init once at start, after
+// table_init.
+void epoll_init() noexcept;
 void epoll_created(int epfd) noexcept;
 int epoll_control(int epfd, int op, int fd, epoll_event *ev) noexcept;
 int epoll_wait_fds(int epfd, epoll_event *out, int max, int timeout_ms,

@@ -1,4 +1,5 @@
 #include "sharers.hpp"
+#include "table.hpp"
 
 #include "transport/sys.hpp"
 #include "transport/wait.hpp"
@@ -74,7 +75,7 @@ bool arena_fd_ok() noexcept {
            st.st_ino == arena_ino;
 }
 
-std::uint64_t me() noexcept { return kHolder | std::uint32_t(getpid()); }
+std::uint64_t me() noexcept { return kHolder | std::uint32_t(own_pid()); }
 
 // A process that can no longer use its copy: gone, or a zombie. Its
 // pidfd says so (readable once it has exited, whether reaped or not);
@@ -148,7 +149,7 @@ Sharers *sharers_open(std::uint64_t sent, std::uint64_t received) noexcept {
     }
     // Start where this process's pid points, so that processes of one tree
     // rarely race for the same slot.
-    std::size_t first = std::size_t(getpid()) * 7 % kSlots;
+    std::size_t first = std::size_t(own_pid()) * 7 % kSlots;
     for (std::size_t i = 0; i < kSlots; ++i) {
         Sharers *sh = &arena[(first + i) % kSlots];
         std::uint32_t free = 0;
@@ -228,7 +229,7 @@ void mark_used(Sharers *sh, bool used) noexcept {
 }  // namespace
 
 void sharers_expect_child(Sharers *sh) noexcept {
-    const std::uint64_t place = kReserved | std::uint32_t(getpid());
+    const std::uint64_t place = kReserved | std::uint32_t(own_pid());
     if (put(sh, place)) return;
     purge_dead(sh);
     if (!put(sh, place)) sh->stuck.store(1, std::memory_order_release);  // the child cannot be counted
@@ -333,7 +334,7 @@ int sharers_may_take(Sharers *sh, std::uint64_t *next_check) noexcept {
 }
 
 bool sharers_take(Sharers *sh) noexcept {
-    const std::uint64_t self = me(), pending = kOwnerPending | std::uint32_t(getpid());
+    const std::uint64_t self = me(), pending = kOwnerPending | std::uint32_t(own_pid());
     std::uint64_t none = 0;
     if (!sh->owner.compare_exchange_strong(none, pending, std::memory_order_seq_cst)) return false;
     // Every other holder still has not used it, now that the word is set
@@ -351,7 +352,7 @@ bool sharers_take(Sharers *sh) noexcept {
 }
 
 void sharers_took(Sharers *sh) noexcept {
-    sh->owner.store(kOwnerSet | std::uint32_t(getpid()), std::memory_order_seq_cst);
+    sh->owner.store(kOwnerSet | std::uint32_t(own_pid()), std::memory_order_seq_cst);
 }
 
 void sharers_reset_counts(Sharers *sh) noexcept {
@@ -364,7 +365,7 @@ int sharers_owner(Sharers *sh, bool *pending) noexcept {
     const std::uint64_t v = sh->owner.load(std::memory_order_seq_cst);
     const int pid = int(std::uint32_t(v));
     *pending = (v & kOwnerPending) != 0;
-    return v && pid != getpid() ? pid : 0;
+    return v && pid != own_pid() ? pid : 0;
 }
 
 bool sharers_owner_dead(int pid) noexcept { return dead(pid_t(pid)); }

@@ -10,6 +10,7 @@
 #include "transport/settings.hpp"
 #include "transport/sys.hpp"
 #include "transport/wait.hpp"
+#include "transport/renew.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -104,6 +105,7 @@ void Stream::reset(int f, int dom, bool nb) noexcept {
     holders.store(nullptr, std::memory_order_relaxed);
     used_mark.store(nullptr, std::memory_order_relaxed);
     fork_mark = 0;
+    share_marked = false;
     share.store(nullptr, std::memory_order_relaxed);
     prefix.store(nullptr, std::memory_order_relaxed);
     share_check_ns = 0;
@@ -119,12 +121,15 @@ void Stream::reset(int f, int dom, bool nb) noexcept {
 }
 
 void Stream::forget_parent_threads() noexcept {
-    new (&pend_lock) transport::RankedMutex<transport::Rank::pend>();
-    kernel_waiters = wait_holds = 0;  // the threads blocked in the parent are not here
-    new (&alias_lock) std::mutex();
-    refs.store(fds.load(std::memory_order_relaxed), std::memory_order_relaxed);
-    calls.store(0, std::memory_order_relaxed);  // the parent's threads are not ours
-    next_free = nullptr;
+    // What is as new already is not written (renew.hpp).
+    using transport::renew;
+    renew(pend_lock);
+    renew(kernel_waiters, 0u);  // the threads blocked in the parent are not here
+    renew(wait_holds, 0u);
+    renew(alias_lock);
+    renew(refs, fds.load(std::memory_order_relaxed));
+    renew(calls, 0);  // the parent's threads are not ours
+    renew(next_free, nullptr);
 }
 
 void Stream::accepted() noexcept {
@@ -727,7 +732,7 @@ void Stream::last_close() noexcept {
             (void)engine->give_to_holders(c);
         }
         // Took it over: the others may use it without asking us.
-        sharers_disown(h, int(getpid()));
+        sharers_disown(h, own_pid());
     } else if (forked && on_fabric) {
         if (const int rc = engine->leave(c, transport::Reason::shared); rc < 0)  // holders unknown
             SD_LOG(error, "fd %d: closing after a fork, and the connection could not leave the "

@@ -41,13 +41,29 @@ void note_used(int fd) noexcept {
 int scan_end() noexcept {
     return fork_hooks.inherit_waiting() ? nslots : slots_used.load(std::memory_order_acquire);
 }
-int self_pid = 0;  // this process's pid as of its start or last fork
-std::mutex pool_lock;
+// What the fork handlers write of the table's own, kept together: a fork
+// copies every page written after it, in the parent (whose handlers run
+// while the child lives) as in the child. One 64-byte line: one page.
+struct alignas(64) ForkState {
+    std::mutex pool_lock;  // the pool of streams (pool_get, release)
+    int self_pid = 0;      // this process's pid as of its start or last fork
+    int forking_pid = 0;   // the parent's pid, as its child sees it
+    unsigned pass = 0;     // passes over the streams, two per fork
+    // Whether code of ours may run in a process other than self_pid's:
+    // while a fork is under way (another library's child handler may call
+    // in before ours has run), or once a child may have been made without
+    // the fork handlers (note_unhandled_child). Until then
+    // foreign_process() and own_pid() cost no system call.
+    std::atomic<int> under_way{0};
+    std::atomic<bool> unhandled{false};
+};
+static_assert(sizeof(ForkState) == 64);
+ForkState forks;
 Stream *free_list = nullptr;
 
 Stream *pool_get() noexcept {
     {
-        std::lock_guard lock(pool_lock);
+        std::lock_guard lock(forks.pool_lock);
         if (Stream *s = free_list) {
             free_list = s->next_free;
             return s;
@@ -70,7 +86,7 @@ void table_init() noexcept {
     if (mem == MAP_FAILED) return;
     slots = static_cast<std::atomic<Stream *> *>(mem);
     nslots = int(n);
-    self_pid = int(getpid());
+    forks.self_pid = int(getpid());
 }
 
 int table_size() noexcept { return nslots; }
@@ -94,7 +110,7 @@ Stream *acquire(int fd) noexcept {
 void release(Stream *s) noexcept {
     if (s->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
     s->destroy();
-    std::lock_guard lock(pool_lock);
+    std::lock_guard lock(forks.pool_lock);
     s->next_free = free_list;
     free_list = s;
 }
@@ -136,9 +152,6 @@ Stream *close_prepare(int fd) noexcept {
 }
 
 namespace {
-unsigned fork_pass = 0;
-int forking_pid = 0;  // the parent's pid, as its child sees it
-
 // Every stream once (dups map several fds to one), under no lock: the
 // callers run where no other thread can change the table's layout.
 template <typename Fn>
@@ -148,40 +161,35 @@ void each_stream(Fn fn) noexcept {
 }
 }  // namespace
 
-// Whether code of ours may run in a process other than self_pid's: while
-// a fork is under way (another library's child handler may call in before
-// ours has run), or once a child may have been made without the fork
-// handlers (note_unhandled_child). Until then foreign_process() costs no
-// system call.
-std::atomic<int> forks_under_way{0};
-std::atomic<bool> unhandled_children{false};
-
 void table_fork_prepare() noexcept {
-    forks_under_way.fetch_add(1, std::memory_order_relaxed);
-    fork_pass += 2;
-    forking_pid = int(getpid());
-    each_stream([](Stream *s) { fork_hooks.fork_prepare(*s, fork_pass); });
-    pool_lock.lock();
+    forks.forking_pid = own_pid();
+    forks.pass += 2;
+    each_stream([](Stream *s) { fork_hooks.fork_prepare(*s, forks.pass); });
+    forks.pool_lock.lock();
+    // Last, so that the pass above, in this process still, asks no pid of
+    // the kernel; from here until the handlers after the fork, code of
+    // ours may run in the child before its handler has.
+    forks.under_way.fetch_add(1, std::memory_order_relaxed);
 }
 
 void table_unlock_after_fork() noexcept {
-    pool_lock.unlock();
-    forks_under_way.fetch_sub(1, std::memory_order_relaxed);
+    forks.pool_lock.unlock();
+    forks.under_way.fetch_sub(1, std::memory_order_relaxed);
 }
 
 void table_after_fork_child() noexcept {
-    self_pid = int(getpid());
-    new (&pool_lock) std::mutex();
-    // Inherited connections: the parent's engine state is not ours.
-    each_stream([](Stream *s) { fork_hooks.fork_child(*s, fork_pass + 1, forking_pid); });
+    forks.self_pid = int(getpid());
     // One thread here, and no child yet: the parent's forks and children
-    // are not ours.
-    unhandled_children.store(false, std::memory_order_relaxed);
-    forks_under_way.store(0, std::memory_order_relaxed);
+    // are not ours (and own_pid() is self_pid from here on).
+    forks.unhandled.store(false, std::memory_order_relaxed);
+    forks.under_way.store(0, std::memory_order_relaxed);
+    new (&forks.pool_lock) std::mutex();
+    // Inherited connections: the parent's engine state is not ours.
+    each_stream([](Stream *s) { fork_hooks.fork_child(*s, forks.pass + 1, forks.forking_pid); });
 }
 
 void note_unhandled_child() noexcept {
-    unhandled_children.store(true, std::memory_order_relaxed);
+    forks.unhandled.store(true, std::memory_order_relaxed);
     // The child may exec with fds that differ from the table's (a vfork
     // child that moved or closed them): it finds the sockets by inode,
     // looked up here while our fds are the table's.
@@ -189,12 +197,19 @@ void note_unhandled_child() noexcept {
 }
 
 bool foreign_process() noexcept {
-    if (!unhandled_children.load(std::memory_order_relaxed) &&
-        !forks_under_way.load(std::memory_order_relaxed))
+    if (!forks.unhandled.load(std::memory_order_relaxed) &&
+        !forks.under_way.load(std::memory_order_relaxed))
         return false;
-    return int(getpid()) != self_pid;
+    return int(getpid()) != forks.self_pid;
 }
-int table_pid() noexcept { return self_pid; }
+int table_pid() noexcept { return forks.self_pid; }
+
+int own_pid() noexcept {
+    if (forks.self_pid && !forks.unhandled.load(std::memory_order_relaxed) &&
+        !forks.under_way.load(std::memory_order_relaxed))
+        return forks.self_pid;
+    return int(getpid());
+}
 
 // Read with getdents64 into the stack (a vfork child must not allocate).
 // The kernel lists the fds in increasing order: the first `max` found are
@@ -238,7 +253,7 @@ void leave_for_exec(const ino_t *kept, const int *kept_fd, int nkept) noexcept {
     SD_LOG(debug, "exec: the new program holds %d socket(s)", nkept);
     if (!nkept) return;
     // vfork runs no fork handlers: a pid that is not ours is a vfork child.
-    const bool vforked = int(getpid()) != self_pid;
+    const bool vforked = int(getpid()) != forks.self_pid;
     for (int fd = 0, end = scan_end(); fd < end; ++fd) {
         Stream *s = acquire(fd);
         if (!s) continue;

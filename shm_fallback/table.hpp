@@ -86,6 +86,9 @@ bool foreign_process() noexcept;
 void note_unhandled_child() noexcept;
 // The process whose fds the table maps (a vfork child's parent, there).
 int table_pid() noexcept;
+// This process's id: without a system call unless foreign_process() would
+// make one (its answer may then differ from table_pid()).
+int own_pid() noexcept;
 
 
 }  // namespace sd::fallback

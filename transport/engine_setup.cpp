@@ -13,6 +13,7 @@
 #include "log.hpp"
 #include "settings.hpp"
 #include "sys.hpp"
+#include "renew.hpp"
 
 #include <cerrno>
 #include <cstdio>
@@ -62,6 +63,9 @@ bool building = false;  // ... or its callbacks are still running
 // (its TLS, the sanitizers' per-thread caches) under the allocator's
 // locks, which a child forked meanwhile would find taken for good.
 std::atomic<pid_t> builder_tid{0};
+// A build was ever started in this process (or the parent it forked from
+// before): until then a fork has nothing to wait for, and writes nothing.
+std::atomic<bool> ever_started{false};
 
 void *build_engine(void *) noexcept {
     builder_tid.store(pid_t(syscall(SYS_gettid)), std::memory_order_release);
@@ -138,6 +142,7 @@ Engine *Engine::ready() noexcept {
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     pthread_t tid;
+    ever_started.store(true, std::memory_order_release);
     starting = building = pthread_create(&tid, &attr, build_engine, nullptr) == 0;
     pthread_attr_destroy(&attr);
     pthread_sigmask(SIG_SETMASK, &old, nullptr);
@@ -197,6 +202,7 @@ bool Engine::give_up_unused() noexcept {
 int Engine::init_for_thread() noexcept { return init(); }
 
 bool Engine::settle_before_fork() noexcept {
+    if (!ever_started.load(std::memory_order_acquire)) return true;
     // A build takes well under a second; ten is a generous bound.
     const Waited built = wait_until({.nap_ns = 1000000, .max_naps = 10000}, 0, [] {
         std::lock_guard lock(create_lock);
@@ -205,14 +211,14 @@ bool Engine::settle_before_fork() noexcept {
     if (built == Waited::ready) {
         // The build is over: its thread's end follows at once (a second
         // at most; without /proc, as if it had ended).
-        const pid_t tid = builder_tid.load(std::memory_order_acquire);
-        char path[48];
-        std::snprintf(path, sizeof path, "/proc/self/task/%d", int(tid));
-        struct stat st;
-        if (tid)
+        if (const pid_t tid = builder_tid.load(std::memory_order_acquire)) {
+            char path[48];
+            std::snprintf(path, sizeof path, "/proc/self/task/%d", int(tid));
+            struct stat st;
             (void)wait_until({.nap_ns = 1000000, .max_naps = 1000}, 0,
                              [&] { return stat(path, &st) != 0; });
-        builder_tid.store(0, std::memory_order_relaxed);
+            builder_tid.store(0, std::memory_order_relaxed);
+        }
         return true;
     }
     SD_LOG(info, "fork during an engine build that did not finish; the child stays on TCP");
@@ -242,7 +248,7 @@ void Engine::park_for_fork() noexcept {
 }
 
 void Engine::resume_after_fork() noexcept {
-    if (Engine *e = std::exchange(parked_for_fork, nullptr)) e->control_busy_.unlock();
+    if (parked_for_fork) std::exchange(parked_for_fork, nullptr)->control_busy_.unlock();
 }
 
 bool Engine::close_provider_for_exec() noexcept {
@@ -260,17 +266,20 @@ void Engine::forget_after_fork(bool settled) noexcept {
     // The parent's engine, its endpoint and its threads belong to the
     // parent: closing the endpoint here would unlink the parent's region.
     // Leave every object as it is and start afresh when needed.
-    the_engine.store(nullptr, std::memory_order_relaxed);
+    // (renew.hpp: what is as new already is not written.)
+    renew(the_engine, nullptr);
     // The parent's, locked for good here.
-    if (Engine *e = std::exchange(parked_for_fork, nullptr)) e->control_busy_.forget_held();
+    if (parked_for_fork) std::exchange(parked_for_fork, nullptr)->control_busy_.forget_held();
     regcache().forget();  // the parent's registrations, in the parent's domain
     pollers_after_fork_child();
     provider_gate().reset();
-    new (&create_lock) std::mutex();
-    unusable = !settled;
-    starting = building = false;  // the builder thread, if any, stayed in the parent
-    builder_tid.store(0, std::memory_order_relaxed);
-    npending = 0;
+    renew(create_lock);
+    renew(unusable, !settled);
+    // The builder thread, if any, stayed in the parent.
+    renew(starting, false);
+    renew(building, false);
+    renew(builder_tid, 0);
+    renew(npending, 0);
 }
 
 int Engine::init() noexcept {

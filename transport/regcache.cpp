@@ -1,4 +1,5 @@
 #include "regcache.hpp"
+#include "renew.hpp"
 
 #include <algorithm>
 #include <new>
@@ -185,17 +186,18 @@ void RegCache::drain() noexcept {
 
 void RegCache::forget() noexcept {
     // The lock may have been held by a thread that does not exist here.
-    new (&lock_) std::mutex();
-    // Only the entries in use: every page written here is one the fork
-    // copies for the child, at every fork (an empty entry is Entry{}).
+    // Only what differs from new (renew.hpp): every page written here is
+    // one the fork copies for the child, at every fork (an empty entry is
+    // Entry{}).
+    renew(lock_);
     for (Entry &e : entries_)
         if (e.state != Entry::empty) e = Entry{};
-    bytes_ = 0;
-    max_bytes_ = 0;
-    live_.store(false, std::memory_order_relaxed);
-    stats_ = RegCacheStats{};
-    lo_bound_.store(UINTPTR_MAX, std::memory_order_relaxed);
-    hi_bound_.store(0, std::memory_order_relaxed);
+    renew(bytes_, 0);
+    renew(max_bytes_, 0);
+    renew(live_, false);
+    renew(stats_);
+    renew(lo_bound_, UINTPTR_MAX);
+    renew(hi_bound_, 0);
 }
 
 RegCacheStats RegCache::stats() const noexcept {

@@ -5,6 +5,7 @@
 #include "fabric.hpp"
 #include "log.hpp"
 #include "sys.hpp"
+#include "renew.hpp"
 
 #include <cerrno>
 #include <cstddef>
@@ -102,10 +103,10 @@ void ProviderGate::close(int ms) noexcept {
 }
 
 void ProviderGate::reset() noexcept {
-    depth = 0;
-    inside_.store(0, std::memory_order_relaxed);
-    closed_.store(false, std::memory_order_relaxed);
-    closer_.store(0, std::memory_order_relaxed);
+    renew(depth, 0);
+    renew(inside_, 0);
+    renew(closed_, false);
+    renew(closer_, 0);
 }
 
 void RegionLock::watch(const char *name, pid_t pid) noexcept {

@@ -2,6 +2,7 @@
 
 #include "log.hpp"
 #include "registry.hpp"
+#include "renew.hpp"
 #include "settings.hpp"
 #include "sys.hpp"
 
@@ -25,18 +26,25 @@
 namespace sd::transport {
 namespace {
 
-// Each thread's wake-up fd, made on its first sleep and closed at its exit.
-struct ThreadBell {
-    int fd = -1;
-    ~ThreadBell() {
-        if (fd >= 0) sys.close(fd);
-    }
-    int get() noexcept {
-        if (fd < 0) fd = out_of_the_way(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-        return fd;
+// Each thread's wake-up fd, made on its first sleep and closed at its
+// exit. The fd is a plain thread-local: a fork child's handler reads it
+// without constructing anything; the closer, whose destructor the thread's
+// exit runs, is touched (and so registered) only when an fd is made.
+struct BellCloser {
+    int *fd;
+    ~BellCloser() {
+        if (*fd >= 0) sys.close(std::exchange(*fd, -1));
     }
 };
-thread_local ThreadBell bell;
+thread_local int bell_fd = -1;
+int bell_get() noexcept {
+    if (bell_fd < 0) {
+        bell_fd = out_of_the_way(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+        thread_local BellCloser closer{&bell_fd};
+        (void)closer;
+    }
+    return bell_fd;
+}
 
 // Safety net: even a lost doorbell costs at most this much.
 constexpr int kSafetyMs = 200;
@@ -50,7 +58,7 @@ void drain(int fd) noexcept {
 
 int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
                bool (*ready)(void *), void *ctx, int timeout_ms) noexcept {
-    Waiter w(bell.get());
+    Waiter w(bell_get());
     if (w.efd < 0) return 0;  // no fd to sleep on: the caller spins
     if (c) {
         std::lock_guard lock(c->rx_lock);
@@ -251,33 +259,37 @@ PollWait::~PollWait() {
 PollerMask &attach_pollers() noexcept { return attaching; }
 
 void pollers_after_fork_child() noexcept {
-    // Only the forking thread lives on; it is in no sleep.
-    slots_busy.store(0, std::memory_order_relaxed);
-    slots_rung.store(0, std::memory_order_relaxed);
-    own_slot_bit = 0;
+    // Only the forking thread lives on; it is in no sleep. (renew.hpp:
+    // what is as new already is not written.)
+    renew(slots_busy, 0);
+    renew(slots_rung, 0);
+    renew(own_slot_bit, 0);
     for (auto &f : slot_fds)
-        if (int fd = f.exchange(0, std::memory_order_relaxed) - 1; fd >= 0) sys.close(fd);
-    wide.bits.store(0, std::memory_order_relaxed);
-    attaching.bits.store(0, std::memory_order_relaxed);
-    n_pollers.store(0, std::memory_order_relaxed);
-    new (&pollers_lock) std::mutex();
-    new (&pollers) WaiterList();
-    new (&watch_lock) std::mutex();
-    new (&standby) WaiterList();
-    watch_taken = false;
-    watching = false;
+        if (int fd = f.load(std::memory_order_relaxed) - 1; fd >= 0) {
+            f.store(0, std::memory_order_relaxed);
+            sys.close(fd);
+        }
+    renew(wide.bits, 0);
+    renew(attaching.bits, 0);
+    renew(n_pollers, 0);
+    renew(pollers_lock);
+    if (!pollers.empty()) new (&pollers) WaiterList();
+    renew(watch_lock);
+    if (!standby.empty()) new (&standby) WaiterList();
+    renew(watch_taken, false);
+    renew(watching, false);
     // This thread's bell is the parent thread's eventfd too.
-    if (bell.fd >= 0) sys.close(std::exchange(bell.fd, -1));
+    if (bell_fd >= 0) sys.close(std::exchange(bell_fd, -1));
 }
 
-int thread_bell() noexcept { return bell.get(); }
+int thread_bell() noexcept { return bell_get(); }
 
-int own_bell() noexcept { return bell.fd; }
+int own_bell() noexcept { return bell_fd; }
 
 int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int timeout_ms,
                  const Interest &in) noexcept {
     const int slot = in.enlist ? slot_take() : -1;
-    Waiter w(slot >= 0 ? slot_fds[slot].load(std::memory_order_relaxed) - 1 : bell.get());
+    Waiter w(slot >= 0 ? slot_fds[slot].load(std::memory_order_relaxed) - 1 : bell_get());
     if (w.efd < 0) return sys.poll(fds, n, 0);
     own_slot_bit = slot >= 0 ? std::uint64_t(1) << slot : 0;
     if (slot < 0) {
