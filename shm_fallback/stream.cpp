@@ -42,6 +42,9 @@ using transport::sys;
 
 namespace {
 
+// A blocking recv's spin reads the clock once per this many looks.
+constexpr unsigned kClockLooks = 16;
+
 bool readable(void *ctx) noexcept {
     auto *c = static_cast<Conn *>(ctx);
     std::lock_guard lock(c->rx_lock);
@@ -421,7 +424,8 @@ ssize_t Stream::recv_stream(const iovec *iov, int iovcnt, int flags) noexcept {
     const std::size_t target = recv_target(total, flags);
     const std::int64_t tmo = rcvtimeo_ns.load(std::memory_order_relaxed);
     std::uint64_t deadline = tmo ? monotonic_ns() + std::uint64_t(tmo) : 0;
-    std::uint64_t spin_until = 0;
+    std::uint64_t spin_until = 0, now = 0;
+    unsigned looks = 0;
     transport::SpinSlot slot;
     std::size_t done = 0;
     // A blocking recv's first look leaves out the probe of the companion
@@ -457,17 +461,27 @@ ssize_t Stream::recv_stream(const iovec *iov, int iovcnt, int flags) noexcept {
             done += std::size_t(r);
             if ((flags & MSG_PEEK) || done >= target) return ssize_t(done);
             spin_until = 0;
+            looks = 0;
             continue;
         }
         if (r == 0) return ssize_t(done);
         if (r != -EAGAIN) return done ? ssize_t(done) : r;
         if (nb) return done ? ssize_t(done) : shut ? 0 : -EAGAIN;
-        std::uint64_t now = monotonic_ns();
+        // Write zero-copy: nothing to read, and a large buffer waits.
+        const std::uint32_t sink_min = transport::settings().sink_min;
+        // The clock is read once per kClockLooks looks, and not at all
+        // by a wait whose first looks find what they wait for (a small
+        // answer on its way): the spin's window starts after them.
+        ++looks;
+        if (!spin_until && looks < kClockLooks && total - done < sink_min &&
+            transport::settings().spin_us && c->is_direct()) {
+            look = KernelLook::none;
+            continue;
+        }
+        if (!spin_until || looks % kClockLooks == 0) now = monotonic_ns();
         if (!spin_until)
             spin_until = slot.start(now, std::uint64_t(transport::settings().spin_us) * 1000);
         if (deadline && now >= deadline) return done ? ssize_t(done) : -EAGAIN;
-        // Write zero-copy: nothing to read, and a large buffer waits.
-        const std::uint32_t sink_min = transport::settings().sink_min;
         if (!(flags & MSG_PEEK) && c->is_direct() && engine->sink_ok()) {
             iovec piece{};
             slice(iov, iovcnt, done, total - done, &piece, 1);
@@ -497,6 +511,7 @@ ssize_t Stream::recv_stream(const iovec *iov, int iovcnt, int flags) noexcept {
                                       upgrading ? state_changed : readable, c,
                                       ms_until(deadline));
         if (w == -EINTR && !keep_going_after_eintr(tmo)) return done ? ssize_t(done) : -EINTR;
+        looks = kClockLooks - 1;  // the look after a sleep reads the clock
     }
 }
 
