@@ -69,6 +69,7 @@ void Engine::take_ring() noexcept {
     std::uint64_t v;
     (void)sys.read(doorbell_, &v, sizeof v);
     page_->header.sleepers.fetch_and(~kRung, std::memory_order_seq_cst);
+    provider_due_.store(true, std::memory_order_release);  // a peer may wait for our progress
     progress_before_sleep();
 }
 
@@ -80,6 +81,18 @@ std::size_t Engine::progress_pass() noexcept {
         Guard guard;
         taken = read_links();
     }
+    // Every peer's messages through our queues, no RMA of ours in flight
+    // and no ring: nothing is due from the provider (its gate, lock and
+    // empty queue were a third of a 64-byte ping-pong's progress pass).
+    if (!provider_msgs_.load(std::memory_order_acquire) &&
+        !rma_pending_.load(std::memory_order_acquire) &&
+        !provider_due_.load(std::memory_order_acquire) && ++quiet_passes_ % kQuietPasses) {
+        progress_lock_.unlock();
+        flush_due_stages();
+        return taken;
+    }
+    if (provider_due_.load(std::memory_order_relaxed))
+        provider_due_.store(false, std::memory_order_relaxed);
     // The provider takes our region's lock and would spin on it for ever
     // if a peer died holding it: then nothing comes in any more (and no
     // new connection upgrades: fabric_usable()), but no thread is stuck.
@@ -361,6 +374,7 @@ thread_local RmaSlot rma_slot;
 }  // namespace
 
 void Engine::complete_write(WriteOp *op, int state) noexcept {
+    rma_pending_.fetch_sub(1, std::memory_order_release);
     if (op->state.exchange(state, std::memory_order_acq_rel) == kOpAbandoned) delete op;
 }
 
@@ -382,23 +396,36 @@ int Engine::rma(Conn *c, const iovec *iov, int iovcnt, const fi_rma_iov *remote,
     msg.context = &op->ctx;
     {
         Guard guard;
+        // Counted before it is posted: its completion may be read at once,
+        // by another thread's pass (complete_write).
+        rma_pending_.fetch_add(1, std::memory_order_acq_rel);
         for (unsigned tries = 0;; ++tries) {
             // The provider spins on the peer's region lock: a lock left
             // held by a dead process must not hold us too.
-            if (!c->peer->region.wait_free(kRegionLockBoundNs)) return -EPIPE;
+            if (!c->peer->region.wait_free(kRegionLockBoundNs)) {
+                rma_pending_.fetch_sub(1, std::memory_order_release);
+                return -EPIPE;
+            }
             InProvider in;
-            if (!in.ok()) return -EPIPE;
+            if (!in.ok()) {
+                rma_pending_.fetch_sub(1, std::memory_order_release);
+                return -EPIPE;
+            }
             ssize_t rc = write ? fi_writemsg(ep_.ep, &msg, FI_COMPLETION | flags)
                                : fi_readmsg(ep_.ep, &msg, FI_COMPLETION | flags);
             if (rc == 0) break;
             if (rc != -FI_EAGAIN) {
+                rma_pending_.fetch_sub(1, std::memory_order_release);
                 SD_LOG(error, "conn %u: fabric %s failed: %s", c->id, write ? "write" : "read",
                        fabric_strerror(int(rc)));
                 return -EIO;
             }
             ring(c->peer);
             progress();
-            if ((tries & 63) == 63 && !peer_alive(c->peer)) return -EPIPE;
+            if ((tries & 63) == 63 && !peer_alive(c->peer)) {
+                rma_pending_.fetch_sub(1, std::memory_order_release);
+                return -EPIPE;
+            }
         }
     }
     // The completion says the copy is over. Where the provider cannot copy

@@ -504,7 +504,7 @@ class Engine {
     // Reserves up to `want` bytes of the sinks' registration budget.
     std::uint32_t reserve_sink(std::uint32_t want) noexcept;
     // Sets an RMA write's outcome (progress); deletes an abandoned one.
-    static void complete_write(WriteOp *op, int state) noexcept;
+    void complete_write(WriteOp *op, int state) noexcept;
     void send_leave_locked(Conn *c, bool first, Reason why) noexcept;
     int leave_work_locked(Conn *c) noexcept;
     // The peer left for sharing and everything of the fabric is done here
@@ -569,6 +569,21 @@ class Engine {
     void poison_link(XLink &l) noexcept;
     XLink links_[kMaxLinks];
     std::atomic<std::uint32_t> links_used_{0};  // slots not free: progress's one test
+    // Whether the provider may have work for us: a peer whose messages
+    // come through the provider was attached (for good: late messages of
+    // a cached or closed peer still come), RMA operations of ours are in
+    // flight (posted, not completed; one abandoned by a dead peer may
+    // never complete, and the queue is then read at every pass as
+    // before), or our doorbell rang (a peer's RMA into our memory that
+    // the provider carries through our region waits for our progress,
+    // and rings while it waits). Otherwise progress reads the provider's
+    // queue once in kQuietPasses passes: a spinning thread's passes
+    // serve such an RMA within a few microseconds, a sleeping one's ring.
+    std::atomic<bool> provider_msgs_{false};
+    std::atomic<std::uint32_t> rma_pending_{0};
+    std::atomic<bool> provider_due_{false};
+    std::uint32_t quiet_passes_ = 0;  // progress_lock_
+    static constexpr std::uint32_t kQuietPasses = 64;
     std::atomic<std::uint32_t> links_hi_{0};    // slots ever used: the passes stop there
     // Orders the copies of our sleepers count into the links' queues
     // (outside the ranked order: nothing is taken under it).

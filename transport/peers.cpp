@@ -163,6 +163,9 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
         p->queued = true;
         p->xl = xl;
         links_[xl].peer.store(p, std::memory_order_release);
+    } else {
+        // Before our answer: its messages come through the provider.
+        provider_msgs_.store(true, std::memory_order_release);
     }
     std::snprintf(p->name, sizeof p->name, "%s", addr);
     if (!p->cross) p->region.watch(addr, pid);  // no view of another uid's region
