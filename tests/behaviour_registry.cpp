@@ -13,6 +13,7 @@
 #include <fstream>
 #include <netinet/in.h>
 #include <sys/eventfd.h>
+#include <sys/inotify.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -349,4 +350,51 @@ TEST_CASE("a forking server that lives on leaves no registry entry behind for co
     // At most the last connection's, whose child may still be closing
     // (both holders closing at once may each see the other).
     CHECK(left.size() <= 2);
+}
+
+TEST_CASE("a forking server whose children serve short connections writes no registry entry "
+          "for them",
+          "[registry]") {
+    if (config() != Config::direct) {
+        note_skip("needs both ends preloaded");
+        return;
+    }
+    // As above, watched as it happens: the entry that tells a waiting peer
+    // the socket is shared is written only once the peer may be asking
+    // (the connection has earned its time); a child alone once its parent
+    // closed would only remove it. Each fork wrote one, and each child's
+    // first I/O removed it: nine system calls per connection.
+    PairSpec spec;
+    spec.args = {"--scenario", "pingpong", "--rounds", "3", "--conns", "20"};
+    spec.server_args = {"--fork-serve", "1"};
+    spec.env = {"SDIRECT_UPGRADE_AFTER_MS=5000"};
+    spec.check_modes = false;
+    Scratch scratch;
+    const int watch = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    REQUIRE(watch >= 0);
+    REQUIRE(inotify_add_watch(watch, scratch.registry().c_str(),
+                              IN_CREATE | IN_MOVED_TO | IN_DELETE) >= 0);
+    Pair pair = start_pair(scratch, spec, placements()[0], "forking-quiet");
+    REQUIRE(pair.port != 0);
+    wait_exit(pair.client, 60);
+    wait_exit(pair.server, 60);
+    INFO(describe(pair.server));
+    INFO(describe(pair.client));
+    REQUIRE(exited_with(pair.client, 0));
+    REQUIRE(exited_with(pair.server, 0));
+    for (const Proc *p : {&pair.client, &pair.server}) {
+        INFO("statistics:\n" << read_text(p->stats));
+        CHECK(conn_stats(*p).empty());  // all on TCP, no engine: the case's premise
+    }
+    std::vector<std::string> names;
+    alignas(inotify_event) char buf[8192];
+    for (ssize_t n; (n = read(watch, buf, sizeof buf)) > 0;)
+        for (char *at = buf; at < buf + n;) {
+            auto *ev = reinterpret_cast<inotify_event *>(at);
+            names.push_back(ev->len ? std::string(ev->name) : std::string("?"));
+            at += sizeof(inotify_event) + ev->len;
+        }
+    close(watch);
+    INFO("registry events: " << names.size() << (names.empty() ? "" : ", first " + names[0]));
+    CHECK(names.empty());
 }
