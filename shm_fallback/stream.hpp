@@ -359,6 +359,10 @@ class Stream {
     // Our connection left the fabric for sharing: `n` bytes read on the
     // kernel since count for the holders.
     void count_after_leave(std::uint64_t n) noexcept;
+    // A recv whose connection left the fabric under it, `done` bytes read:
+    // the rest through the holders' count or the kernel.
+    ssize_t recv_after_leave(transport::Conn *c, const iovec *iov, int iovcnt, std::size_t done,
+                             std::size_t total, int flags) noexcept;
     ssize_t kernel_send(const iovec *iov, int iovcnt, int flags, transport::Conn *c) noexcept;
     // send_file of a connection still earning its upgrade, non-blocking:
     // the kernel's sendfile, counted (splice.cpp); -EALREADY otherwise.

@@ -92,82 +92,92 @@ long send_zcopy(const SocketSide &s, Conn *c, const char *buf, std::uint32_t len
     RegCache::Ref reg;
     const std::uint64_t off = c->tx_off;
     if (int rc = s.engine->advertise(c, buf, len, &reg)) return rc;
-    bool cancelled = false;
-    // A cancellation for the caller (timeout, signal): when it was asked,
-    // and when the reader's control thread was last kicked for its answer.
-    std::uint64_t asked = 0, kicked = 0;
-    long result = 0;
     // The reader copies our buffer now: spin for about as long as that
     // takes (len / 4 ns: 4 GB/s), not only the usual spin, so that the
     // answer does not find us asleep (a wake-up costs more than the spin).
-    SpinSlot slot;
-    const std::uint64_t spin_until =
-        slot.start(monotonic_ns(), std::uint64_t(settings().spin_us) * 1000 +
-                                       std::min<std::uint64_t>(len / 4, 2'000'000));
     // A reader that does not come: the kernel's send buffer would have
     // taken these bytes without it, and a program may well wait for this
     // send before it tells its peer to read. So the advertisement lasts
     // while the reader reads (its read counter moves); once it has been
     // still for kReaderPatienceNs the advertisement is cancelled and the
     // rest goes buffered, as far as the window takes it.
-    ReaderWatch reader(s.engine, c, monotonic_ns());
-    for (;;) {
-        s.engine->progress();
-        if (c->zc_answer_off.load(std::memory_order_acquire) == off) {
-            result = long(c->zc_answer_len.load(std::memory_order_relaxed));
-            break;
+    struct Answer : BellWaiter {
+        const SocketSide &s;
+        std::uint64_t off;
+        std::uint32_t len;
+        std::uint64_t deadline;  // SO_SNDTIMEO's: cancels, does not end the wait
+        int *cut;
+        ReaderWatch reader;
+        bool cancelled = false;
+        // A cancellation for the caller (timeout, signal): when it was
+        // asked, and when the reader's control thread was last kicked for
+        // its answer.
+        std::uint64_t asked = 0, kicked = 0, kick_at = 0;
+
+        long look() noexcept {
+            s.engine->progress();
+            if (c->zc_answer_off.load(std::memory_order_acquire) == off)
+                return long(c->zc_answer_len.load(std::memory_order_relaxed));
+            s.engine->maybe_return_credits(c);
+            if (c->gone() || !s.engine->peer_alive(c->peer)) {
+                // The reader is gone. What it read of the buffer was sent,
+                // as by a TCP send cut short (its counters say how much:
+                // every fabric byte of ours before the advertisement was
+                // read first); if nothing, the send fails.
+                const std::uint64_t read = s.engine->peer_read(c);
+                const std::uint64_t before =
+                    c->stat->tx_fabric.load(std::memory_order_relaxed) - c->tx_fabric_base;
+                return read != kNoOffset && read > before
+                           ? long(std::min<std::uint64_t>(read - before, len))
+                           : -EPIPE;
+            }
+            if (!cancelled && zcopy_should_yield(c)) {
+                cancelled = s.engine->cancel_advert(c, off) == 0;
+                return kLookAgain;
+            }
+            const std::uint64_t now = monotonic_ns();
+            if (!cancelled && reader.idle(now)) {
+                cancelled = s.engine->cancel_advert(c, off) == 0;
+                asked = now;
+                return kLookAgain;
+            }
+            if (deadline && now >= deadline && !cancelled) {
+                // SO_SNDTIMEO: what was read counts; the rest goes
+                // buffered, as far as the window takes it (the kernel's
+                // send buffer would have taken it too), or the send times
+                // out there.
+                cancelled = s.engine->cancel_advert(c, off) == 0;
+                asked = now;
+                return kLookAgain;
+            }
+            // No answer yet: the reader may be busy outside the library,
+            // so its control thread answers the cancellation.
+            kick_at = asked ? s.engine->kick_overdue(c->peer, asked, &kicked) : 0;
+            return kWaitOn;
         }
-        s.engine->maybe_return_credits(c);
-        if (c->gone() || !s.engine->peer_alive(c->peer)) {
-            // The reader is gone. What it read of the buffer was sent, as
-            // by a TCP send cut short (its counters say how much: every
-            // fabric byte of ours before the advertisement was read
-            // first); if nothing, the send fails.
-            const std::uint64_t read = s.engine->peer_read(c);
-            const std::uint64_t before =
-                c->stat->tx_fabric.load(std::memory_order_relaxed) - c->tx_fabric_base;
-            result = read != kNoOffset && read > before
-                         ? long(std::min<std::uint64_t>(read - before, len))
-                         : -EPIPE;
-            break;
+        int sleep(std::uint64_t) noexcept {
+            return sleep_once(e, c, -1, 0, zcopy_answered, c,
+                              kick_at     ? ms_left(kick_at)
+                              : cancelled ? -1
+                                          : ms_left(reader.due(deadline)));
         }
-        if (!cancelled && zcopy_should_yield(c)) {
-            cancelled = s.engine->cancel_advert(c, off) == 0;
-            continue;
+        long interrupted() noexcept {
+            if (!cancelled &&
+                !keep_going_after_eintr(s.sndtimeo_ns.load(std::memory_order_relaxed))) {
+                // As a TCP send hit by a signal: what was taken counts,
+                // the rest is not sent. The reader may be copying right
+                // now, so the answer (how much) must come before we return.
+                *cut = -EINTR;
+                cancelled = s.engine->cancel_advert(c, off) == 0;
+                asked = monotonic_ns();
+            }
+            return kWaitOn;
         }
-        std::uint64_t now = monotonic_ns();
-        if (!cancelled && reader.idle(now)) {
-            cancelled = s.engine->cancel_advert(c, off) == 0;
-            asked = now;
-            continue;
-        }
-        if (deadline && now >= deadline && !cancelled) {
-            // SO_SNDTIMEO: what was read counts; the rest goes buffered,
-            // as far as the window takes it (the kernel's send buffer
-            // would have taken it too), or the send times out there.
-            cancelled = s.engine->cancel_advert(c, off) == 0;
-            asked = now;
-            continue;
-        }
-        // No answer yet: the reader may be busy outside the library, so
-        // its control thread answers the cancellation.
-        const std::uint64_t kick_at = asked ? s.engine->kick_overdue(c->peer, asked, &kicked) : 0;
-        if (now < spin_until) continue;
-        slot.release();
-        int w = sleep_once(s.engine, c, -1, 0, zcopy_answered, c,
-                           kick_at     ? ms_until(kick_at)
-                           : cancelled ? -1
-                                       : ms_until(reader.due(deadline)));
-        if (w == -EINTR && !cancelled &&
-            !keep_going_after_eintr(s.sndtimeo_ns.load(std::memory_order_relaxed))) {
-            // As a TCP send hit by a signal: what was taken counts, the
-            // rest is not sent. The reader may be copying right now, so the
-            // answer (how much) must come before we return.
-            *cut = -EINTR;
-            cancelled = s.engine->cancel_advert(c, off) == 0;
-            asked = monotonic_ns();
-        }
-    }
+    } w{{s.engine, c, zcopy_answered, c, -1, 0,
+         std::uint64_t(settings().spin_us) * 1000 + std::min<std::uint64_t>(len / 4, 2'000'000)},
+        s, off, len, deadline, cut, ReaderWatch(s.engine, c, monotonic_ns())};
+    SpinSlot slot;
+    const long result = wait_on_bell(w, slot);
     s.engine->release_advert(reg);
     if (result > 0) {
         c->tx_off += std::uint64_t(result);
@@ -181,29 +191,28 @@ long send_zcopy(const SocketSide &s, Conn *c, const char *buf, std::uint32_t len
 // -EINTR, -EPIPE, or -ESTALE (the connection leaves the fabric).
 int wait_credit(const SocketSide &s, Conn *c, std::uint64_t deadline,
                 std::int64_t need = 1) noexcept {
-    SpinSlot slot;
-    const std::uint64_t spin_until =
-        slot.start(monotonic_ns(), std::uint64_t(settings().spin_us) * 1000);
     CreditWait want{c, need};
-    for (;;) {
-        s.engine->progress();
-        // A leave first: it needs the send lock we hold, and the peer
-        // waiting for our answer returns no credits meanwhile.
-        if (leave_requested(c)) return -ESTALE;
-        if (c->credits.load(std::memory_order_acquire) >= need) return 0;
-        // Credits our reader owes the peer go out too: if both sides wait
-        // for credits, each must return what it has consumed.
-        s.engine->maybe_return_credits(c);
-        if (c->gone()) return -EPIPE;
-        if (!s.engine->peer_alive(c->peer)) return -EPIPE;
-        std::uint64_t now = monotonic_ns();
-        if (deadline && now >= deadline) return -EAGAIN;
-        if (now < spin_until) continue;
-        slot.release();
-        int w = sleep_once(s.engine, c, -1, 0, enough_credit, &want, ms_until(deadline));
-        if (w == -EINTR && !keep_going_after_eintr(s.sndtimeo_ns.load(std::memory_order_relaxed)))
-            return -EINTR;
-    }
+    struct Credit : BellWaiter {
+        const SocketSide &s;
+        std::int64_t need;
+        long look() noexcept {
+            s.engine->progress();
+            // A leave first: it needs the send lock we hold, and the peer
+            // waiting for our answer returns no credits meanwhile.
+            if (leave_requested(c)) return -ESTALE;
+            if (c->credits.load(std::memory_order_acquire) >= need) return 0;
+            // Credits our reader owes the peer go out too: if both sides
+            // wait for credits, each must return what it has consumed.
+            s.engine->maybe_return_credits(c);
+            if (c->gone()) return -EPIPE;
+            if (!s.engine->peer_alive(c->peer)) return -EPIPE;
+            return kWaitOn;
+        }
+    } w{{s.engine, c, enough_credit, &want, -1, 0, std::uint64_t(settings().spin_us) * 1000,
+         deadline, s.sndtimeo_ns.load(std::memory_order_relaxed)},
+        s, need};
+    SpinSlot slot;
+    return int(wait_on_bell(w, slot));
 }
 
 // The credits, after a progress pass (try-lock) if they are short of
