@@ -1,6 +1,7 @@
 #include "kernel_sleep.hpp"
 
 #include "table.hpp"
+#include "transport/lock_order.hpp"
 #include "transport/sys.hpp"
 #include "transport/wait.hpp"
 
@@ -17,11 +18,11 @@ using transport::sys;
 
 namespace {
 
-// The waits asleep in the kernel. A plain mutex outside the lock order
+// The waits asleep in the kernel. A leaf of the lock order
 // (transport/lock_order.hpp): taken under a stream's pend_lock
 // (kernel_waits_wake runs under it), nothing under it; a sleeper holds
 // no other lock while it takes it.
-std::mutex sleeps_lock;
+transport::RankedMutex<transport::Rank::leaf> sleeps_lock;
 boost::intrusive::list<KernelSleep, boost::intrusive::constant_time_size<false>> sleeps;
 std::atomic<int> n_sleeps{0};
 
@@ -60,7 +61,7 @@ void kernel_waits_wake() noexcept {
 
 void kernel_sleeps_after_fork_child() noexcept {
     // The list's records live on the stacks of the parent's threads.
-    new (&sleeps_lock) std::mutex();
+    new (&sleeps_lock) transport::RankedMutex<transport::Rank::leaf>();
     new (&sleeps) decltype(sleeps)();
     n_sleeps.store(0, std::memory_order_relaxed);
 }

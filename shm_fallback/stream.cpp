@@ -121,7 +121,7 @@ void Stream::reset(int f, int dom, bool nb) noexcept {
 void Stream::forget_parent_threads() noexcept {
     new (&pend_lock) transport::RankedMutex<transport::Rank::pend>();
     kernel_waiters = wait_holds = 0;  // the threads blocked in the parent are not here
-    new (&alias_lock) std::mutex();
+    new (&alias_lock) transport::RankedMutex<transport::Rank::leaf>();
     refs.store(fds.load(std::memory_order_relaxed), std::memory_order_relaxed);
     calls.store(0, std::memory_order_relaxed);  // the parent's threads are not ours
     next_free = nullptr;

@@ -319,7 +319,7 @@ class Stream {
     // socket, lent for one call.
     transport::SocketSide side() noexcept;
     static bool closed_send(void *self, transport::Conn *c) noexcept;
-    std::mutex alias_lock;
+    transport::RankedMutex<transport::Rank::leaf> alias_lock;
     std::vector<int> aliases;  // fd numbers besides `fd` (dup)
     transport::Conn *attached_conn() noexcept;
     // No connection, but its kernel I/O is counted for a later attach

@@ -1,5 +1,6 @@
 #include "table.hpp"
 
+#include "transport/lock_order.hpp"
 #include "transport/log.hpp"
 
 #include "transport/sys.hpp"
@@ -42,7 +43,7 @@ int scan_end() noexcept {
     return fork_hooks.inherit_waiting() ? nslots : slots_used.load(std::memory_order_acquire);
 }
 int self_pid = 0;  // this process's pid as of its start or last fork
-std::mutex pool_lock;
+transport::RankedMutex<transport::Rank::leaf> pool_lock;
 Stream *free_list = nullptr;
 
 Stream *pool_get() noexcept {
@@ -171,7 +172,10 @@ void table_unlock_after_fork() noexcept {
 
 void table_after_fork_child() noexcept {
     self_pid = int(getpid());
-    new (&pool_lock) std::mutex();
+    // Taken by this thread in the prepare step: held for good, and by no
+    // thread here.
+    pool_lock.forget_held();
+    new (&pool_lock) transport::RankedMutex<transport::Rank::leaf>();
     // Inherited connections: the parent's engine state is not ours.
     each_stream([](Stream *s) { fork_hooks.fork_child(*s, fork_pass + 1, forking_pid); });
     // One thread here, and no child yet: the parent's forks and children
