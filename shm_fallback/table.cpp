@@ -147,7 +147,6 @@ void each_stream(Fn fn) noexcept {
     for (int fd = 0, end = scan_end(); fd < end; ++fd)
         if (Stream *s = slots[fd].load(std::memory_order_acquire)) fn(s);
 }
-}  // namespace
 
 // Whether code of ours may run in a process other than self_pid's: while
 // a fork is under way (another library's child handler may call in before
@@ -156,6 +155,8 @@ void each_stream(Fn fn) noexcept {
 // system call.
 std::atomic<int> forks_under_way{0};
 std::atomic<bool> unhandled_children{false};
+
+}  // namespace
 
 void table_fork_prepare() noexcept {
     forks_under_way.fetch_add(1, std::memory_order_relaxed);
@@ -241,8 +242,9 @@ namespace {
 void leave_for_exec(const ino_t *kept, const int *kept_fd, int nkept) noexcept {
     SD_LOG(debug, "exec: the new program holds %d socket(s)", nkept);
     if (!nkept) return;
-    // vfork runs no fork handlers: a pid that is not ours is a vfork child.
-    const bool vforked = int(getpid()) != self_pid;
+    // vfork runs no fork handlers: a process not self_pid's is a vfork
+    // child (foreign_process: no system call unless a child may exist).
+    const bool vforked = foreign_process();
     for (int fd = 0, end = scan_end(); fd < end; ++fd) {
         Stream *s = acquire(fd);
         if (!s) continue;
