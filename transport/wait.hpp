@@ -219,10 +219,14 @@ bool restart_after_signal() noexcept;
 // look it spins while its SpinSlot lets it, then sleeps once on the
 // connection's bell (sleep_once: its eventfd, the process doorbell, and a
 // kernel fd if it names one), and looks again. A look says one of these,
-// or what the wait returns:
-inline constexpr long kWaitOn = -0x7fff'ffff'0000'0000;  // nothing yet: spin or sleep
-inline constexpr long kLookAgain = kWaitOn + 1;           // it changed something: look at once
-inline constexpr long kMoved = kWaitOn + 2;  // it made headway: look at once, the spin starts afresh
+// or what the wait returns
+// (far below any -errno or byte count).
+//   kWaitOn     nothing yet: spin or sleep
+//   kLookAgain  it changed something: look again at once
+//   kMoved      it made headway: look again at once, the spin starts afresh
+inline constexpr long kWaitOn = -0x7fff'ffff'0000'0000;
+inline constexpr long kLookAgain = kWaitOn + 1;
+inline constexpr long kMoved = kWaitOn + 2;
 
 // What wait_on_bell asks of its waiter. A wait derives from this and
 // hides what it does otherwise (the calls are resolved statically, on
