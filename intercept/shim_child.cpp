@@ -56,15 +56,20 @@ extern "C" __attribute__((visibility("hidden"), used)) void *sd_unhandled_child(
 // pushed, seven words, which aligns it, and popped before the jump; the
 // entry's number, and for syscall the system call's number, go to
 // sd_unhandled_child. %r11 is scratch in the calling convention and in
-// the system call. The entry numbers are Entry's.
+// the system call. The entry numbers are Entry's. SD_ENTRY opens a global
+// function of that name (its CFI frame included).
 asm(R"(
-    .macro SD_NO_ARGS name, entry
+    .macro SD_ENTRY name
     .text
     .p2align 4
     .globl \name
     .type \name, @function
 \name:
     .cfi_startproc
+    .endm
+
+    .macro SD_NO_ARGS name, entry
+    SD_ENTRY \name
     subq $8, %rsp
     .cfi_adjust_cfa_offset 8
     movl $\entry, %edi
@@ -78,12 +83,7 @@ asm(R"(
     .endm
 
     .macro SD_PASSED_ON name, entry, number
-    .text
-    .p2align 4
-    .globl \name
-    .type \name, @function
-\name:
-    .cfi_startproc
+    SD_ENTRY \name
     pushq %rdi
     pushq %rsi
     pushq %rdx

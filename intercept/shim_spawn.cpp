@@ -14,6 +14,7 @@
 // counts every socket as the child's.
 #include "shim.hpp"
 #include "transport/engine.hpp"
+#include "transport/lock_order.hpp"
 
 #include <cstring>
 #include <fcntl.h>
@@ -37,7 +38,9 @@ struct Recorded {
 constexpr int kRecorded = 512;
 Recorded recorded[kRecorded];
 int nrecorded = 0;
-std::mutex record_lock;
+// The first of the lock order (transport/lock_order.hpp): held over the
+// fork protocol's prepare step, which takes the locks after it.
+sd::transport::RankedMutex<sd::transport::Rank::spawn> record_lock;
 
 // A fork child must not find the table locked by a thread it lacks.
 // Registered after the fork protocol's handlers (init.cpp's constructor,

@@ -6,6 +6,7 @@
 
 #include "kernel_sleep.hpp"
 #include "table.hpp"
+#include "transport/lock_order.hpp"
 #include "transport/renew.hpp"
 
 #include <algorithm>
@@ -49,7 +50,7 @@ namespace detail {
 struct EpollSet {
     std::atomic<int> refs{1};
     int epfd = -1;
-    std::mutex lock;
+    transport::RankedMutex<transport::Rank::epoll> lock;
     std::vector<Entry> entries;
     std::size_t cursor = 0;  // fairness when maxevents is small
     std::atomic<unsigned> turn{0};  // odd: the kernel's events go first
@@ -101,8 +102,10 @@ void entry_drop(Entry &e) noexcept {
 
 // Sets are only ever looked up by the thread calling into the set, with a
 // reference taken under the table slot's value; a racing close may free
-// the set only after our reference is dropped.
-std::mutex sets_lock;
+// the set only after our reference is dropped. A leaf of the lock order: a
+// set it replaces is released after it (its last reference drops the
+// set's sockets, whose detach takes the engine's locks).
+transport::RankedMutex<transport::Rank::leaf> sets_lock;
 
 // `fd` refers to `s` right now.
 bool fd_is(int fd, Stream *s) noexcept {
@@ -334,10 +337,14 @@ void epoll_created(int epfd) noexcept {
     auto *set = new (std::nothrow) EpollSet;
     if (!set) return;
     set->epfd = epfd;
-    std::lock_guard lock(sets_lock);
-    note_set(epfd);
-    if (EpollSet *old = sets[epfd].exchange(set)) set_release(old);
-    live_sets.fetch_add(1, std::memory_order_release);
+    EpollSet *old;
+    {
+        std::lock_guard lock(sets_lock);
+        note_set(epfd);
+        old = sets[epfd].exchange(set);
+        live_sets.fetch_add(1, std::memory_order_release);
+    }
+    if (old) set_release(old);
 }
 
 void epoll_fd_closed(int fd) noexcept {
@@ -358,9 +365,13 @@ void epoll_fd_dup(int fd, int nfd) noexcept {
     EpollSet *set = set_acquire(fd);
     if (!set) return;
     if (nfd < 0 || nfd >= nsets) return set_release(set);
-    std::lock_guard lock(sets_lock);
-    note_set(nfd);
-    if (EpollSet *old = sets[nfd].exchange(set)) set_release(old);
+    EpollSet *old;
+    {
+        std::lock_guard lock(sets_lock);
+        note_set(nfd);
+        old = sets[nfd].exchange(set);
+    }
+    if (old) set_release(old);
 }
 
 int epoll_control(int epfd, int op, int fd, epoll_event *ev) noexcept {
@@ -697,7 +708,7 @@ void epoll_after_fork_child() noexcept {
     transport::renew(sets_lock);
     for (int fd = 0, end = sets_used.load(std::memory_order_acquire); fd < end; ++fd)
         if (EpollSet *set = sets[fd].load(std::memory_order_relaxed)) {
-            new (&set->lock) std::mutex();
+            new (&set->lock) transport::RankedMutex<transport::Rank::epoll>();
             set->entries.clear();
             set->held.clear();  // the parent's references (fork_child recounted them)
             set->kernel_sleeper = false;

@@ -1,9 +1,10 @@
 #include "kernel_sleep.hpp"
 
 #include "table.hpp"
+#include "transport/lock_order.hpp"
+#include "transport/renew.hpp"
 #include "transport/sys.hpp"
 #include "transport/wait.hpp"
-#include "transport/renew.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -18,11 +19,11 @@ using transport::sys;
 
 namespace {
 
-// The waits asleep in the kernel. A plain mutex outside the lock order
+// The waits asleep in the kernel. A leaf of the lock order
 // (transport/lock_order.hpp): taken under a stream's pend_lock
 // (kernel_waits_wake runs under it), nothing under it; a sleeper holds
 // no other lock while it takes it.
-std::mutex sleeps_lock;
+transport::RankedMutex<transport::Rank::leaf> sleeps_lock;
 boost::intrusive::list<KernelSleep, boost::intrusive::constant_time_size<false>> sleeps;
 std::atomic<int> n_sleeps{0};
 

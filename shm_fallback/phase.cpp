@@ -2,34 +2,17 @@
 // changes, checked against the table in debug and sanitizer builds.
 #include "stream.hpp"
 
-#include <cstdio>
-#include <cstdlib>
-
 namespace sd::fallback {
 
-const char *phase_name(Phase p) noexcept {
-    switch (p) {
-    case Phase::fresh: return "fresh";
-    case Phase::connecting: return "connecting";
-    case Phase::deferred: return "deferred";
-    case Phase::attaching: return "attaching";
-    case Phase::attached: return "attached";
-    case Phase::listener: return "listener";
-    }
-    return "?";
-}
-
+#ifdef SDIRECT_LOCK_CHECK
 namespace {
 
-#ifdef SDIRECT_LOCK_CHECK
 [[noreturn]] void violation(const char *from, Phase to) noexcept {
-    std::fprintf(stderr, "sdirect: a socket's phase moved from %s to %s, which its table "
-                         "does not allow\n", from, phase_name(to));
-    std::abort();
+    transport::move_refused("a socket's phase", from, phase_name(to));
 }
-#endif
 
 }  // namespace
+#endif
 
 bool Stream::move(Phase from, Phase to) noexcept {
 #ifdef SDIRECT_LOCK_CHECK

@@ -7,7 +7,11 @@
 // kernel accepted listen().
 #pragma once
 
+#include "transport/moves.hpp"
+
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
 
 namespace sd::fallback {
 
@@ -21,11 +25,7 @@ enum class Phase : std::uint8_t {
     listener,
 };
 
-struct PhaseMove {
-    Phase from, to;
-};
-
-inline constexpr PhaseMove kPhaseMoves[] = {
+inline constexpr transport::Move<Phase> kPhaseMoves[] = {
     // connect() returned EINPROGRESS, EALREADY or EINTR
     {Phase::fresh, Phase::connecting},
     // accept() returned it; a new image took in, from an exec, a socket
@@ -53,9 +53,7 @@ inline constexpr PhaseMove kPhaseMoves[] = {
 inline constexpr Phase kPhaseResets[] = {Phase::fresh, Phase::listener};
 
 constexpr bool phase_move_allowed(Phase from, Phase to) noexcept {
-    for (const PhaseMove &m : kPhaseMoves)
-        if (m.from == from && m.to == to) return true;
-    return false;
+    return transport::move_allowed(kPhaseMoves, from, to);
 }
 
 constexpr bool phase_reset_allowed(Phase to) noexcept {
@@ -64,7 +62,12 @@ constexpr bool phase_reset_allowed(Phase to) noexcept {
     return false;
 }
 
-// For messages: "fresh", "connecting" ...
-const char *phase_name(Phase p) noexcept;
+// For messages: "fresh", "connecting" ... (in Phase's order).
+inline constexpr const char *kPhaseNames[] = {"fresh",     "connecting", "deferred",
+                                              "attaching", "attached",   "listener"};
+static_assert(std::size(kPhaseNames) == std::size_t(Phase::listener) + 1);
+constexpr const char *phase_name(Phase p) noexcept {
+    return transport::state_name(kPhaseNames, p);
+}
 
 }  // namespace sd::fallback

@@ -42,9 +42,6 @@ using transport::sys;
 
 namespace {
 
-// A blocking recv's spin reads the clock once per this many looks.
-constexpr unsigned kClockLooks = 16;
-
 bool readable(void *ctx) noexcept {
     auto *c = static_cast<Conn *>(ctx);
     std::lock_guard lock(c->rx_lock);
@@ -421,98 +418,101 @@ ssize_t Stream::recv_stream(const iovec *iov, int iovcnt, int flags) noexcept {
     // at once.
     const bool shut = rd_shut.load(std::memory_order_relaxed);
     const bool nb = shut || nonblock.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
-    const std::size_t target = recv_target(total, flags);
     const std::int64_t tmo = rcvtimeo_ns.load(std::memory_order_relaxed);
     std::uint64_t deadline = tmo ? monotonic_ns() + std::uint64_t(tmo) : 0;
-    std::uint64_t spin_until = 0, now = 0;
-    unsigned looks = 0;
-    transport::SpinSlot slot;
-    std::size_t done = 0;
     // A blocking recv's first look leaves out the probe of the companion
     // for the peer's end (a system call, where an answer is usually on its
     // way): its sleep watches the companion, and the look after it probes.
     // A non-blocking recv probes at once (it does not wait), and so does
     // one after readiness saw the companion at its end.
     using transport::KernelLook;
-    KernelLook look =
-        nb || c->kernel_eof.load(std::memory_order_relaxed) ? KernelLook::probe : KernelLook::due;
-    for (;;) {
-        ssize_t r = transport::try_recv(side(), c, iov, iovcnt, done, total, flags, look);
-        if (r == -ESTALE) {
-            iovec v[kMaxSlice];
-            int k = slice(iov, iovcnt, done, total - done, v, kMaxSlice);
-            if (left_holders(c)) {
-                // Left for sharing: counted for the holders, never blocking
-                // in the kernel (this process may be left alone with it).
-                ssize_t n = recv(v, k, flags);
-                return n < 0 ? (done ? ssize_t(done) : n) : ssize_t(done) + n;
+    struct Bytes : transport::BellWaiter {
+        Stream &st;
+        const iovec *iov;
+        int iovcnt;
+        int flags;
+        std::size_t total, target;
+        bool nb, shut;
+        KernelLook kl;
+        std::size_t done = 0;
+
+        long look() noexcept {
+            ssize_t r = transport::try_recv(st.side(), c, iov, iovcnt, done, total, flags, kl);
+            if (r == -ESTALE) return st.recv_after_leave(c, iov, iovcnt, done, total, flags);
+            if (r > 0) {
+                done += std::size_t(r);
+                if ((flags & MSG_PEEK) || done >= target) return long(done);
+                return transport::kMoved;
             }
-            // Off the fabric now: the kernel has the rest, and blocks as
-            // the application asked.
-            ssize_t n = transport::kernel_readv(kfd(), v, k, flags);
-            if (n < 0) return done ? ssize_t(done) : -errno;
-            if (!(flags & MSG_PEEK)) {
-                c->stat->rx_kernel.fetch_add(std::uint64_t(n), std::memory_order_relaxed);
-                count_after_leave(std::uint64_t(n));
-            }
-            return ssize_t(done) + n;
+            if (r == 0) return long(done);
+            if (r != -EAGAIN) return done ? long(done) : r;
+            if (nb) return done ? long(done) : shut ? 0 : -EAGAIN;
+            return transport::kWaitOn;
         }
-        if (r > 0) {
-            done += std::size_t(r);
-            if ((flags & MSG_PEEK) || done >= target) return ssize_t(done);
-            spin_until = 0;
-            looks = 0;
-            continue;
-        }
-        if (r == 0) return ssize_t(done);
-        if (r != -EAGAIN) return done ? ssize_t(done) : r;
-        if (nb) return done ? ssize_t(done) : shut ? 0 : -EAGAIN;
-        // Write zero-copy: nothing to read, and a large buffer waits.
-        const std::uint32_t sink_min = transport::settings().sink_min;
-        // The clock is read once per kClockLooks looks, and not at all
-        // by a wait whose first looks find what they wait for (a small
-        // answer on its way): the spin's window starts after them.
-        ++looks;
-        if (!spin_until && looks < kClockLooks && total - done < sink_min &&
-            transport::settings().spin_us && c->is_direct()) {
-            look = KernelLook::none;
-            continue;
-        }
-        if (!spin_until || looks % kClockLooks == 0) now = monotonic_ns();
-        if (!spin_until)
-            spin_until = slot.start(now, std::uint64_t(transport::settings().spin_us) * 1000);
-        if (deadline && now >= deadline) return done ? ssize_t(done) : -EAGAIN;
-        if (!(flags & MSG_PEEK) && c->is_direct() && engine->sink_ok()) {
+        long timed_out() noexcept { return done ? long(done) : -EAGAIN; }
+        long missed(std::uint64_t) noexcept {
+            // Write zero-copy: nothing to read, and a large buffer waits.
+            if ((flags & MSG_PEEK) || !c->is_direct() || !e->sink_ok()) return transport::kWaitOn;
             iovec piece{};
             slice(iov, iovcnt, done, total - done, &piece, 1);
-            if (piece.iov_len >= sink_min) {
-                // The sink's wait spins on our slot (one waiter, one of
-                // the host's slots), in a window of its own.
-                ssize_t n = transport::recv_sink(side(), c, piece, deadline, tmo, slot);
-                if (n != -EALREADY) spin_until = 0;
-                if (n > 0) {
-                    done += std::size_t(n);
-                    if (done >= target) return ssize_t(done);
-                    spin_until = 0;
-                    continue;
-                }
-                if (n == -EINTR) return done ? ssize_t(done) : -EINTR;
-                if (n == -EAGAIN) continue;  // look again, the usual way
+            if (piece.iov_len < transport::settings().sink_min) return transport::kWaitOn;
+            // The sink's wait spins on our slot (one waiter, one of the
+            // host's slots), in a window of its own.
+            ssize_t n = transport::recv_sink(st.side(), c, piece, deadline_ns, timeout_ns, *slot);
+            if (n > 0) {
+                done += std::size_t(n);
+                if (done >= target) return long(done);
+                return transport::kMoved;
             }
+            if (n == -EINTR) return done ? long(done) : -EINTR;
+            if (n == -EAGAIN) return transport::kMoved;  // look again, the usual way
+            return transport::kWaitOn;
         }
-        if (now < spin_until && c->is_direct()) {
-            look = KernelLook::none;  // spin on the fabric only: no syscalls
-            continue;
+        bool may_spin() const noexcept { return c->is_direct(); }
+        bool quick_looks() const noexcept {
+            return total - done < transport::settings().sink_min && c->is_direct();
         }
-        slot.release();
-        look = KernelLook::probe;
-        const bool upgrading = c->upgrading();
-        int w = transport::sleep_once(engine, c, kfd(), POLLIN | POLLRDHUP,
-                                      upgrading ? state_changed : readable, c,
-                                      ms_until(deadline));
-        if (w == -EINTR && !keep_going_after_eintr(tmo)) return done ? ssize_t(done) : -EINTR;
-        looks = kClockLooks - 1;  // the look after a sleep reads the clock
+        void spinning() noexcept { kl = KernelLook::none; }  // the fabric only: no syscalls
+        long before_sleep() noexcept {
+            kl = KernelLook::probe;
+            ready = c->upgrading() ? state_changed : readable;
+            return transport::kWaitOn;
+        }
+        long interrupted() noexcept {
+            const long r = BellWaiter::interrupted();
+            return r == -EINTR && done ? long(done) : r;
+        }
+        transport::SpinSlot *slot;
+    } w{{engine, c, readable, c, kfd(), POLLIN | POLLRDHUP,
+         std::uint64_t(transport::settings().spin_us) * 1000, deadline, tmo},
+        *this, iov, iovcnt, flags, total, recv_target(total, flags), nb, shut,
+        nb || c->kernel_eof.load(std::memory_order_relaxed) ? KernelLook::probe : KernelLook::due};
+    transport::SpinSlot slot;
+    w.slot = &slot;
+    return ssize_t(transport::wait_on_bell(w, slot));
+}
+
+// A recv whose connection left the fabric under it (try_recv's
+// -ESTALE) with `done` bytes read: the rest the way the socket now goes.
+ssize_t Stream::recv_after_leave(Conn *c, const iovec *iov, int iovcnt, std::size_t done,
+                                 std::size_t total, int flags) noexcept {
+    iovec v[kMaxSlice];
+    int k = slice(iov, iovcnt, done, total - done, v, kMaxSlice);
+    if (left_holders(c)) {
+        // Left for sharing: counted for the holders, never blocking
+        // in the kernel (this process may be left alone with it).
+        ssize_t n = recv(v, k, flags);
+        return n < 0 ? (done ? ssize_t(done) : n) : ssize_t(done) + n;
     }
+    // Off the fabric now: the kernel has the rest, and blocks as
+    // the application asked.
+    ssize_t n = transport::kernel_readv(kfd(), v, k, flags);
+    if (n < 0) return done ? ssize_t(done) : -errno;
+    if (!(flags & MSG_PEEK)) {
+        c->stat->rx_kernel.fetch_add(std::uint64_t(n), std::memory_order_relaxed);
+        count_after_leave(std::uint64_t(n));
+    }
+    return ssize_t(done) + n;
 }
 
 ssize_t Stream::kernel_send(const iovec *iov, int iovcnt, int flags, Conn *c) noexcept {

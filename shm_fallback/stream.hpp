@@ -321,7 +321,7 @@ class Stream {
     // socket, lent for one call.
     transport::SocketSide side() noexcept;
     static bool closed_send(void *self, transport::Conn *c) noexcept;
-    std::mutex alias_lock;
+    transport::RankedMutex<transport::Rank::leaf> alias_lock;
     std::vector<int> aliases;  // fd numbers besides `fd` (dup)
     transport::Conn *attached_conn() noexcept;
     // No connection, but its kernel I/O is counted for a later attach
@@ -361,6 +361,10 @@ class Stream {
     // Our connection left the fabric for sharing: `n` bytes read on the
     // kernel since count for the holders.
     void count_after_leave(std::uint64_t n) noexcept;
+    // A recv whose connection left the fabric under it, `done` bytes read:
+    // the rest through the holders' count or the kernel.
+    ssize_t recv_after_leave(transport::Conn *c, const iovec *iov, int iovcnt, std::size_t done,
+                             std::size_t total, int flags) noexcept;
     ssize_t kernel_send(const iovec *iov, int iovcnt, int flags, transport::Conn *c) noexcept;
     // send_file of a connection still earning its upgrade, non-blocking:
     // the kernel's sendfile, counted (splice.cpp); -EALREADY otherwise.

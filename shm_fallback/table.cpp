@@ -1,5 +1,6 @@
 #include "table.hpp"
 
+#include "transport/lock_order.hpp"
 #include "transport/log.hpp"
 
 #include "transport/sys.hpp"
@@ -45,7 +46,7 @@ int scan_end() noexcept {
 // copies every page written after it, in the parent (whose handlers run
 // while the child lives) as in the child. One 64-byte line: one page.
 struct alignas(64) ForkState {
-    std::mutex pool_lock;  // the pool of streams (pool_get, release)
+    transport::RankedMutex<transport::Rank::leaf> pool_lock;  // the pool (pool_get, release)
     int self_pid = 0;      // this process's pid as of its start or last fork
     int forking_pid = 0;   // the parent's pid, as its child sees it
     unsigned pass = 0;     // passes over the streams, two per fork
@@ -159,6 +160,7 @@ void each_stream(Fn fn) noexcept {
     for (int fd = 0, end = scan_end(); fd < end; ++fd)
         if (Stream *s = slots[fd].load(std::memory_order_acquire)) fn(s);
 }
+
 }  // namespace
 
 void table_fork_prepare() noexcept {
@@ -183,7 +185,10 @@ void table_after_fork_child() noexcept {
     // are not ours (and own_pid() is self_pid from here on).
     forks.unhandled.store(false, std::memory_order_relaxed);
     forks.under_way.store(0, std::memory_order_relaxed);
-    new (&forks.pool_lock) std::mutex();
+    // Taken by this thread in the prepare step: held for good, and by no
+    // thread here.
+    forks.pool_lock.forget_held();
+    new (&forks.pool_lock) transport::RankedMutex<transport::Rank::leaf>();
     // Inherited connections: the parent's engine state is not ours.
     each_stream([](Stream *s) { fork_hooks.fork_child(*s, forks.pass + 1, forks.forking_pid); });
 }
@@ -252,8 +257,9 @@ namespace {
 void leave_for_exec(const ino_t *kept, const int *kept_fd, int nkept) noexcept {
     SD_LOG(debug, "exec: the new program holds %d socket(s)", nkept);
     if (!nkept) return;
-    // vfork runs no fork handlers: a pid that is not ours is a vfork child.
-    const bool vforked = int(getpid()) != forks.self_pid;
+    // vfork runs no fork handlers: a process not self_pid's is a vfork
+    // child (foreign_process: no system call unless a child may exist).
+    const bool vforked = foreign_process();
     for (int fd = 0, end = scan_end(); fd < end; ++fd) {
         Stream *s = acquire(fd);
         if (!s) continue;

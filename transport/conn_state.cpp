@@ -2,34 +2,17 @@
 // state changes, checked against the table in debug and sanitizer builds.
 #include "conn.hpp"
 
-#include <cstdio>
-#include <cstdlib>
-
 namespace sd::transport {
 
-const char *conn_state_name(ConnState s) noexcept {
-    switch (s) {
-    case ConnState::kernel: return "kernel";
-    case ConnState::initiating: return "initiating";
-    case ConnState::committing: return "committing";
-    case ConnState::direct: return "direct";
-    case ConnState::leaving: return "leaving";
-    case ConnState::final: return "final";
-    }
-    return "?";
-}
-
+#ifdef SDIRECT_LOCK_CHECK
 namespace {
 
-#ifdef SDIRECT_LOCK_CHECK
 [[noreturn]] void violation(ConnState from, ConnState to) noexcept {
-    std::fprintf(stderr, "sdirect: a connection's state moved from %s to %s, which its table "
-                         "does not allow\n", conn_state_name(from), conn_state_name(to));
-    std::abort();
+    move_refused("a connection's state", conn_state_name(from), conn_state_name(to));
 }
-#endif
 
 }  // namespace
+#endif
 
 bool Conn::move(ConnState from, ConnState to) noexcept {
 #ifdef SDIRECT_LOCK_CHECK

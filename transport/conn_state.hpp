@@ -6,7 +6,11 @@
 // states").
 #pragma once
 
+#include "moves.hpp"
+
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
 
 namespace sd::transport {
 
@@ -25,11 +29,7 @@ enum class ConnState : std::uint32_t {
     final,       // on TCP for good (reason in the stat slot)
 };
 
-struct ConnMove {
-    ConnState from, to;
-};
-
-inline constexpr ConnMove kConnMoves[] = {
+inline constexpr Move<ConnState> kConnMoves[] = {
     // Our lookup found the peer's entry: our request goes out.
     {ConnState::kernel, ConnState::initiating},
     // We accepted the peer's request and answered it; from initiating:
@@ -61,12 +61,15 @@ inline constexpr ConnMove kConnMoves[] = {
 };
 
 constexpr bool conn_move_allowed(ConnState from, ConnState to) noexcept {
-    for (const ConnMove &m : kConnMoves)
-        if (m.from == from && m.to == to) return true;
-    return false;
+    return move_allowed(kConnMoves, from, to);
 }
 
-// For messages: "kernel", "initiating" ...
-const char *conn_state_name(ConnState s) noexcept;
+// For messages: "kernel", "initiating" ... (in ConnState's order).
+inline constexpr const char *kConnStateNames[] = {"kernel", "initiating", "committing",
+                                                  "direct", "leaving",    "final"};
+static_assert(std::size(kConnStateNames) == std::size_t(ConnState::final) + 1);
+constexpr const char *conn_state_name(ConnState s) noexcept {
+    return state_name(kConnStateNames, s);
+}
 
 }  // namespace sd::transport

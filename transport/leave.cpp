@@ -384,22 +384,30 @@ bool Engine::rejoin_locked(Conn *c, std::uint64_t sent, std::uint64_t received) 
 }
 
 int Engine::leave_flush_locked(Conn *c, bool blocking, std::uint64_t deadline_ns) noexcept {
-    for (;;) {
-        int rc = leave_work_locked(c);
-        if (rc == 1) return 0;  // rearmed: all done (the flush pass looks for the peer)
-        if (rc != -EAGAIN || !blocking) return rc;
-        std::uint64_t now = monotonic_ns();
-        if (deadline_ns && now >= deadline_ns) return -EAGAIN;
-        int ms = deadline_ns ? int(std::min<std::uint64_t>((deadline_ns - now) / 1000000 + 1, 10)) : 10;
-        if (c->back_owed.load(std::memory_order_acquire) &&
-            !c->back_complete.load(std::memory_order_acquire)) {
-            int w = sleep_once(this, c, -1, 0, back_arrived, c, ms);
-            if (w == -EINTR) return -EINTR;
-        } else {
-            pollfd p{c->app_fd(), POLLOUT, 0};
-            if (sys.poll(&p, 1, ms) < 0 && errno == EINTR) return -EINTR;
+    // Sleeps of at most 10 ms: on the bell while the peer's returned bytes
+    // are owed, else on the socket's room in the kernel.
+    struct Flush : BellWaiter {
+        bool blocking;
+        long look() noexcept {
+            int rc = e->leave_work_locked(c);
+            if (rc == 1) return 0;  // rearmed: all done (the flush pass looks for the peer)
+            if (rc != -EAGAIN || !blocking) return rc;
+            return kWaitOn;
         }
-    }
+        int sleep(std::uint64_t now) noexcept {
+            const int ms =
+                deadline_ns ? int(std::min<std::uint64_t>((deadline_ns - now) / 1000000 + 1, 10))
+                            : 10;
+            if (c->back_owed.load(std::memory_order_acquire) &&
+                !c->back_complete.load(std::memory_order_acquire))
+                return sleep_once(e, c, -1, 0, back_arrived, c, ms);
+            pollfd p{c->app_fd(), POLLOUT, 0};
+            return sys.poll(&p, 1, ms) < 0 && errno == EINTR ? -EINTR : 0;
+        }
+        long interrupted() noexcept { return -EINTR; }
+    } w{{this, c, back_arrived, c, -1, 0, 0, deadline_ns}, blocking};
+    SpinSlot slot;
+    return int(wait_on_bell(w, slot));
 }
 
 int Engine::leave(Conn *c, Reason why) noexcept {
@@ -461,12 +469,13 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
 
     // The peer answers at its next progress pass: at once if one of its
     // threads is in the library, else its control thread's (kick_overdue).
-    const std::uint64_t asked = monotonic_ns();
-    std::uint64_t kicked = 0;
-    for (;;) {
-        if (answered(c) || !peer_alive(c->peer)) break;
-        const std::uint64_t now = monotonic_ns();
-        if (now >= deadline) {
+    struct Answer : BellWaiter {
+        int fd;
+        std::uint64_t asked, kicked = 0;
+        long look() noexcept {
+            return answered(c) || !e->peer_alive(c->peer) ? 0 : kWaitOn;
+        }
+        long timed_out() noexcept {
             std::uint64_t end, arrived;
             {
                 std::lock_guard rx(c->rx_lock);
@@ -484,10 +493,15 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
                        (unsigned long long)arrived, settings().leave_timeout_ms);
             return -ETIMEDOUT;
         }
-        const std::uint64_t kick_at = kick_overdue(c->peer, asked, &kicked);
-        const int ms = int(std::clamp<std::uint64_t>((kick_at - now) / 1000000, 1, 10));
-        (void)sleep_once(this, c, -1, 0, answered, c, ms);
-    }
+        int sleep(std::uint64_t now) noexcept {
+            const std::uint64_t kick_at = e->kick_overdue(c->peer, asked, &kicked);
+            const int ms = int(std::clamp<std::uint64_t>((kick_at - now) / 1000000, 1, 10));
+            return sleep_once(e, c, -1, 0, answered, c, ms);
+        }
+        long interrupted() noexcept { return kWaitOn; }
+    } w{{this, c, answered, c, -1, 0, 0, deadline}, fd, monotonic_ns()};
+    SpinSlot slot;
+    if (long r = wait_on_bell(w, slot)) return int(r);
 
     // What we received and did not read goes back to where it came from.
     char *give = nullptr;

@@ -3,10 +3,28 @@
 //
 // A thread blocks on a lock only while every lock it holds ranks lower:
 //
+//   spawn     record_lock           the spawn actions recorded for
+//             (intercept/shim_spawn) posix_spawn; its fork handler holds it
+//                                   from before the fork protocol's
+//                                   prepare step (which takes the locks
+//                                   below) to after the child's and
+//                                   parent's steps; else nothing under it
 //   control   Engine::control_busy_ the control thread's turn, from its
 //                                   wake-up to its next sleep; a fork's
 //                                   prepare step holds it (try_lock) while
 //                                   it marks every stream shared
+//   epoll     EpollSet::lock        one epoll set's entries
+//             (shm_fallback/epoll)  (shm_fallback/epoll.cpp); under it: the
+//                                   sockets' readiness (rx_lock), a hold of
+//                                   a socket's ask for a kernel sleep
+//                                   (pend_lock), the last reference of a
+//                                   socket dropped (its detach: table, tx,
+//                                   rx; the pool). The one rank a thread may
+//                                   hold twice: a set's lock is taken under
+//                                   the sets that contain it (an epoll fd
+//                                   in an epoll set), and the kernel refuses
+//                                   containment loops, so the nesting
+//                                   follows one order too
 //   pend      Stream::pend_lock     one socket's pending path: its kernel
 //                                   I/O counted before an attach, its ask
 //                                   and attach (the table lock under it),
@@ -21,6 +39,17 @@
 //   progress  Engine::progress_lock_ the completion queue (try_lock, except
 //                                   progress_blocking)
 //   rx        Conn::rx_lock         one connection's receive side
+//   leaf      shm_fallback's tables, each its own lock: a leaf, taken under
+//             any of the above and never with another leaf, nothing ranked
+//             taken under it (a checked build asserts all three):
+//               Stream::alias_lock  a socket's other fds (stream.cpp)
+//               pool_lock           the free streams (table.cpp); a fork's
+//                                   prepare step takes it last and holds
+//                                   it over the fork
+//               sets_lock           the epoll fd -> set table (epoll.cpp);
+//                                   a replaced set is released after it
+//               sleeps_lock         the waits asleep in the kernel
+//                                   (kernel_sleep.cpp), woken under pend
 //
 // try_lock may be taken in any order (it cannot wait), but never on a lock
 // the thread holds already: that is undefined for std::mutex. Code that may
@@ -48,7 +77,8 @@
 //
 // Every thread keeps the locks it holds in a small thread-local list (the
 // deepest nesting is five: control_busy_ or pend_lock over four of the
-// engine's). Builds with SDIRECT_LOCK_CHECK (debug and sanitizer builds)
+// engine's, or a chain of nested epoll sets over rx_lock, at most the
+// kernel's five levels deep). Builds with SDIRECT_LOCK_CHECK (debug and sanitizer builds)
 // abort with a message on a blocking acquisition out of order and on a
 // try_lock of a held lock; release builds only keep the list.
 #pragma once
@@ -58,7 +88,18 @@
 
 namespace sd::transport {
 
-enum class Rank : std::uint8_t { control = 1, pend, flush, table, tx, progress, rx };
+enum class Rank : std::uint8_t {
+    spawn = 1,
+    control,
+    epoll,
+    pend,
+    flush,
+    table,
+    tx,
+    progress,
+    rx,
+    leaf,
+};
 
 namespace lock_order {
 

@@ -217,51 +217,52 @@ ssize_t recv_sink(const SocketSide &s, Conn *c, const iovec &piece, std::uint64_
     // A bad buffer: the usual way reports EFAULT when bytes come.
     if (!writable(piece.iov_base, len)) return -EALREADY;
     if (s.engine->advertise_sink(c, piece.iov_base, len) != 0) return -EALREADY;
-    const std::uint64_t spin_until =
-        slot.start(monotonic_ns(), std::uint64_t(settings().spin_us) * 1000);
-    // Waiting for the peer's word: it claimed the sink (one host) or was
-    // asked to end it (registered); only that word, or its loss, ends it.
-    bool asked = false;
-    std::uint64_t asked_at = 0;
-    bool interrupted = false;
     // Every way out: the sink is over (deregistered), its bytes counted.
+    bool interrupted = false;
     auto over = [&]() -> ssize_t {
         const std::uint32_t got = s.engine->finish_sink(c);
         return got ? ssize_t(got) : interrupted ? -EINTR : -EAGAIN;
     };
-    for (;;) {
-        s.engine->progress();
-        bool ended, other;
-        {
+    // The sink is over (1), or ours to end (0: the peer's other message,
+    // the companion's EOF or error, which the usual way sorts out; -EAGAIN
+    // at the deadline; -EINTR).
+    struct Claim : BellWaiter {
+        const SocketSide &s;
+        long look() noexcept {
+            s.engine->progress();
             std::lock_guard lock(c->rx_lock);
-            ended = c->sink.done || c->sink.over || !c->sink.active;
-            other = sink_event_locked(c);
+            if (c->sink.done || c->sink.over || !c->sink.active) return 1;
+            return sink_event_locked(c) ? 0 : kWaitOn;
         }
-        if (ended) return over();
-        if (asked) {
-            if (s.engine->sink_writer_lost(c, asked_at)) return over();
-            (void)sleep_once(s.engine, c, -1, 0, sink_over, c, 10);
-            continue;
-        }
-        const std::uint64_t now = monotonic_ns();
-        // The companion socket too: its EOF or error (the peer died) is
-        // for the usual way to sort out.
-        bool end = other || (deadline && now >= deadline);
-        if (!end && now >= spin_until) {
-            slot.release();
+        long before_sleep() noexcept {
             pollfd p{s.kfd(), POLLIN | POLLRDHUP, 0};
-            end = sys.poll(&p, 1, 0) > 0;
-            if (!end) {
-                int w = sleep_once(s.engine, c, s.kfd(), POLLIN | POLLRDHUP, sink_over, c,
-                                   ms_until(deadline));
-                end = interrupted = w == -EINTR && !keep_going_after_eintr(tmo);
-            }
+            return sys.poll(&p, 1, 0) > 0 ? 0 : kWaitOn;
         }
-        if (!end) continue;
-        if (s.engine->cancel_sink(c) == 0) return over();
-        asked = true;
-        asked_at = monotonic_ns();
-    }
+    } claim{{s.engine, c, sink_over, c, s.kfd(), POLLIN | POLLRDHUP,
+             std::uint64_t(settings().spin_us) * 1000, deadline, tmo},
+            s};
+    const long r = wait_on_bell(claim, slot);
+    if (r == 1) return over();
+    interrupted = r == -EINTR;
+    if (s.engine->cancel_sink(c) == 0) return over();
+    // Asked to end it: only the peer's word that it did, or its loss,
+    // ends it (a signal does not).
+    struct Ended : BellWaiter {
+        const SocketSide &s;
+        std::uint64_t asked_at;
+        long look() noexcept {
+            s.engine->progress();
+            {
+                std::lock_guard lock(c->rx_lock);
+                if (c->sink.done || c->sink.over || !c->sink.active) return 1;
+            }
+            return s.engine->sink_writer_lost(c, asked_at) ? 1 : kWaitOn;
+        }
+        int sleep(std::uint64_t) noexcept { return sleep_once(e, c, -1, 0, sink_over, c, 10); }
+        long interrupted() noexcept { return kWaitOn; }
+    } ended{{s.engine, c, sink_over, c}, s, monotonic_ns()};
+    (void)wait_on_bell(ended, slot);
+    return over();
 }
 
 }  // namespace sd::transport

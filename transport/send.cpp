@@ -11,6 +11,7 @@
 #include "settings.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <ctime>
 
@@ -91,82 +92,92 @@ long send_zcopy(const SocketSide &s, Conn *c, const char *buf, std::uint32_t len
     RegCache::Ref reg;
     const std::uint64_t off = c->tx_off;
     if (int rc = s.engine->advertise(c, buf, len, &reg)) return rc;
-    bool cancelled = false;
-    // A cancellation for the caller (timeout, signal): when it was asked,
-    // and when the reader's control thread was last kicked for its answer.
-    std::uint64_t asked = 0, kicked = 0;
-    long result = 0;
     // The reader copies our buffer now: spin for about as long as that
     // takes (len / 4 ns: 4 GB/s), not only the usual spin, so that the
     // answer does not find us asleep (a wake-up costs more than the spin).
-    SpinSlot slot;
-    const std::uint64_t spin_until =
-        slot.start(monotonic_ns(), std::uint64_t(settings().spin_us) * 1000 +
-                                       std::min<std::uint64_t>(len / 4, 2'000'000));
     // A reader that does not come: the kernel's send buffer would have
     // taken these bytes without it, and a program may well wait for this
     // send before it tells its peer to read. So the advertisement lasts
     // while the reader reads (its read counter moves); once it has been
     // still for kReaderPatienceNs the advertisement is cancelled and the
     // rest goes buffered, as far as the window takes it.
-    ReaderWatch reader(s.engine, c, monotonic_ns());
-    for (;;) {
-        s.engine->progress();
-        if (c->zc_answer_off.load(std::memory_order_acquire) == off) {
-            result = long(c->zc_answer_len.load(std::memory_order_relaxed));
-            break;
+    struct Answer : BellWaiter {
+        const SocketSide &s;
+        std::uint64_t off;
+        std::uint32_t len;
+        std::uint64_t deadline;  // SO_SNDTIMEO's: cancels, does not end the wait
+        int *cut;
+        ReaderWatch reader;
+        bool cancelled = false;
+        // A cancellation for the caller (timeout, signal): when it was
+        // asked, and when the reader's control thread was last kicked for
+        // its answer.
+        std::uint64_t asked = 0, kicked = 0, kick_at = 0;
+
+        long look() noexcept {
+            s.engine->progress();
+            if (c->zc_answer_off.load(std::memory_order_acquire) == off)
+                return long(c->zc_answer_len.load(std::memory_order_relaxed));
+            s.engine->maybe_return_credits(c);
+            if (c->gone() || !s.engine->peer_alive(c->peer)) {
+                // The reader is gone. What it read of the buffer was sent,
+                // as by a TCP send cut short (its counters say how much:
+                // every fabric byte of ours before the advertisement was
+                // read first); if nothing, the send fails.
+                const std::uint64_t read = s.engine->peer_read(c);
+                const std::uint64_t before =
+                    c->stat->tx_fabric.load(std::memory_order_relaxed) - c->tx_fabric_base;
+                return read != kNoOffset && read > before
+                           ? long(std::min<std::uint64_t>(read - before, len))
+                           : -EPIPE;
+            }
+            if (!cancelled && zcopy_should_yield(c)) {
+                cancelled = s.engine->cancel_advert(c, off) == 0;
+                return kLookAgain;
+            }
+            const std::uint64_t now = monotonic_ns();
+            if (!cancelled && reader.idle(now)) {
+                cancelled = s.engine->cancel_advert(c, off) == 0;
+                asked = now;
+                return kLookAgain;
+            }
+            if (deadline && now >= deadline && !cancelled) {
+                // SO_SNDTIMEO: what was read counts; the rest goes
+                // buffered, as far as the window takes it (the kernel's
+                // send buffer would have taken it too), or the send times
+                // out there.
+                cancelled = s.engine->cancel_advert(c, off) == 0;
+                asked = now;
+                return kLookAgain;
+            }
+            // No answer yet: the reader may be busy outside the library,
+            // so its control thread answers the cancellation.
+            kick_at = asked ? s.engine->kick_overdue(c->peer, asked, &kicked) : 0;
+            return kWaitOn;
         }
-        s.engine->maybe_return_credits(c);
-        if (c->gone() || !s.engine->peer_alive(c->peer)) {
-            // The reader is gone. What it read of the buffer was sent, as
-            // by a TCP send cut short (its counters say how much: every
-            // fabric byte of ours before the advertisement was read
-            // first); if nothing, the send fails.
-            const std::uint64_t read = s.engine->peer_read(c);
-            const std::uint64_t before =
-                c->stat->tx_fabric.load(std::memory_order_relaxed) - c->tx_fabric_base;
-            result = read != kNoOffset && read > before
-                         ? long(std::min<std::uint64_t>(read - before, len))
-                         : -EPIPE;
-            break;
+        int sleep(std::uint64_t) noexcept {
+            return sleep_once(e, c, -1, 0, zcopy_answered, c,
+                              kick_at     ? ms_left(kick_at)
+                              : cancelled ? -1
+                                          : ms_left(reader.due(deadline)));
         }
-        if (!cancelled && zcopy_should_yield(c)) {
-            cancelled = s.engine->cancel_advert(c, off) == 0;
-            continue;
+        long interrupted() noexcept {
+            if (!cancelled &&
+                !keep_going_after_eintr(s.sndtimeo_ns.load(std::memory_order_relaxed))) {
+                // As a TCP send hit by a signal: what was taken counts,
+                // the rest is not sent. The reader may be copying right
+                // now, so the answer (how much) must come before we return.
+                *cut = -EINTR;
+                cancelled = s.engine->cancel_advert(c, off) == 0;
+                asked = monotonic_ns();
+            }
+            return kWaitOn;
         }
-        std::uint64_t now = monotonic_ns();
-        if (!cancelled && reader.idle(now)) {
-            cancelled = s.engine->cancel_advert(c, off) == 0;
-            asked = now;
-            continue;
-        }
-        if (deadline && now >= deadline && !cancelled) {
-            // SO_SNDTIMEO: what was read counts; the rest goes buffered,
-            // as far as the window takes it (the kernel's send buffer
-            // would have taken it too), or the send times out there.
-            cancelled = s.engine->cancel_advert(c, off) == 0;
-            asked = now;
-            continue;
-        }
-        // No answer yet: the reader may be busy outside the library, so
-        // its control thread answers the cancellation.
-        const std::uint64_t kick_at = asked ? s.engine->kick_overdue(c->peer, asked, &kicked) : 0;
-        if (now < spin_until) continue;
-        slot.release();
-        int w = sleep_once(s.engine, c, -1, 0, zcopy_answered, c,
-                           kick_at     ? ms_until(kick_at)
-                           : cancelled ? -1
-                                       : ms_until(reader.due(deadline)));
-        if (w == -EINTR && !cancelled &&
-            !keep_going_after_eintr(s.sndtimeo_ns.load(std::memory_order_relaxed))) {
-            // As a TCP send hit by a signal: what was taken counts, the
-            // rest is not sent. The reader may be copying right now, so the
-            // answer (how much) must come before we return.
-            *cut = -EINTR;
-            cancelled = s.engine->cancel_advert(c, off) == 0;
-            asked = monotonic_ns();
-        }
-    }
+    } w{{s.engine, c, zcopy_answered, c, -1, 0,
+         std::uint64_t(settings().spin_us) * 1000 + std::min<std::uint64_t>(len / 4, 2'000'000)},
+        s, off, len, deadline, cut, ReaderWatch(s.engine, c, monotonic_ns())};
+    SpinSlot slot;
+    const long result = wait_on_bell(w, slot);
     s.engine->release_advert(reg);
     if (result > 0) {
         c->tx_off += std::uint64_t(result);
@@ -180,29 +191,28 @@ long send_zcopy(const SocketSide &s, Conn *c, const char *buf, std::uint32_t len
 // -EINTR, -EPIPE, or -ESTALE (the connection leaves the fabric).
 int wait_credit(const SocketSide &s, Conn *c, std::uint64_t deadline,
                 std::int64_t need = 1) noexcept {
-    SpinSlot slot;
-    const std::uint64_t spin_until =
-        slot.start(monotonic_ns(), std::uint64_t(settings().spin_us) * 1000);
     CreditWait want{c, need};
-    for (;;) {
-        s.engine->progress();
-        // A leave first: it needs the send lock we hold, and the peer
-        // waiting for our answer returns no credits meanwhile.
-        if (leave_requested(c)) return -ESTALE;
-        if (c->credits.load(std::memory_order_acquire) >= need) return 0;
-        // Credits our reader owes the peer go out too: if both sides wait
-        // for credits, each must return what it has consumed.
-        s.engine->maybe_return_credits(c);
-        if (c->gone()) return -EPIPE;
-        if (!s.engine->peer_alive(c->peer)) return -EPIPE;
-        std::uint64_t now = monotonic_ns();
-        if (deadline && now >= deadline) return -EAGAIN;
-        if (now < spin_until) continue;
-        slot.release();
-        int w = sleep_once(s.engine, c, -1, 0, enough_credit, &want, ms_until(deadline));
-        if (w == -EINTR && !keep_going_after_eintr(s.sndtimeo_ns.load(std::memory_order_relaxed)))
-            return -EINTR;
-    }
+    struct Credit : BellWaiter {
+        const SocketSide &s;
+        std::int64_t need;
+        long look() noexcept {
+            s.engine->progress();
+            // A leave first: it needs the send lock we hold, and the peer
+            // waiting for our answer returns no credits meanwhile.
+            if (leave_requested(c)) return -ESTALE;
+            if (c->credits.load(std::memory_order_acquire) >= need) return 0;
+            // Credits our reader owes the peer go out too: if both sides
+            // wait for credits, each must return what it has consumed.
+            s.engine->maybe_return_credits(c);
+            if (c->gone()) return -EPIPE;
+            if (!s.engine->peer_alive(c->peer)) return -EPIPE;
+            return kWaitOn;
+        }
+    } w{{s.engine, c, enough_credit, &want, -1, 0, std::uint64_t(settings().spin_us) * 1000,
+         deadline, s.sndtimeo_ns.load(std::memory_order_relaxed)},
+        s, need};
+    SpinSlot slot;
+    return int(wait_on_bell(w, slot));
 }
 
 // The credits, after a progress pass (try-lock) if they are short of
@@ -236,16 +246,131 @@ int send_failed(const SocketSide &s, Conn *c, int rc) noexcept {
     return rc;
 }
 
-int post_data(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, std::uint32_t len,
-              std::uint64_t deadline) noexcept {
-    // Protocol choice, in one place: large pieces are written straight into
-    // the peer's ring (one copy), small ones travel inline in the message.
-    int rc = len > s.engine->chunk()
-                 ? s.engine->post_ring(c, iov, iovcnt, len, deadline)
-                 : s.engine->post(c, MsgType::data, iov, iovcnt, len, c->tx_off, deadline);
-    if (rc) return rc;
+// Posts `len` bytes inline, in one message, into the peer's ring.
+int post_inline(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, std::uint32_t len,
+                std::uint64_t deadline) noexcept {
+    if (int rc = s.engine->post(c, MsgType::data, iov, iovcnt, len, c->tx_off, deadline))
+        return rc;
     s.engine->sent_into_ring(c, len);
     return 0;
+}
+
+// One direct_send past its first checks: what the choice of protocol
+// reads and what each protocol's step advances.
+struct SendCall {
+    const SocketSide &s;
+    Conn *c;
+    const iovec *iov;
+    int iovcnt;
+    std::size_t total;
+    std::uint64_t deadline;  // SO_SNDTIMEO's (0: none)
+    std::uint64_t post_by;   // a full peer queue is waited for until this
+    bool zc_ok;              // read zero-copy may still be chosen
+    std::size_t sent = 0;
+    bool interrupted = false;  // by a signal, in read zero-copy: no more waiting
+    std::int64_t credit = 0;   // the window, when ring or buffered was chosen
+    iovec piece{};             // zcopy: the rest of the iov piece we are in
+};
+
+// A step's result besides 0 (go on) and -errno: the send is over with
+// what it sent.
+constexpr int kSendOver = 1;
+
+// Up to `most` bytes of the window (`k.credit`) in up to `pieces` iov
+// pieces. A write of the ring whose first four pieces hold no more than a
+// message takes goes inline all the same (one message, no write).
+int post_step(SendCall &k, std::size_t most, int pieces) noexcept {
+    iovec v[4];
+    int n_v = slice(k.iov, k.iovcnt, k.sent, most, v, pieces);
+    const std::size_t n = sliced(v, n_v);
+    if (!readable_iov(v, n_v, n)) return -EFAULT;
+    int rc;
+    if (n > k.s.engine->chunk()) {
+        rc = k.s.engine->post_ring(k.c, v, n_v, std::uint32_t(n), k.post_by);
+        if (rc == 0) k.s.engine->sent_into_ring(k.c, std::uint32_t(n));
+    } else {
+        rc = post_inline(k.s, k.c, v, n_v, std::uint32_t(n), k.post_by);
+    }
+    if (rc) {
+        rc = send_failed(k.s, k.c, rc);
+        if (rc == 0) {
+            k.sent = k.total;  // the rest to nobody, as TCP's
+            return kSendOver;
+        }
+        return rc;
+    }
+    k.sent += n;
+    return 0;
+}
+
+// buffered: copied inline into messages, at most three pieces beside the
+// header.
+int send_buffered(SendCall &k) noexcept {
+    const std::size_t left = k.total - k.sent;
+    return post_step(k, std::min<std::size_t>({left, k.s.engine->chunk(), std::size_t(k.credit)}),
+                     3);
+}
+
+// ring: written into the peer's ring, at most half of it at once.
+int send_ring(SendCall &k) noexcept {
+    const std::size_t left = k.total - k.sent;
+    return post_step(
+        k, std::min<std::size_t>({left, std::size_t(k.credit), k.c->peer_ring_cap / 2}), 4);
+}
+
+// zcopy: the piece advertised and read by the peer while we wait.
+int send_zcopy_piece(SendCall &k) noexcept {
+    const char *p = static_cast<const char *>(k.piece.iov_base);
+    std::uint32_t len = std::uint32_t(std::min<std::size_t>(k.piece.iov_len, 1u << 30));
+    if (!readable(p, len)) return -EFAULT;
+    int cut = 0;
+    long r = send_zcopy(k.s, k.c, p, len, k.deadline, &cut);
+    if (r < 0) return int(r);
+    k.sent += std::size_t(r);
+    if (cut) {
+        // A signal: what was read counts; if nothing was, what the window
+        // takes now without waiting, as the kernel's send buffer would
+        // have; else EINTR.
+        if (r > 0) return kSendOver;
+        k.interrupted = true;
+        k.zc_ok = false;
+        return 0;
+    }
+    // Cut short (the peer had to be let through): the rest of this send
+    // goes buffered.
+    if (std::uint32_t(r) < len) k.zc_ok = false;
+    return 0;
+}
+
+// Each protocol's step, indexed by Protocol: sends some of what is left
+// of the call, 0 (more may go), kSendOver or -errno.
+using SendStep = int (*)(SendCall &k) noexcept;
+constexpr std::size_t kProtocols = std::size_t(Protocol::zcopy) + 1;
+constinit const std::array<SendStep, kProtocols> send_steps = [] {
+    std::array<SendStep, kProtocols> t{};
+    t[std::size_t(Protocol::buffered)] = send_buffered;
+    t[std::size_t(Protocol::ring)] = send_ring;
+    t[std::size_t(Protocol::zcopy)] = send_zcopy_piece;
+    return t;
+}();
+
+// The protocol of the call's next bytes, chosen here alone (by the policy
+// of protocol.hpp, and what the peer can take). Read zero-copy needs no
+// window: it is weighed first, and the credit is looked at (k.credit)
+// only when it is not chosen.
+Protocol pick(SendCall &k) noexcept {
+    if (k.zc_ok) {
+        slice(k.iov, k.iovcnt, k.sent, k.total - k.sent, &k.piece, 1);
+        // Not to a peer of another uid: its read would go through the
+        // provider's SAR buffers (two copies, no gain), and with ring
+        // writes going through them the other way an echo between
+        // users hung in 2 of 10 runs (none in 10 without zero-copy).
+        if (use_zcopy(k.piece.iov_len) && !(k.c->peer && k.c->peer->cross))
+            return Protocol::zcopy;
+    }
+    k.credit = credit_after_progress(k.s, k.c, 1);
+    return k.c->peer_ring_addr && use_ring(k.total - k.sent, k.credit) ? Protocol::ring
+                                                                       : Protocol::buffered;
 }
 
 }  // namespace
@@ -351,12 +476,13 @@ ssize_t direct_send(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, 
         }
     }
     if (!c->staged && total <= chunk && credit_after_progress(s, c, total) >= std::int64_t(total)) {
-        // The common small write: straight from the caller's buffer.
+        // The common small write, buffered as any of at most a message's
+        // bytes: straight from the caller's buffer in one message.
         iovec v[3];
         int k = slice(iov, iovcnt, 0, total, v, 3);
         if (sliced(v, k) == total) {
             if (!readable_iov(v, k, total)) return -EFAULT;
-            int rc = post_data(s, c, v, k, std::uint32_t(total), post_by);
+            int rc = post_inline(s, c, v, k, std::uint32_t(total), post_by);
             if (rc == 0) {
                 s.engine->ring(c->peer);
                 return ssize_t(total);
@@ -373,104 +499,53 @@ ssize_t direct_send(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, 
         return rc;
     }
 
-    std::size_t sent = 0;
-    int rc = 0;
-    bool interrupted = false;  // by a signal, in read zero-copy: no more waiting
     // Read zero-copy only for blocking sends (the peer reads them straight
     // from the caller's buffer while we wait, at most until SO_SNDTIMEO's
     // deadline); which pieces: transport/protocol.hpp.
-    bool zc_ok = !nb && s.engine->can_read() && total > settings().chunk;
-    while (sent < total) {
+    SendCall k{s, c, iov, iovcnt, total, deadline, post_by,
+               !nb && s.engine->can_read() && total > settings().chunk};
+    int rc = 0;
+    while (k.sent < total) {
         // A leave takes the connection between two sends, or where this one
         // would wait for credits (wait_credit): the pieces of a send that
         // waits for nothing stay together in the stream, as the kernel
         // never splits a send that finds room in its buffer to let another
         // writer's bytes in between (a fork child's first write asks for
         // the leave, and its bytes go to the kernel once it is done).
-        if (sent == 0 && leave_requested(c)) {
+        if (k.sent == 0 && leave_requested(c)) {
             rc = -ESTALE;
             break;
         }
         // The peer's recv advertised its buffer meanwhile: straight into it.
         if (c->psink_valid.load(std::memory_order_acquire) && !c->staged) {
             iovec rest[kMaxSlice];
-            int k = slice(iov, iovcnt, sent, total - sent, rest, kMaxSlice);
-            long r = s.engine->take_sink(c, rest, k, sliced(rest, k));
+            int n_v = slice(iov, iovcnt, k.sent, total - k.sent, rest, kMaxSlice);
+            long r = s.engine->take_sink(c, rest, n_v, sliced(rest, n_v));
             if (r < 0) {
                 rc = int(r);
                 break;
             }
             if (r > 0) {
-                sent += std::size_t(r);
+                k.sent += std::size_t(r);
                 continue;
             }
         }
-        if (zc_ok) {
-            // The rest of the iov piece we are in.
-            iovec piece{};
-            slice(iov, iovcnt, sent, total - sent, &piece, 1);
-            // Not to a peer of another uid: its read would go through the
-            // provider's SAR buffers (two copies, no gain), and with ring
-            // writes going through them the other way an echo between
-            // users hung in 2 of 10 runs (none in 10 without zero-copy).
-            if (use_zcopy(piece.iov_len) && !(c->peer && c->peer->cross)) {
-                const char *p = static_cast<const char *>(piece.iov_base);
-                std::uint32_t len = std::uint32_t(std::min<std::size_t>(piece.iov_len, 1u << 30));
-                if (!readable(p, len)) {
-                    rc = -EFAULT;
-                    break;
-                }
-                int cut = 0;
-                long r = send_zcopy(s, c, p, len, deadline, &cut);
-                if (r < 0) {
-                    rc = int(r);
-                    break;
-                }
-                sent += std::size_t(r);
-                if (cut) {
-                    // A signal: what was read counts; if nothing was, what
-                    // the window takes now without waiting, as the
-                    // kernel's send buffer would have; else EINTR.
-                    if (r > 0) break;
-                    interrupted = true;
-                    zc_ok = false;
-                    continue;
-                }
-                // Cut short (the peer had to be let through): the rest of
-                // this send goes buffered.
-                if (std::uint32_t(r) < len) zc_ok = false;
-                continue;
-            }
-        }
-        std::int64_t credit = credit_after_progress(s, c, 1);
-        if (credit <= 0) {
+        const Protocol p = pick(k);
+        if (p != Protocol::zcopy && k.credit <= 0) {
             s.engine->ring(c->peer);
-            if (nb || interrupted) {
-                rc = interrupted ? -EINTR : -EAGAIN;
+            if (nb || k.interrupted) {
+                rc = k.interrupted ? -EINTR : -EAGAIN;
                 break;
             }
             if ((rc = wait_credit(s, c, deadline))) break;
             continue;
         }
-        std::size_t left = total - sent;
-        bool rma = c->peer_ring_addr && use_ring(left, credit);
-        std::size_t n = rma ? std::min<std::size_t>({left, std::size_t(credit), c->peer_ring_cap / 2})
-                            : std::min<std::size_t>({left, chunk, std::size_t(credit)});
-        iovec v[4];
-        // At most three pieces fit beside an inline header; four in a write.
-        int k = slice(iov, iovcnt, sent, n, v, rma ? 4 : 3);
-        n = sliced(v, k);
-        if (!readable_iov(v, k, n)) {
-            rc = -EFAULT;
+        if (int r = send_steps[std::size_t(p)](k)) {
+            rc = r < 0 ? r : 0;
             break;
         }
-        if ((rc = post_data(s, c, v, k, std::uint32_t(n), post_by))) {
-            rc = send_failed(s, c, rc);
-            if (rc == 0) sent = total;  // the rest to nobody, as TCP's
-            break;
-        }
-        sent += n;
     }
+    const std::size_t sent = k.sent;
     if (sent) s.engine->ring(c->peer);
     *left = rc == -ESTALE;
     // EAGAIN with credits left: the peer's queue stayed full (post_by).

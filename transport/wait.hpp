@@ -9,6 +9,7 @@
 #include "clock.hpp"
 #include "engine.hpp"
 
+#include <cerrno>
 #include <csignal>
 #include <cstddef>
 #include <cstdint>
@@ -21,7 +22,7 @@ namespace sd::transport {
 // or process changes, a lock held elsewhere, a full queue): look, and
 // between looks spin or nap. One loop for every such wait, shaped by its
 // Pace; a wait that can sleep on the doorbell (recv, send's credits,
-// poll) uses sleep_once or sleep_on_fds below instead.
+// poll) uses wait_on_bell, or sleep_on_fds, below instead.
 struct Pace {
     // The nap between rounds, in ns (0: none, the wait spins). A nap is
     // one nanosleep, cut short by a signal (the next look comes sooner).
@@ -83,7 +84,6 @@ template <typename Look>
 inline Waited wait_until(const Pace &p, std::uint64_t deadline_ns, Look &&look) noexcept {
     return wait_until(p, deadline_ns, look, [](std::uint64_t, std::uint64_t) { return true; });
 }
-
 
 // One sleep: registers the calling thread on `c`, announces it in the
 // process page, rechecks `ready` (after a last progress), then sleeps until
@@ -213,5 +213,127 @@ class SpinSlot {
 // After EINTR from our own sleep: would the kernel have restarted the
 // call? True when every installed handler has SA_RESTART.
 bool restart_after_signal() noexcept;
+
+// A wait that a doorbell announces (recv, send's credits and its read
+// zero-copy answer, a sink's claim, a leave's answers): after a failed
+// look it spins while its SpinSlot lets it, then sleeps once on the
+// connection's bell (sleep_once: its eventfd, the process doorbell, and a
+// kernel fd if it names one), and looks again. A look says one of these,
+// or what the wait returns
+// (far below any -errno or byte count).
+//   kWaitOn     nothing yet: spin or sleep
+//   kLookAgain  it changed something: look again at once
+//   kMoved      it made headway: look again at once, the spin starts afresh
+inline constexpr long kWaitOn = -0x7fff'ffff'0000'0000;
+inline constexpr long kLookAgain = kWaitOn + 1;
+inline constexpr long kMoved = kWaitOn + 2;
+
+// What wait_on_bell asks of its waiter. A wait derives from this and
+// hides what it does otherwise (the calls are resolved statically, on
+// the derived type):
+//   long look()                  required: kWaitOn, kLookAgain, kMoved or the result
+//   long timed_out()             at deadline_ns (0: none): the result, or kLookAgain
+//   long missed(now)             after the deadline's check: kWaitOn, kLookAgain,
+//                                kMoved or the result (a recv tries its sink)
+//   bool may_spin(), void spinning()
+//                                spin now?; the next look is a spin's
+//   bool quick_looks()           its first misses may be looked at again at once,
+//                                before the spin and without the clock (a small
+//                                answer on its way usually comes within them)
+//   long before_sleep()          the spin is over: kWaitOn to sleep, or the result
+//   int sleep(now)               one sleep: 0 or -EINTR
+//   long interrupted()           a signal cut the sleep short: kWaitOn (go on), or the result
+struct BellWaiter {
+    Engine *e = nullptr;
+    Conn *c = nullptr;
+    // Rechecked by the sleep once it is registered (no lost wake-up).
+    bool (*ready)(void *) = nullptr;
+    void *ctx = nullptr;
+    int kfd = -1;  // a kernel fd the sleep watches too (-1: none)
+    short kevents = 0;
+    std::uint64_t spin_ns = 0;      // the spin after the first failed look (SpinSlot)
+    std::uint64_t deadline_ns = 0;  // SO_RCVTIMEO/SO_SNDTIMEO's (0: none)
+    // The socket's timeout: a signal ends the wait with -EINTR unless the
+    // kernel would restart the call (no timeout, every handler SA_RESTART).
+    std::int64_t timeout_ns = 0;
+
+    long timed_out() noexcept { return -EAGAIN; }
+    long missed(std::uint64_t) noexcept { return kWaitOn; }
+    bool may_spin() const noexcept { return true; }
+    void spinning() noexcept {}
+    bool quick_looks() const noexcept { return false; }
+    long before_sleep() noexcept { return kWaitOn; }
+    int sleep(std::uint64_t) noexcept {
+        return sleep_once(e, c, kfd, kevents, ready, ctx, ms_left(deadline_ns));
+    }
+    long interrupted() noexcept {
+        // A socket with a timeout always reports EINTR, as the kernel does.
+        return timeout_ns == 0 && restart_after_signal() ? kWaitOn : -EINTR;
+    }
+
+    // Whole milliseconds (rounded up) until `deadline` (0: -1, none).
+    static int ms_left(std::uint64_t deadline) noexcept {
+        if (!deadline) return -1;
+        const std::uint64_t now = monotonic_ns();
+        return now >= deadline ? 0 : int((deadline - now + 999999) / 1000000);
+    }
+};
+
+// Misses per read of the clock while a doorbell wait spins; as many quick
+// looks (BellWaiter::quick_looks) before its spin starts.
+inline constexpr unsigned kClockMisses = 16;
+
+// The doorbell wait's one loop: look; on a miss read the clock, start the
+// spin (once per stretch without headway), check the deadline, the
+// waiter's own miss, spin or release the slot and sleep, and handle a
+// signal. A first look that succeeds costs nothing more (no clock read):
+// a recv whose bytes are there takes this way; nor do the quick looks of
+// a waiter that allows them. While it spins the clock is read once per
+// kClockMisses misses (it was a tenth of a 64-byte ping-pong's samples),
+// and at the miss after a sleep.
+template <typename W>
+inline long wait_on_bell(W &w, SpinSlot &slot) noexcept {
+    std::uint64_t spin_until = 0, now = 0;
+    bool spin_started = false;
+    unsigned misses = 0;
+    for (;;) {
+        long r = w.look();
+        if (r == kMoved) {
+            spin_started = false;
+            misses = 0;
+            continue;
+        }
+        if (r == kLookAgain) continue;
+        if (r != kWaitOn) return r;
+        ++misses;
+        if (!spin_started && misses < kClockMisses && w.spin_ns && w.quick_looks()) {
+            w.spinning();
+            continue;
+        }
+        if (!spin_started || misses % kClockMisses == 0) now = monotonic_ns();
+        if (!spin_started) {
+            spin_until = slot.start(now, w.spin_ns);
+            spin_started = true;
+        }
+        if (w.deadline_ns && now >= w.deadline_ns) {
+            if ((r = w.timed_out()) != kLookAgain) return r;
+            continue;
+        }
+        if ((r = w.missed(now)) != kWaitOn) {
+            if (r == kMoved) spin_started = false;
+            else if (r != kLookAgain) return r;
+            continue;
+        }
+        if (now < spin_until && w.may_spin()) {
+            w.spinning();
+            continue;
+        }
+        slot.release();
+        if ((r = w.before_sleep()) != kWaitOn) return r;
+        now = monotonic_ns();
+        if (w.sleep(now) == -EINTR && (r = w.interrupted()) != kWaitOn) return r;
+        misses = kClockMisses - 1;  // the miss after a sleep reads the clock
+    }
+}
 
 }  // namespace sd::transport

@@ -131,3 +131,65 @@ TEST_CASE("a socket's pend_lock ranks below the engine's locks and above the con
     });
     CHECK((WIFSIGNALED(busy_under_pend) && WTERMSIG(busy_under_pend) == SIGABRT));
 }
+
+TEST_CASE("shm_fallback's locks: the spawn record first, epoll sets nested under their "
+          "containers, leaves innermost and alone",
+          "[lock-order]") {
+    // A fork with the spawn record held: the prepare step's locks under
+    // it, the pool last. An epoll set's readiness under nested sets' locks.
+    const int in_order = in_child([] {
+        RankedMutex<Rank::spawn> record;
+        RankedMutex<Rank::control> busy;
+        RankedMutex<Rank::pend> pend;
+        RankedMutex<Rank::leaf> pool;
+        std::lock_guard a(record);
+        if (busy.try_lock()) busy.unlock();
+        std::lock_guard b(pend);
+        std::lock_guard c(pool);
+    });
+    CHECK((WIFEXITED(in_order) && WEXITSTATUS(in_order) == 0));
+    const int nested_sets = in_child([] {
+        RankedMutex<Rank::epoll> outer, middle, inner;
+        RankedMutex<Rank::pend> pend;
+        RankedMutex<Rank::rx> rx;
+        RankedMutex<Rank::leaf> pool;
+        std::lock_guard a(outer);
+        std::lock_guard b(middle);
+        std::lock_guard c(inner);
+        std::lock_guard d(pend);
+        std::lock_guard e(rx);
+        std::lock_guard f(pool);
+    });
+    CHECK((WIFEXITED(nested_sets) && WEXITSTATUS(nested_sets) == 0));
+    if (!lock_order::checked()) {
+        WARN("SKIPPED: this build does not check the lock order (release)");
+        return;
+    }
+    const int leaf_under_leaf = in_child([] {
+        RankedMutex<Rank::leaf> aliases, pool;
+        std::lock_guard a(aliases);
+        std::lock_guard b(pool);
+    });
+    CHECK((WIFSIGNALED(leaf_under_leaf) && WTERMSIG(leaf_under_leaf) == SIGABRT));
+    const int ranked_under_leaf = in_child([] {
+        RankedMutex<Rank::leaf> sleeps;
+        RankedMutex<Rank::rx> rx;
+        std::lock_guard a(sleeps);
+        std::lock_guard b(rx);
+    });
+    CHECK((WIFSIGNALED(ranked_under_leaf) && WTERMSIG(ranked_under_leaf) == SIGABRT));
+    const int set_under_pend = in_child([] {
+        RankedMutex<Rank::epoll> set;
+        RankedMutex<Rank::pend> pend;
+        std::lock_guard a(pend);
+        std::lock_guard b(set);
+    });
+    CHECK((WIFSIGNALED(set_under_pend) && WTERMSIG(set_under_pend) == SIGABRT));
+    const int record_under_busy = in_child([] {
+        RankedMutex<Rank::spawn> record;
+        RankedMutex<Rank::control> busy;
+        std::lock_guard a(busy);
+        std::lock_guard b(record);
+    });
+    CHECK((WIFSIGNALED(record_under_busy) && WTERMSIG(record_under_busy) == SIGABRT));
+}

@@ -1,11 +1,15 @@
 // The wait primitive (wait.hpp): wait_until looks, runs its round hook
 // every `every` failed looks, naps with the pace's growth, and ends on
-// the look, the hook, the deadline or the bound on naps.
+// the look, the hook, the deadline or the bound on naps; wait_on_bell,
+// its doorbell form, sleeps after a failed look (with a spin first),
+// ends at the deadline with -EAGAIN and on a signal as the socket would.
 #include <catch2/catch.hpp>
 
 #include "transport/wait.hpp"
 
+#include <cerrno>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 using namespace sd::transport;
@@ -134,4 +138,144 @@ TEST_CASE("wait_until: without a round hook, only the looks and the naps", "[wai
     CHECK(wait_until({.nap_ns = 1000, .every = 8}, 0, [&] { return ++looks == 20; }) ==
           Waited::ready);
     CHECK(looks == 20);
+}
+
+// wait_on_bell with a sleep that does not sleep: counts, and answers what
+// the case says (0 or -EINTR).
+namespace {
+
+struct FakeBell : BellWaiter {
+    int looks = 0, sleeps = 0, ready_at = 1 << 30;
+    int sleep_rc = 0;
+    long result = 7;
+    long look() noexcept { return ++looks >= ready_at ? result : kWaitOn; }
+    int sleep(std::uint64_t) noexcept {
+        ++sleeps;
+        return sleep_rc;
+    }
+};
+
+}  // namespace
+
+TEST_CASE("wait_on_bell: a first look that succeeds returns its result without a sleep",
+          "[wait]") {
+    FakeBell w;
+    w.ready_at = 1;
+    SpinSlot slot;
+    CHECK(wait_on_bell(w, slot) == 7);
+    CHECK(w.looks == 1);
+    CHECK(w.sleeps == 0);
+}
+
+TEST_CASE("wait_on_bell: without a spin, every failed look is followed by one sleep", "[wait]") {
+    FakeBell w;
+    w.ready_at = 5;
+    w.result = 0;
+    SpinSlot slot;
+    CHECK(wait_on_bell(w, slot) == 0);
+    CHECK(w.looks == 5);
+    CHECK(w.sleeps == 4);
+}
+
+TEST_CASE("wait_on_bell: a passed deadline ends the wait with -EAGAIN before any sleep",
+          "[wait]") {
+    FakeBell w;
+    w.deadline_ns = 1;  // long past
+    SpinSlot slot;
+    CHECK(wait_on_bell(w, slot) == -EAGAIN);
+    CHECK(w.looks == 1);
+    CHECK(w.sleeps == 0);
+}
+
+TEST_CASE("wait_on_bell: a signal on a socket with a timeout ends the wait with -EINTR",
+          "[wait]") {
+    FakeBell w;
+    w.sleep_rc = -EINTR;
+    w.timeout_ns = 1000000000;
+    w.deadline_ns = monotonic_ns() + 60'000'000'000ull;
+    SpinSlot slot;
+    CHECK(wait_on_bell(w, slot) == -EINTR);
+    CHECK(w.sleeps == 1);
+}
+
+TEST_CASE("wait_on_bell: a signal without a timeout goes on if the kernel would restart",
+          "[wait]") {
+    // The test runner's own handlers decide which: both answers are checked.
+    const bool restart = restart_after_signal();
+    FakeBell w;
+    w.sleep_rc = -EINTR;
+    w.ready_at = 4;
+    SpinSlot slot;
+    if (restart) {
+        CHECK(wait_on_bell(w, slot) == 7);
+        CHECK(w.sleeps == 3);
+    } else {
+        CHECK(wait_on_bell(w, slot) == -EINTR);
+        CHECK(w.sleeps == 1);
+    }
+}
+
+TEST_CASE("wait_on_bell: the waiter's hooks run in order and can end the wait", "[wait]") {
+    struct Hooks : FakeBell {
+        std::vector<char> *seen;
+        int missed_calls = 0;
+        long missed(std::uint64_t) noexcept {
+            seen->push_back('m');
+            // The first miss made headway, the second asks for a look
+            // at once, the others let the wait sleep.
+            ++missed_calls;
+            return missed_calls == 1 ? kMoved : missed_calls == 2 ? kLookAgain : kWaitOn;
+        }
+        long before_sleep() noexcept {
+            seen->push_back('b');
+            return sleeps == 1 ? -ENOTCONN : kWaitOn;
+        }
+        int sleep(std::uint64_t now) noexcept {
+            seen->push_back('s');
+            return FakeBell::sleep(now);
+        }
+    };
+    std::vector<char> seen;
+    Hooks w;
+    w.seen = &seen;
+    SpinSlot slot;
+    CHECK(wait_on_bell(w, slot) == -ENOTCONN);
+    CHECK(std::string(seen.begin(), seen.end()) == "mmmbsmb");
+    CHECK(w.looks == 4);
+}
+
+TEST_CASE("wait_on_bell: timed_out may ask for another look instead of ending", "[wait]") {
+    struct Late : FakeBell {
+        int timeouts = 0;
+        long timed_out() noexcept {
+            ++timeouts;
+            deadline_ns = 0;  // as a cancellation would: no deadline any more
+            return kLookAgain;
+        }
+    };
+    Late w;
+    w.deadline_ns = 1;
+    w.ready_at = 3;
+    SpinSlot slot;
+    CHECK(wait_on_bell(w, slot) == 7);
+    CHECK(w.timeouts == 1);
+    CHECK(w.looks == 3);
+    CHECK(w.sleeps == 1);
+}
+
+TEST_CASE("wait_on_bell: an interrupted hook that goes on keeps the wait", "[wait]") {
+    struct Keep : FakeBell {
+        int signals = 0;
+        long interrupted() noexcept {
+            ++signals;
+            return kWaitOn;
+        }
+    };
+    Keep w;
+    w.sleep_rc = -EINTR;
+    w.timeout_ns = 1;  // would end it with -EINTR by default
+    w.ready_at = 3;
+    SpinSlot slot;
+    CHECK(wait_on_bell(w, slot) == 7);
+    CHECK(w.signals == 2);
 }
