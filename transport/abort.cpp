@@ -5,6 +5,7 @@
 // ECONNRESET once, then EOF; POLLERR until reported), and the sender is
 // told with a close that carries the reset (kCloseReset), so that its
 // sends fail and its poll reports POLLERR, as after the kernel's RST.
+#include "conn_impl.hpp"
 #include "engine.hpp"
 
 #include "log.hpp"

@@ -1,5 +1,6 @@
 // The connection table: attach a Conn to a new TCP connection, detach it at
 // the last close, and write the counters out at exit.
+#include "conn_impl.hpp"
 #include "engine.hpp"
 #include "log.hpp"
 #include "settings.hpp"

@@ -3,6 +3,7 @@
 // header, finds the connection, takes its rx_lock and calls the handler of
 // the message's type from one table indexed by MsgType (wire.hpp). What a
 // handler must answer on the fabric is posted once rx_lock is released.
+#include "conn_impl.hpp"
 #include "engine.hpp"
 
 #include "log.hpp"

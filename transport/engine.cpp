@@ -2,6 +2,7 @@
 // staged bytes, posting messages, RMA and process_vm copies, zero-copy
 // advertisements, doorbells and credits. Building the engine is
 // engine_setup.cpp; what a received message does is deliver.cpp.
+#include "conn_impl.hpp"
 #include "engine.hpp"
 #include "clock.hpp"
 #include "memguard.hpp"

@@ -12,6 +12,7 @@
 // peer writes the returned bytes into the kernel before any new byte. Both
 // kernel streams thus go on at the offsets where the fabric left them.
 // Crossing leaves are two first sides: each returns, each writes back.
+#include "conn_impl.hpp"
 #include "engine.hpp"
 #include "log.hpp"
 #include "settings.hpp"

@@ -3,6 +3,7 @@
 // advertised for write zero-copy (the sink). Before the peer's switch
 // point, and after its fabric stream ended, the companion socket has the
 // bytes.
+#include "conn_impl.hpp"
 #include "datapath.hpp"
 
 #include "log.hpp"

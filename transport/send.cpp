@@ -2,6 +2,7 @@
 // ones straight into the peer's ring, blocking large ones read zero-copy
 // by the peer from the caller's buffer, and any into a buffer the peer's
 // recv advertised (its sink); credits, and the waits for them.
+#include "conn_impl.hpp"
 #include "datapath.hpp"
 
 #include "log.hpp"
