@@ -16,10 +16,10 @@ bool Engine::refuse_at_shut_end_locked(Conn *c, std::uint64_t len, bool *answer)
     if (!len || !c->rd_shut.load(std::memory_order_acquire) ||
         !c->tx_fin.load(std::memory_order_acquire))
         return false;
-    if (!c->peer_reset.load(std::memory_order_acquire)) {
+    if (!c->reset_seen()) {
         SD_LOG(debug, "conn %u: %llu bytes came after SHUT_RDWR: reset", c->id,
                (unsigned long long)len);
-        c->note_reset();
+        c->reset_comes();
         if (c->fin_off == kNoOffset) c->fin_off = c->rx_expect();
         c->peer_closed.store(true, std::memory_order_release);
         *answer = true;
@@ -43,8 +43,7 @@ void Engine::closed_before_ours_locked(Conn *c) noexcept {
     if (read == kNoOffset ||
         c->stat->tx_fabric.load(std::memory_order_relaxed) - c->tx_fabric_base <= read)
         return;
-    c->reset_after_fin.store(true, std::memory_order_release);
-    c->note_reset();
+    c->reset_after_fin();
 }
 
 void Engine::sent_past_fin_locked(Conn *c) noexcept {

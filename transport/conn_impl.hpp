@@ -7,6 +7,7 @@
 #error "Conn's fields are transport's own: use the functions of transport/conn.hpp"
 #endif
 #include "conn.hpp"
+#include "reset_state.hpp"
 #include "wire.hpp"
 
 #include <boost/intrusive/slist.hpp>
@@ -156,12 +157,10 @@ struct Conn {
     std::atomic<bool> peer_closed{false};  // peer no longer reads (close, death)
     std::atomic<bool> broken{false};       // protocol or fabric error
     // The peer closed or died with bytes of ours unread (TCP: RST):
-    // POLLERR|POLLHUP, and the next recv or send reports ECONNRESET once.
-    std::atomic<bool> peer_reset{false};
-    std::atomic<bool> reset_unreported{false};
-    // The reset came after the peer's FIN (TCP's CLOSE_WAIT): TCP reports
-    // it as EPIPE, to a send or SO_ERROR only (a recv says EOF).
-    std::atomic<bool> reset_after_fin{false};
+    // POLLERR|POLLHUP, and the next recv or send reports it once
+    // (reset_state.hpp). Changed by move_reset only, read without a lock
+    // (acquire).
+    std::atomic<ResetState> reset{ResetState::none};
     char *ring = nullptr;           // fabric bytes not yet consumed
     std::uint32_t ring_cap = 0;     // = our window
     fid_mr *ring_mr = nullptr;      // the ring registered for the peer's writes
@@ -239,14 +238,23 @@ struct Conn {
     // Flow state into the counters (sdirect-stat shows it); the receive
     // side's only when the caller holds rx_lock.
     void show_flow(bool rx_locked) noexcept;
-    void note_reset() noexcept {
-        if (!peer_reset.exchange(true)) reset_unreported.store(true, std::memory_order_release);
-    }
+    // The one place the reset changes (reset_state.cpp): from the state
+    // the caller saw, as a compare-exchange; false if another thread moved
+    // it first. A move outside kResetMoves aborts a checked build.
+    bool move_reset(ResetState from, ResetState to) noexcept;
+    // The reset came (after the peer's FIN if `after_fin`); one already
+    // there stays as it is.
+    void reset_comes(bool after_fin = false) noexcept;
+    // A reset that our bytes drew after the peer's close (its FIN first):
+    // a new one, or the one not reported yet, is reported as EPIPE.
+    void reset_after_fin() noexcept;
+    // The kernel socket reported it first: reported, whatever came.
+    void reset_told() noexcept;
     // The reset not reported yet, now reported: ECONNRESET, EPIPE (after
     // the peer's FIN), or 0.
-    int take_reset() noexcept {
-        if (!reset_unreported.exchange(false, std::memory_order_acq_rel)) return 0;
-        return reset_after_fin.load(std::memory_order_acquire) ? EPIPE : ECONNRESET;
+    int take_reset() noexcept;
+    bool reset_seen() const noexcept {
+        return reset.load(std::memory_order_acquire) != ResetState::none;
     }
     void add_waiter(Waiter *w) noexcept;
     void remove_waiter(Waiter *w) noexcept;

@@ -50,16 +50,10 @@ void shut_read(Conn *c) noexcept { c->rd_shut.store(true, std::memory_order_rele
 bool broken(const Conn *c) noexcept { return c->broken.load(std::memory_order_acquire); }
 bool gone(const Conn *c) noexcept { return c->gone(); }
 
-bool reset_seen(const Conn *c) noexcept { return c->peer_reset.load(std::memory_order_acquire); }
+bool reset_seen(const Conn *c) noexcept { return c->reset_seen(); }
 int take_reset(Conn *c) noexcept { return c->take_reset(); }
-void reset_told(Conn *c) noexcept {
-    c->peer_reset.store(true, std::memory_order_release);
-    c->reset_unreported.store(false, std::memory_order_release);
-}
-void reset_drawn(Conn *c) noexcept {
-    c->reset_after_fin.store(true, std::memory_order_release);
-    c->note_reset();
-}
+void reset_told(Conn *c) noexcept { c->reset_told(); }
+void reset_drawn(Conn *c) noexcept { c->reset_after_fin(); }
 
 bool rx_news(Conn *c) noexcept {
     std::lock_guard lock(c->rx_lock);
@@ -133,8 +127,9 @@ bool fabric_view(Conn *c, FabricView &v) noexcept {
     v.writable = v.leaving ? !c->tx_owed.load(std::memory_order_acquire)
                            : c->credits.load(std::memory_order_acquire) > 0 || v.closed || v.eof;
     v.fin_sent = c->tx_fin.load(std::memory_order_relaxed);
-    v.reset = c->peer_reset.load(std::memory_order_acquire);
-    v.reset_unreported = v.reset && c->reset_unreported.load(std::memory_order_acquire);
+    const ResetState r = c->reset.load(std::memory_order_acquire);
+    v.reset = r != ResetState::none;
+    v.reset_unreported = reset_unreported(r);
     return true;
 }
 

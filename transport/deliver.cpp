@@ -238,9 +238,7 @@ void Engine::Rx::fin_or_close(Rx &m) noexcept {
     if (c->switch_off == kNoOffset) c->switch_off = h.offset;
     if (MsgType(h.type) == MsgType::close && (h.flags & kCloseReset)) {
         // After its FIN we were in CLOSE_WAIT: TCP says EPIPE then.
-        if (c->fin_off != kNoOffset && !c->peer_reset.load(std::memory_order_relaxed))
-            c->reset_after_fin.store(true, std::memory_order_release);
-        c->note_reset();
+        c->reset_comes(c->fin_off != kNoOffset);
     } else if (MsgType(h.type) == MsgType::close) {
         m.e.closed_before_ours_locked(c);
     }

@@ -629,7 +629,7 @@ void Engine::peer_died(Conn *c) noexcept {
     // the reset, whatever the fabric part says.
     pollfd k{c->app_fd(), 0, 0};
     if (sys.poll(&k, 1, 0) == 1 && (k.revents & POLLERR)) {
-        c->note_reset();
+        c->reset_comes();
         return;
     }
     // Its counters outlive it in its process page: bytes we sent that it
@@ -637,7 +637,7 @@ void Engine::peer_died(Conn *c) noexcept {
     const std::uint64_t read = peer_read(c);
     if (read == kNoOffset) return;
     if (c->stat->tx_fabric.load(std::memory_order_relaxed) - c->tx_fabric_base > read)
-        c->note_reset();
+        c->reset_comes();
 }
 
 bool Engine::peer_exit_wait(const Peer *p, int ms) const noexcept {

@@ -373,7 +373,7 @@ bool Engine::rejoin_locked(Conn *c, std::uint64_t sent, std::uint64_t received) 
     if (c->state.load(std::memory_order_acquire) != ConnState::final || c->gone() ||
         c->tx_fin.load(std::memory_order_relaxed) || c->fin_off != kNoOffset ||
         c->shut_wr_deferred.load(std::memory_order_acquire) || c->staged ||
-        c->tx_owed.load(std::memory_order_acquire) || c->peer_reset.load(std::memory_order_acquire))
+        c->tx_owed.load(std::memory_order_acquire) || c->reset_seen())
         return false;
     c->tx_off = sent;
     c->rx_off = received;
@@ -609,7 +609,7 @@ int Engine::hand_over_for_exec(Conn *c, std::uint64_t &tx, std::uint64_t &rx) no
     if (c->broken || c->staged || c->tx_owed.load(std::memory_order_acquire) ||
         c->shut_wr_deferred.load(std::memory_order_acquire) || c->ring_bytes() ||
         c->fin_off != kNoOffset || c->tx_fin.load(std::memory_order_relaxed) ||
-        c->peer_reset.load(std::memory_order_acquire) ||
+        c->reset_seen() ||
         c->holder_counts.load(std::memory_order_acquire))
         return -EBUSY;
     if (st == ConnState::kernel) {

@@ -217,7 +217,7 @@ void Engine::poison_link(XLink &l) noexcept {
         std::lock_guard rx(c->rx_lock);
         if (c->peer != p) continue;
         c->broken = true;
-        c->note_reset();
+        c->reset_comes();
         c->wake_locked();
     }
 }
