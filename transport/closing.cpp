@@ -15,11 +15,11 @@ bool shut_write(const SocketSide &s, Conn *c, std::atomic<bool> &fin_second) noe
         // there, and the fabric says nothing more of it.
         const bool post_fin = !wr_shut(c, s.kernel_wr_shut);
         if (post_fin)
-            fin_second.store(c->peer_fin.load(std::memory_order_acquire), std::memory_order_release);
+            fin_second.store(c->peer_fin(), std::memory_order_release);
         // Marked before the FIN goes: the peer may answer it at once
         // (its close), and a thread of ours polling meanwhile must see
         // our side shut with it (POLLHUP), as it is.
-        c->tx_fin = true;
+        (void)c->move_fin_out(FinOut::open, FinOut::fin);
         if (post_fin && engine->post(c, MsgType::fin, nullptr, 0, 0, c->tx_off, 0) == 0)
             engine->ring(c->peer);
     }
@@ -60,10 +60,11 @@ void close_conn(const SocketSide &s, Conn *c, bool abort) noexcept {
     }
     // Shut for writing before: the FIN went, but the peer must still learn
     // that we read no more (its sends draw a reset from now on, as TCP's).
-    if (!c->close_sent.exchange(true) &&
+    // Closed before the CLOSE goes, as the FIN above: a delivery that
+    // answers it (under rx_lock) already finds our end closed.
+    if (c->close_out() &&
         engine->post(c, MsgType::close, nullptr, 0, 0, c->tx_off, 0, unread ? kCloseReset : 0) == 0)
         engine->ring(c->peer);
-    c->tx_fin = true;
 }
 
 }  // namespace sd::transport

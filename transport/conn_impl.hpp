@@ -7,6 +7,7 @@
 #error "Conn's fields are transport's own: use the functions of transport/conn.hpp"
 #endif
 #include "conn.hpp"
+#include "fin_state.hpp"
 #include "reset_state.hpp"
 #include "wire.hpp"
 
@@ -114,19 +115,17 @@ struct Conn {
     RankedMutex<Rank::tx> tx_lock;
     std::uint64_t tx_off = 0;       // stream bytes sent so far, any transport
     bool tx_fabric = false;         // the switch point has been passed
-    // fin or close sent on the fabric (written under tx_lock; readiness
-    // reads it under rx_lock)
-    std::atomic<bool> tx_fin{false};
+    // Our end of the stream on the fabric (fin_state.hpp): changed under
+    // tx_lock by move_fin_out only; readiness and deliveries read it
+    // under rx_lock, send checks without a lock.
+    std::atomic<FinOut> fin_out{FinOut::open};
     // The application shut it for reading (SHUT_RD): once our FIN is sent
     // too, bytes that come are answered with a reset (abort.cpp).
     std::atomic<bool> rd_shut{false};
-    // The peer's FIN (or close) came (set with fin_off); our first send
-    // after it has made the peer's process take it (abort.cpp).
-    std::atomic<bool> peer_fin{false};
-    bool kicked_past_fin = false;   // under tx_lock
-    // Our CLOSE went (or the reset answer, itself a CLOSE): the peer knows
-    // we read no more. A FIN (shutdown) before it does not say that.
-    std::atomic<bool> close_sent{false};
+    // The peer's end (fin_state.hpp): came with fin_off (a delivery,
+    // under rx_lock, release), kicked by our first send after it (under
+    // tx_lock); changed by move_fin_in only.
+    std::atomic<FinIn> fin_in{FinIn::open};
     std::atomic<std::int64_t> credits{0};
     std::uint32_t staged = 0;       // combined bytes not yet sent (MSG_MORE, TCP_CORK)
     char *stage = nullptr;          // chunk-sized combining buffer
@@ -253,6 +252,20 @@ struct Conn {
     // The reset not reported yet, now reported: ECONNRESET, EPIPE (after
     // the peer's FIN), or 0.
     int take_reset() noexcept;
+    // The ends of the streams (fin_state.cpp): one place each changes, as
+    // a compare-exchange from the state the caller saw; a move outside
+    // kFinOutMoves or kFinInMoves aborts a checked build.
+    bool move_fin_out(FinOut from, FinOut to) noexcept;
+    bool move_fin_in(FinIn from, FinIn to) noexcept;
+    // Our FIN or CLOSE went on the fabric.
+    bool fin_sent(std::memory_order mo = std::memory_order_acquire) const noexcept {
+        return fin_out.load(mo) != FinOut::open;
+    }
+    // Our CLOSE goes: true for the one caller that moved it to closed
+    // (and posts it).
+    bool close_out() noexcept;
+    // The peer's FIN or CLOSE came.
+    bool peer_fin() const noexcept { return fin_in.load(std::memory_order_acquire) != FinIn::open; }
     bool reset_seen() const noexcept {
         return reset.load(std::memory_order_acquire) != ResetState::none;
     }

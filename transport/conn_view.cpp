@@ -41,11 +41,11 @@ std::uint64_t fabric_sent(Conn *c) noexcept {
 }
 
 bool wr_shut(const Conn *c, const std::atomic<bool> &kernel_wr_shut) noexcept {
-    return c->tx_fin.load(std::memory_order_relaxed) ||
+    return c->fin_sent(std::memory_order_relaxed) ||
            kernel_wr_shut.load(std::memory_order_acquire);
 }
-bool fin_sent(const Conn *c) noexcept { return c->tx_fin.load(std::memory_order_acquire); }
-bool peer_fin(const Conn *c) noexcept { return c->peer_fin.load(std::memory_order_acquire); }
+bool fin_sent(const Conn *c) noexcept { return c->fin_sent(); }
+bool peer_fin(const Conn *c) noexcept { return c->peer_fin(); }
 void shut_read(Conn *c) noexcept { c->rd_shut.store(true, std::memory_order_release); }
 bool broken(const Conn *c) noexcept { return c->broken.load(std::memory_order_acquire); }
 bool gone(const Conn *c) noexcept { return c->gone(); }
@@ -126,7 +126,7 @@ bool fabric_view(Conn *c, FabricView &v) noexcept {
     v.read_out = v.leaving && !v.ready && c->peer_end != kNoOffset && c->rx_off >= c->peer_end;
     v.writable = v.leaving ? !c->tx_owed.load(std::memory_order_acquire)
                            : c->credits.load(std::memory_order_acquire) > 0 || v.closed || v.eof;
-    v.fin_sent = c->tx_fin.load(std::memory_order_relaxed);
+    v.fin_sent = c->fin_sent(std::memory_order_relaxed);
     const ResetState r = c->reset.load(std::memory_order_acquire);
     v.reset = r != ResetState::none;
     v.reset_unreported = reset_unreported(r);

@@ -243,7 +243,7 @@ void Engine::Rx::fin_or_close(Rx &m) noexcept {
         m.e.closed_before_ours_locked(c);
     }
     c->fin_off = h.offset;
-    c->peer_fin.store(true, std::memory_order_release);
+    (void)c->move_fin_in(FinIn::open, FinIn::came);  // after fin_off: a release
     if (MsgType(h.type) == MsgType::close) c->peer_closed = true;
 }
 

@@ -699,7 +699,7 @@ void Engine::announce_switch(Conn *c) noexcept {
 
 void Engine::announce_switch_locked(Conn *c) noexcept {
     // Nothing goes after our close or shutdown: its FIN ended the stream.
-    if (c->tx_fabric || c->tx_fin || !c->is_direct()) return;
+    if (c->tx_fabric || c->fin_sent(std::memory_order_seq_cst) || !c->is_direct()) return;
     if (post(c, MsgType::data, nullptr, 0, 0, c->tx_off, monotonic_ns() + 100000000ull) == 0) {
         c->tx_fabric = true;
         ring(c->peer);

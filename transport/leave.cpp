@@ -140,7 +140,7 @@ void Engine::on_leave(Conn *c, const MsgHeader &h) noexcept {
     // image may upgrade it again, as the last holder would.
     c->rearm = (why == std::uint32_t(Reason::shared) || why == std::uint32_t(Reason::inherited)) &&
                c->fin_off == kNoOffset &&
-               !c->tx_fin.load(std::memory_order_relaxed) && !c->broken &&
+               !c->fin_sent(std::memory_order_relaxed) && !c->broken &&
                c->tx_end.load(std::memory_order_acquire) == kNoOffset;
     // Our own leave is owed (a no-op if we sent ours already): the next
     // holder of the send lock, or the flush pass, sends it. Owed before
@@ -371,7 +371,7 @@ void Engine::rearm_locked(Conn *c) noexcept {
 bool Engine::rejoin_locked(Conn *c, std::uint64_t sent, std::uint64_t received) noexcept {
     std::lock_guard rx(c->rx_lock);
     if (c->state.load(std::memory_order_acquire) != ConnState::final || c->gone() ||
-        c->tx_fin.load(std::memory_order_relaxed) || c->fin_off != kNoOffset ||
+        c->fin_sent(std::memory_order_relaxed) || c->fin_off != kNoOffset ||
         c->shut_wr_deferred.load(std::memory_order_acquire) || c->staged ||
         c->tx_owed.load(std::memory_order_acquire) || c->reset_seen())
         return false;
@@ -608,7 +608,7 @@ int Engine::hand_over_for_exec(Conn *c, std::uint64_t &tx, std::uint64_t &rx) no
     // peer's fabric stream, no end of stream either way.
     if (c->broken || c->staged || c->tx_owed.load(std::memory_order_acquire) ||
         c->shut_wr_deferred.load(std::memory_order_acquire) || c->ring_bytes() ||
-        c->fin_off != kNoOffset || c->tx_fin.load(std::memory_order_relaxed) ||
+        c->fin_off != kNoOffset || c->fin_sent(std::memory_order_relaxed) ||
         c->reset_seen() ||
         c->holder_counts.load(std::memory_order_acquire))
         return -EBUSY;

@@ -229,7 +229,7 @@ int send_failed(const SocketSide &s, Conn *c, int rc) noexcept {
         s.engine->progress_blocking();
         if (c->gone()) rc = -EPIPE;
     }
-    if (rc == -EPIPE && !c->tx_fin) {
+    if (rc == -EPIPE && !c->fin_sent(std::memory_order_seq_cst)) {
         if (int e = c->take_reset()) rc = -e;
         // Its CLOSE came only now: this is the send that TCP takes (0).
         else if (s.first_send_to_closed(c)) rc = 0;
