@@ -23,7 +23,7 @@ bool shut_write(const SocketSide &s, Conn *c, std::atomic<bool> &fin_second) noe
         if (post_fin && engine->post(c, MsgType::fin, nullptr, 0, 0, c->tx_off, 0) == 0)
             engine->ring(c->peer);
     }
-    if (c->is_direct() || c->leave_sent || c->leave_due.load(std::memory_order_acquire) ||
+    if (c->is_direct() || c->our_leave.load(std::memory_order_acquire) != OurLeave::none ||
         c->leave_wanted.load(std::memory_order_acquire)) {
         // On the fabric (or leaving it): the kernel's FIN waits until
         // a leave has written what it owes the kernel socket (returned

@@ -8,6 +8,7 @@
 #endif
 #include "conn.hpp"
 #include "fin_state.hpp"
+#include "leave_state.hpp"
 #include "reset_state.hpp"
 #include "wire.hpp"
 
@@ -191,9 +192,11 @@ struct Conn {
 
     // Leaving the fabric (leave.cpp). Send side, under tx_lock unless atomic.
     std::atomic<bool> leave_wanted{false};  // we leave: senders let go of tx_lock
-    std::atomic<bool> leave_due{false};     // the peer left: our own leave is owed
-    bool leave_sent = false;                // our fabric stream ended at tx_end
-    bool leave_first = false;               // ... and we left first (we return)
+    // Our leave (leave_state.hpp): owed, sent as the answer, or sent first
+    // (our fabric stream ended at tx_end). Moved by move_leave only:
+    // sends under tx_lock, the peer's leave under rx_lock; read by
+    // senders and the flush pass without either (acquire).
+    std::atomic<OurLeave> our_leave{OurLeave::none};
     std::atomic<std::uint64_t> tx_end{kNoOffset};  // read by deliver (give_back)
     // Owed to the kernel socket before any new byte of ours: the bytes the
     // peer returned (it left first: back_owed), then our staged bytes.
@@ -201,10 +204,12 @@ struct Conn {
     // shutdown(SHUT_WR) while direct: the fin went on the fabric; the
     // kernel socket's FIN waits for a leave's owed bytes (or close).
     std::atomic<bool> shut_wr_deferred{false};
-    std::atomic<bool> back_owed{false};
-    std::atomic<bool> back_complete{false};  // the last piece came (release)
+    // The bytes the peer returns (leave_state.hpp), moved by
+    // move_give_back only: awaited (the peer left first), complete (the
+    // last piece came: a release of `back`), none.
+    std::atomic<GiveBack> give_back{GiveBack::none};
     char *back = nullptr;                    // written by deliver under rx_lock
-    std::uint32_t back_len = 0;              // until back_complete
+    std::uint32_t back_len = 0;              // until complete
     std::uint32_t back_done = 0;             // written to the kernel (tx_lock)
     std::uint64_t back_off = kNoOffset;      // stream offset of back[0]
     // Receive side, under rx_lock: the peer's fabric stream ends here.
@@ -290,8 +295,34 @@ struct Conn {
     // Our leave is sent or owed, or bytes are owed to the kernel socket: a
     // send goes through leave_flush_locked first (tx_lock held).
     bool leave_under_way() const noexcept {
-        return leave_sent || leave_due.load(std::memory_order_acquire) ||
+        return our_leave.load(std::memory_order_acquire) != OurLeave::none ||
                tx_owed.load(std::memory_order_acquire);
+    }
+    // Our leave (leave_state.cpp): the one place it changes, a
+    // compare-exchange from the state the caller saw; a move outside
+    // kLeaveMoves aborts a checked build.
+    bool move_leave(OurLeave from, OurLeave to) noexcept;
+    // The peer's leave came: ours is owed, or (sent first) answered.
+    void peer_left() noexcept;
+    // Ours goes (tx_lock held): first, or as the answer.
+    void leave_goes(bool first) noexcept;
+    // Kernel mode again: no leave of ours sent or owed.
+    void leave_forget() noexcept;
+    bool move_give_back(GiveBack from, GiveBack to) noexcept;
+    // Returned bytes written, given up, or kernel mode again: none.
+    void give_back_forget() noexcept;
+    bool back_complete() const noexcept {
+        return give_back.load(std::memory_order_acquire) == GiveBack::complete;
+    }
+    bool leave_sent() const noexcept {
+        return transport::leave_sent(our_leave.load(std::memory_order_acquire));
+    }
+    bool leave_first() const noexcept {
+        const OurLeave s = our_leave.load(std::memory_order_acquire);
+        return s == OurLeave::first || s == OurLeave::first_answered;
+    }
+    bool leave_due() const noexcept {
+        return transport::leave_due(our_leave.load(std::memory_order_acquire));
     }
     // Leaving, and every fabric byte of the peer is read: receives take
     // the kernel socket alone from now on (rx_lock held). True once final.

@@ -34,7 +34,7 @@ bool leave_wanted(const Conn *c) noexcept {
 }
 bool leave_requested(const Conn *c) noexcept {
     return c->leave_wanted.load(std::memory_order_acquire) ||
-           c->leave_due.load(std::memory_order_acquire) || !c->is_direct();
+           c->leave_due() || !c->is_direct();
 }
 std::uint64_t fabric_sent(Conn *c) noexcept {
     return c->stat->tx_fabric.load(std::memory_order_relaxed) - c->tx_fabric_base;
@@ -162,7 +162,9 @@ std::uint64_t hand_ring_out(Conn *c, char *(*room)(void *ctx, std::uint64_t n),
     // Only the answering side of a finished leave: every fabric byte of
     // the peer is here, and nothing more comes on the fabric.
     std::unique_lock tx(c->tx_lock, std::try_to_lock);
-    if (!tx.owns_lock() || !c->is_leaving() || !c->leave_sent || c->leave_first) return 0;
+    if (!tx.owns_lock() || !c->is_leaving() ||
+        c->our_leave.load(std::memory_order_acquire) != OurLeave::answered)
+        return 0;
     std::lock_guard rx(c->rx_lock);
     const std::uint64_t n = c->ring_bytes();
     if (!n || c->zc.active || c->peer_end == kNoOffset || c->rx_expect() < c->peer_end ||

@@ -144,7 +144,7 @@ void Engine::flush_due_stages() noexcept {
         Conn *c = conns_[id].load(std::memory_order_acquire);
         if (!c || !c->flush_due.load(std::memory_order_acquire)) continue;
         // Leaving the fabric: our leave, then bytes owed to the kernel.
-        const bool left = c->leave_due.load(std::memory_order_acquire) ||
+        const bool left = c->leave_due() ||
                           c->tx_owed.load(std::memory_order_acquire) ||
                           c->rearm_due.load(std::memory_order_acquire) ||
                           c->initiate_due.load(std::memory_order_acquire);

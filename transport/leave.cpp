@@ -39,7 +39,7 @@ bool answered(void *ctx) noexcept {
 
 bool back_arrived(void *ctx) noexcept {
     auto *c = static_cast<Conn *>(ctx);
-    return c->back_complete.load(std::memory_order_acquire) || c->gone();
+    return c->back_complete() || c->gone();
 }
 
 // SDIRECT_LEAVE_PAUSE_US (tests): the whole pause, signals or not.
@@ -86,16 +86,14 @@ bool Conn::settle_left_locked() noexcept {
 }
 
 void Engine::send_leave_locked(Conn *c, bool first, Reason why) noexcept {
-    if (c->leave_sent) return;
+    if (c->leave_sent()) return;
     // Staged bytes were accepted after everything on the fabric: they
     // follow on the kernel socket.
     if (c->staged) c->tx_owed.store(true, std::memory_order_release);
     const std::uint64_t deadline = monotonic_ns() + settings().leave_timeout_ms * 1000000ull;
     c->tx_end.store(c->tx_off, std::memory_order_release);
-    c->leave_sent = true;
-    c->leave_first = first;
+    c->leave_goes(first);
     c->stat->leaves.fetch_add(1, std::memory_order_relaxed);
-    c->leave_due.store(false, std::memory_order_relaxed);
     const std::uint32_t flags = (first ? kLeaveFirst : 0) | std::uint32_t(why) << 8;
     if (post(c, MsgType::leave, nullptr, 0, 0, c->tx_off, deadline, flags) == 0)
         ring(c->peer);
@@ -130,7 +128,7 @@ void Engine::on_leave(Conn *c, const MsgHeader &h) noexcept {
                     reason_name(Reason(c->stat->reason.load(std::memory_order_relaxed))),
                     c->peer ? int(c->peer->pid) : 0);
     if (h.flags & kLeaveFirst) {
-        c->back_owed.store(true, std::memory_order_relaxed);
+        (void)c->move_give_back(GiveBack::none, GiveBack::awaited);
         c->tx_owed.store(true, std::memory_order_release);
     }
     // Left for sharing (not exec), with both directions open and not
@@ -151,7 +149,7 @@ void Engine::on_leave(Conn *c, const MsgHeader &h) noexcept {
     // so the peer would wait for fabric bytes that went to the kernel.
     // The flush pass may send the leave before the state below changes:
     // everything above is set by then (rearm looks at tx_end).
-    c->leave_due.store(true, std::memory_order_release);
+    c->peer_left();
     c->move(ConnState::direct, ConnState::leaving);
     if (const std::uint32_t us = settings().leave_pause_us) pause_us(us);
     want_flush(c);
@@ -162,8 +160,8 @@ void Engine::on_give_back(Conn *c, const MsgHeader &h, const char *payload) noex
     const bool first = c->back_off == kNoOffset;
     const std::uint64_t expect = first ? h.offset : c->back_off + c->back_len;
     const std::uint64_t end = c->tx_end.load(std::memory_order_acquire);  // before our leave
-    bool ok = c->back_owed.load(std::memory_order_relaxed) &&
-              !c->back_complete.load(std::memory_order_relaxed) && h.offset == expect &&
+    bool ok = c->give_back.load(std::memory_order_relaxed) == GiveBack::awaited &&
+              h.offset == expect &&
               end != kNoOffset && h.offset + h.len <= end &&
               end - (first ? h.offset : c->back_off) <= c->peer_ring_cap;
     if (ok && (h.flags & kGiveBackLast)) ok = h.offset + h.len == end;
@@ -188,14 +186,14 @@ void Engine::on_give_back(Conn *c, const MsgHeader &h, const char *payload) noex
         c->back_len += h.len;
     }
     if (h.flags & kGiveBackLast) {
-        c->back_complete.store(true, std::memory_order_release);
+        (void)c->move_give_back(GiveBack::awaited, GiveBack::complete);
         want_flush(c);
     }
 }
 
 int Engine::leave_work_locked(Conn *c) noexcept {
-    if (!c->leave_sent) {
-        if (!c->leave_due.load(std::memory_order_acquire)) return 0;
+    if (!c->leave_sent()) {
+        if (!c->leave_due()) return 0;
         send_leave_locked(c, false, Reason::none);
     }
     if (c->tx_owed.load(std::memory_order_acquire))
@@ -285,14 +283,14 @@ bool Engine::peer_conn_closed(const Conn *c) const noexcept {
 
 int Engine::write_owed_locked(Conn *c) noexcept {
     const int fd = c->app_fd();
-    if (c->back_owed.load(std::memory_order_acquire)) {
-        if (!c->back_complete.load(std::memory_order_acquire)) progress();  // it may be here
+    if (c->give_back.load(std::memory_order_acquire) != GiveBack::none) {
+        if (!c->back_complete()) progress();  // it may be here
         // A closed end posted everything before its slot said so: take in
         // what is queued for us before judging.
-        const bool closed = !c->back_complete.load(std::memory_order_acquire) && peer_conn_closed(c);
-        for (int pass = 0; closed && pass < 4 && !c->back_complete.load(); ++pass)
+        const bool closed = !c->back_complete() && peer_conn_closed(c);
+        for (int pass = 0; closed && pass < 4 && !c->back_complete(); ++pass)
             progress_blocking();
-        if (!c->back_complete.load(std::memory_order_acquire)) {
+        if (!c->back_complete()) {
             if (!c->gone() && peer_alive(c->peer) && !closed) return -EAGAIN;
             // It died, or closed its end, between its leave and its
             // returned bytes: they are lost with it (its holders' next
@@ -303,7 +301,7 @@ int Engine::write_owed_locked(Conn *c) noexcept {
         } else if (int rc = write_some(fd, c->back, c->back_len, &c->back_done)) {
             return rc;
         }
-        c->back_owed.store(false, std::memory_order_relaxed);
+        c->give_back_forget();
         std::free(c->back);
         c->back = nullptr;
     }
@@ -340,11 +338,9 @@ void Engine::rearm_locked(Conn *c) noexcept {
     c->credits.store(0, std::memory_order_relaxed);
     c->unreturned.store(0, std::memory_order_relaxed);
     c->zc_answer_off.store(kNoOffset, std::memory_order_relaxed);
-    c->leave_sent = c->leave_first = false;
+    c->leave_forget();
     c->tx_end.store(kNoOffset, std::memory_order_relaxed);
-    c->leave_due.store(false, std::memory_order_relaxed);
-    c->back_owed.store(false, std::memory_order_relaxed);
-    c->back_complete.store(false, std::memory_order_relaxed);
+    c->give_back_forget();
     std::free(c->back);
     c->back = nullptr;
     c->back_len = c->back_done = 0;
@@ -392,8 +388,7 @@ int Engine::leave_flush_locked(Conn *c, bool blocking, std::uint64_t deadline_ns
         std::uint64_t now = monotonic_ns();
         if (deadline_ns && now >= deadline_ns) return -EAGAIN;
         int ms = deadline_ns ? int(std::min<std::uint64_t>((deadline_ns - now) / 1000000 + 1, 10)) : 10;
-        if (c->back_owed.load(std::memory_order_acquire) &&
-            !c->back_complete.load(std::memory_order_acquire)) {
+        if (c->give_back.load(std::memory_order_acquire) == GiveBack::awaited) {
             int w = sleep_once(this, c, -1, 0, back_arrived, c, ms);
             if (w == -EINTR) return -EINTR;
         } else {
@@ -433,9 +428,9 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
     }
     // First or not (the peer may have left meanwhile), we return what we
     // hold unread: every holder of the socket reads the kernel from now on.
-    if (!c->leave_sent) {
+    if (!c->leave_sent()) {
         send_leave_locked(c, true, why);
-    } else if (!c->leave_first) {
+    } else if (!c->leave_first()) {
         // We answered the peer's leave already, keeping our unread bytes
         // to read them ourselves: too late to return them. What we owe
         // the kernel goes now; with everything read, the fabric part is
