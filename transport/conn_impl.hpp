@@ -216,10 +216,11 @@ struct Conn {
     std::uint64_t peer_end = kNoOffset;
     // The peer left because its socket is shared: once the fabric part is
     // read and owed bytes written, the connection waits in kernel mode for
-    // an upgrade again (its last holder's), instead of final. rearm_due:
-    // that is ready to happen (the flush pass does it, with both locks).
-    bool rearm = false;
-    std::atomic<bool> rearm_due{false};
+    // an upgrade again (its last holder's), instead of final
+    // (leave_state.hpp). Moved by move_rearm only: wanted under rx_lock,
+    // due under rx_lock, none with both locks; the flush pass reads it
+    // without a lock (acquire).
+    std::atomic<Rearm> rearm{Rearm::none};
     std::atomic<bool> initiate_due{false};  // rearmed: look for the peer's entry
     std::uint64_t tx_fabric_base = 0;       // stat->tx_fabric when rearmed (peer_died)
     // A send's next look at the page slot of a peer of another uid, which
@@ -309,6 +310,10 @@ struct Conn {
     // Kernel mode again: no leave of ours sent or owed.
     void leave_forget() noexcept;
     bool move_give_back(GiveBack from, GiveBack to) noexcept;
+    bool move_rearm(Rearm from, Rearm to) noexcept;
+    // Rearmed or handed to the holders: none.
+    void rearm_forget() noexcept;
+    bool rearm_due() const noexcept { return rearm.load(std::memory_order_acquire) == Rearm::due; }
     // Returned bytes written, given up, or kernel mode again: none.
     void give_back_forget() noexcept;
     bool back_complete() const noexcept {

@@ -146,7 +146,7 @@ void Engine::flush_due_stages() noexcept {
         // Leaving the fabric: our leave, then bytes owed to the kernel.
         const bool left = c->leave_due() ||
                           c->tx_owed.load(std::memory_order_acquire) ||
-                          c->rearm_due.load(std::memory_order_acquire) ||
+                          c->rearm_due() ||
                           c->initiate_due.load(std::memory_order_acquire);
         // Short of credits: their arrival brings us back here.
         if (!left && c->credits.load(std::memory_order_acquire) < std::int64_t(c->staged) &&

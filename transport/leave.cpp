@@ -73,10 +73,10 @@ bool Conn::settle_left_locked() noexcept {
     if (st != ConnState::leaving || peer_end == kNoOffset || rx_off < peer_end || ring_bytes() ||
         zc.active || tx_owed.load(std::memory_order_acquire))
         return false;
-    if (rearm) {
+    if (const Rearm r = rearm.load(std::memory_order_acquire); r != Rearm::none) {
         // Not final: kernel mode again, by the flush pass (it needs the
         // send lock too).
-        rearm_due.store(true, std::memory_order_release);
+        if (r == Rearm::wanted) (void)move_rearm(Rearm::wanted, Rearm::due);
         return false;
     }
     stat->mode.store(std::uint32_t(Mode::kernel), std::memory_order_relaxed);
@@ -136,10 +136,11 @@ void Engine::on_leave(Conn *c, const MsgHeader &h) noexcept {
     // for it in kernel mode.
     // Left for an exec whose new image runs the library (inherited): that
     // image may upgrade it again, as the last holder would.
-    c->rearm = (why == std::uint32_t(Reason::shared) || why == std::uint32_t(Reason::inherited)) &&
-               c->fin_off == kNoOffset &&
-               !c->fin_sent(std::memory_order_relaxed) && !c->broken &&
-               c->tx_end.load(std::memory_order_acquire) == kNoOffset;
+    if ((why == std::uint32_t(Reason::shared) || why == std::uint32_t(Reason::inherited)) &&
+        c->fin_off == kNoOffset &&
+        !c->fin_sent(std::memory_order_relaxed) && !c->broken &&
+        c->tx_end.load(std::memory_order_acquire) == kNoOffset)
+        (void)c->move_rearm(Rearm::none, Rearm::wanted);
     // Our own leave is owed (a no-op if we sent ours already): the next
     // holder of the send lock, or the flush pass, sends it. Owed before
     // the state says leaving, never after: a send that holds the send lock
@@ -205,7 +206,7 @@ int Engine::leave_work_locked(Conn *c) noexcept {
     // Writable now; the receive side may be done too.
     std::lock_guard rx(c->rx_lock);
     if (!c->settle_left_locked()) c->wake_locked();
-    if (c->rearm_due.load(std::memory_order_acquire)) {
+    if (c->rearm_due()) {
         if (hand_to_holders_locked(c)) return 0;
         rearm_locked(c);
         return 1;
@@ -224,8 +225,7 @@ bool Engine::hand_to_holders_locked(Conn *c) noexcept {
     // (everything of the fabric is read and nothing is owed by now).
     auto *k = c->holder_counts.load(std::memory_order_acquire);
     if (!k) return false;
-    c->rearm = false;
-    c->rearm_due.store(false, std::memory_order_relaxed);
+    c->rearm_forget();
     c->stat->reason.store(std::uint32_t(Reason::shared), std::memory_order_relaxed);
     c->stat->mode.store(std::uint32_t(Mode::kernel), std::memory_order_relaxed);
     c->move_to(ConnState::final);
@@ -322,8 +322,7 @@ void Engine::rearm_locked(Conn *c) noexcept {
     // Everything of the fabric is over: the connection is as it was before
     // its upgrade, at today's offsets (the last holder's attach brings the
     // other end back; our old peer is released when a new one replaces it).
-    c->rearm = false;
-    c->rearm_due.store(false, std::memory_order_relaxed);
+    c->rearm_forget();
     c->switch_off = c->fin_off = c->peer_end = kNoOffset;
     c->ring_head = c->ring_tail = 0;
     c->zc = SrcAvail{};

@@ -27,6 +27,33 @@ const char *give_back_name(GiveBack s) noexcept {
     return "?";
 }
 
+const char *rearm_name(Rearm s) noexcept {
+    switch (s) {
+    case Rearm::none: return "none";
+    case Rearm::wanted: return "wanted";
+    case Rearm::due: return "due";
+    }
+    return "?";
+}
+
+bool Conn::move_rearm(Rearm from, Rearm to) noexcept {
+#ifdef SDIRECT_LOCK_CHECK
+    if (!rearm_move_allowed(from, to)) {
+        std::fprintf(stderr, "sdirect: a connection's rearm moved from %s to %s, which its table "
+                             "does not allow\n", rearm_name(from), rearm_name(to));
+        std::abort();
+    }
+#endif
+    // Sequentially consistent, so at least a release: the flush pass that
+    // sees due (acquire, without rx_lock) sees the receive side settled.
+    return rearm.compare_exchange_strong(from, to);
+}
+
+void Conn::rearm_forget() noexcept {
+    Rearm s = rearm.load(std::memory_order_acquire);
+    while (s != Rearm::none && !move_rearm(s, Rearm::none)) s = rearm.load(std::memory_order_acquire);
+}
+
 bool Conn::move_leave(OurLeave from, OurLeave to) noexcept {
 #ifdef SDIRECT_LOCK_CHECK
     if (!leave_move_allowed(from, to)) {

@@ -1,8 +1,10 @@
-// A leave of the fabric (leave.cpp) as two words of the Conn. Ours
+// A leave of the fabric (leave.cpp) as three words of the Conn. Ours
 // (OurLeave): not owed, owed (the peer left and our answer has not gone),
 // sent as the answer, or sent first (the peer's leave may come after it).
 // The bytes the peer returns when it left first (GiveBack): awaited, all
 // here, or none (not owed, written to the kernel socket, or given up).
+// Whether the peer's side comes back to kernel mode instead of final
+// (Rearm): wanted, due, or none.
 // Each changes only by its Conn::move_* function (a compare-exchange from
 // the state the caller saw, each a move of its table below) and the Conn
 // functions built on it (leave_state.cpp); the same tables are in
@@ -98,8 +100,46 @@ constexpr bool give_back_move_allowed(GiveBack from, GiveBack to) noexcept {
     return false;
 }
 
-// For messages: "none", "owed" ...; "none", "awaited", "complete".
+// After the peer's leave for sharing (or for an exec that hands the
+// connection over): instead of final, kernel mode again once the fabric
+// part is over, awaiting an upgrade (its last holder's, or the new
+// image's).
+enum class Rearm : std::uint32_t {
+    none,
+    wanted,  // decided when the peer's leave came (under rx_lock)
+    // The fabric part is read and nothing is owed: the flush pass (or the
+    // next send) rearms it, with both locks.
+    due,
+};
+
+struct RearmMove {
+    Rearm from, to;
+};
+
+inline constexpr RearmMove kRearmMoves[] = {
+    // The peer left for sharing or an exec, both directions open, not
+    // crossing a leave of ours (Engine::on_leave).
+    {Rearm::none, Rearm::wanted},
+    // Its fabric part read, nothing owed (Conn::settle_left_locked).
+    {Rearm::wanted, Rearm::due},
+    // Rearmed (rearm_locked), or handed to the holders of a socket shared
+    // through fork instead (hand_to_holders_locked); from wanted when it
+    // went final another way (the peer died during the leave) and the
+    // last holder's rejoin rearms it.
+    {Rearm::due, Rearm::none},
+    {Rearm::wanted, Rearm::none},
+};
+
+constexpr bool rearm_move_allowed(Rearm from, Rearm to) noexcept {
+    for (const RearmMove &m : kRearmMoves)
+        if (m.from == from && m.to == to) return true;
+    return false;
+}
+
+// For messages: "none", "owed" ...; "none", "awaited", "complete";
+// "none", "wanted", "due".
 const char *our_leave_name(OurLeave s) noexcept;
 const char *give_back_name(GiveBack s) noexcept;
+const char *rearm_name(Rearm s) noexcept;
 
 }  // namespace sd::transport

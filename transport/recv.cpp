@@ -152,9 +152,10 @@ ssize_t try_recv(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, std
             !c->zc.active) {
             // The peer's fabric stream is over and read: the kernel's turn.
             const bool final = c->settle_left_locked();
-            if (!c->rearm) {
+            const Rearm rearm = c->rearm.load(std::memory_order_acquire);
+            if (rearm == Rearm::none) {
                 if (final) return -ESTALE;  // the kernel alone, blocking as asked
-            } else if (c->rearm_due.load(std::memory_order_acquire)) {
+            } else if (rearm == Rearm::due) {
                 s.engine->want_flush(c);  // kernel mode again, with both locks
             }
             // Until then: counted (an upgrade later starts at rx_off), and

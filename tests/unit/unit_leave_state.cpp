@@ -1,8 +1,8 @@
 // A leave of the fabric (transport/leave_state.hpp): ours owed when the
 // peer's leave comes, sent first or as the answer, the peer's leave after
 // ours, kernel mode again; the bytes the peer returns awaited, complete,
-// written or given up; and a move outside either table stopping a checked
-// build.
+// written or given up; a rearm wanted, due, done; and a move outside any
+// of the tables stopping a checked build.
 #include <catch2/catch.hpp>
 
 #include "unit_child.hpp"
@@ -127,6 +127,31 @@ TEST_CASE("returned bytes are awaited, complete, then written or given up", "[le
     CHECK(c->give_back.load() == GiveBack::none);
 }
 
+TEST_CASE("a rearm is wanted at the peer's leave, due once its fabric part is over, then done",
+          "[leave-state]") {
+    static_assert(rearm_move_allowed(Rearm::none, Rearm::wanted));
+    static_assert(rearm_move_allowed(Rearm::wanted, Rearm::due));
+    static_assert(rearm_move_allowed(Rearm::due, Rearm::none));
+    CHECK(rearm_move_allowed(Rearm::wanted, Rearm::none));
+    CHECK_FALSE(rearm_move_allowed(Rearm::none, Rearm::due));  // due only once wanted
+    CHECK_FALSE(rearm_move_allowed(Rearm::due, Rearm::wanted));
+    constexpr Rearm all[] = {Rearm::none, Rearm::wanted, Rearm::due};
+    int moves = 0;
+    for (Rearm from : all)
+        for (Rearm to : all) moves += rearm_move_allowed(from, to);
+    CHECK(moves == int(std::size(kRearmMoves)));
+
+    auto c = std::make_unique<Conn>();
+    CHECK(c->move_rearm(Rearm::none, Rearm::wanted));
+    CHECK_FALSE(c->rearm_due());
+    CHECK(c->move_rearm(Rearm::wanted, Rearm::due));
+    CHECK(c->rearm_due());
+    c->rearm_forget();
+    CHECK(c->rearm.load() == Rearm::none);
+    c->rearm_forget();
+    CHECK(c->rearm.load() == Rearm::none);
+}
+
 TEST_CASE("a leave's move outside the table aborts a checked build", "[leave-state]") {
     const int allowed = in_child([] {
         auto c = std::make_unique<Conn>();
@@ -154,4 +179,9 @@ TEST_CASE("a leave's move outside the table aborts a checked build", "[leave-sta
         c->move_give_back(GiveBack::none, GiveBack::complete);
     });
     CHECK((WIFSIGNALED(complete_unawaited) && WTERMSIG(complete_unawaited) == SIGABRT));
+    const int due_unwanted = in_child([] {
+        auto c = std::make_unique<Conn>();
+        c->move_rearm(Rearm::none, Rearm::due);
+    });
+    CHECK((WIFSIGNALED(due_unwanted) && WTERMSIG(due_unwanted) == SIGABRT));
 }
