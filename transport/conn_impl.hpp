@@ -199,7 +199,7 @@ struct Conn {
     std::atomic<OurLeave> our_leave{OurLeave::none};
     std::atomic<std::uint64_t> tx_end{kNoOffset};  // read by deliver (give_back)
     // Owed to the kernel socket before any new byte of ours: the bytes the
-    // peer returned (it left first: back_owed), then our staged bytes.
+    // peer returned (it left first: give_back), then our staged bytes.
     std::atomic<bool> tx_owed{false};
     // shutdown(SHUT_WR) while direct: the fin went on the fabric; the
     // kernel socket's FIN waits for a leave's owed bytes (or close).
