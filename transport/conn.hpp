@@ -63,8 +63,6 @@ bool is_leaving(const Conn *c) noexcept;
 bool on_fabric(const Conn *c) noexcept;
 // Not direct yet, but an upgrade may still make it so.
 bool upgrading(const Conn *c) noexcept;
-// Held on the kernel (a fork, urgent data): no upgrade from now on.
-bool held(const Conn *c) noexcept;
 // Its counters (sdirect-stat shows them).
 ConnStat &stats(Conn *c) noexcept;
 
@@ -81,9 +79,6 @@ bool leave_under_way(const Conn *c) noexcept;
 bool owes_kernel(const Conn *c) noexcept;
 // We leave the fabric: a send lets go of tx_lock until it is done.
 bool leave_wanted(const Conn *c) noexcept;
-// The connection is leaving the fabric (ours or the peer's doing): a send
-// lets go of the send lock, and the rest goes through the kernel.
-bool leave_requested(const Conn *c) noexcept;
 // Fabric bytes sent since it (last) went direct.
 std::uint64_t fabric_sent(Conn *c) noexcept;
 

@@ -17,7 +17,6 @@ bool on_fabric(const Conn *c) noexcept {
     return s == ConnState::direct || s == ConnState::leaving;
 }
 bool upgrading(const Conn *c) noexcept { return c->upgrading(); }
-bool held(const Conn *c) noexcept { return c->held.load(std::memory_order_acquire); }
 ConnStat &stats(Conn *c) noexcept { return *c->stat; }
 
 TxLock lock_tx(Conn *c) noexcept { return TxLock(c->tx_lock); }

@@ -104,6 +104,10 @@ struct SocketSide {
     bool first_send_to_closed(Conn *c) const noexcept { return closed_send(sock, c); }
 };
 
+// The connection is leaving the fabric (ours or the peer's doing): a send
+// lets go of the send lock, and the rest goes through the kernel.
+bool leave_requested(const Conn *c) noexcept;
+
 // shutdown(SHUT_WR) (closing.cpp): a FIN on the fabric if the connection is
 // direct (fin_second: whether the peer's FIN came first). True if the
 // kernel socket's FIN must wait: the connection is on the fabric or
