@@ -193,12 +193,12 @@ void before_exec(Stream &s, bool vforked, int kept) noexcept {
     }
     Conn *c = s.conn.load(std::memory_order_acquire);
     SD_LOG(debug, "fd %d before exec: phase %d, %s, state %d", s.kfd(), int(p),
-           c ? "a connection" : "no connection", c ? int(c->state.load()) : -1);
+           c ? "a connection" : "no connection", c ? int(transport::state_of(c)) : -1);
     // Never used here: the peer may wait for an upgrade that cannot come.
     if (!c && (p == Phase::deferred || p == Phase::connecting))
         transport::mark_unattached(s.kfd(), transport::Reason::exec);
     if (!c || !s.engine) return;  // the kernel has it, and counts (if shared) stay ours
-    ConnState st = c->state.load(std::memory_order_acquire);
+    ConnState st = transport::state_of(c);
     if (st == ConnState::direct || st == ConnState::leaving) {
         // In a vfork child, the process that owns the engine acts.
         if (vforked)

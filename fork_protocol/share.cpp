@@ -85,16 +85,16 @@ void fork_prepare(Stream &s, unsigned mark) noexcept {
         if (s.engine) s.engine->hold(c);
         // Direct: it stays so until the child uses it; who holds it is
         // kept, for our last close.
-        if (c->is_direct() || c->is_leaving()) {
+        if (transport::on_fabric(c)) {
             Sharers *h = s.holders.load(std::memory_order_relaxed);
             if (!h && (h = sharers_open(0, 0))) {
                 s.holders.store(h, std::memory_order_relaxed);
-                c->holder_counts.store(sharers_counts(h), std::memory_order_release);
+                transport::set_holder_counts(c, sharers_counts(h));
             }
             if (h) sharers_expect_child(h);
             // Answered the peer's leave with its bytes unread: whoever
             // reads next gets them (the holders' counts start after them).
-            if (h && c->is_leaving() && !s.prefix.load(std::memory_order_relaxed))
+            if (h && transport::is_leaving(c) && !s.prefix.load(std::memory_order_relaxed))
                 if (Prefix *p = prefix_from_ring(c)) {
                     s.prefix.store(p, std::memory_order_release);
                     if (s.engine) s.engine->want_flush(c);
@@ -161,8 +161,8 @@ void fork_child(Stream &s, unsigned mark, int parent) noexcept {
     s.pending.store(false, std::memory_order_relaxed);
     s.earn_ns = 0;
     s.forked = true;
-    if (c && (c->is_direct() || c->is_leaving() || c->state.load() == ConnState::initiating ||
-              c->state.load() == ConnState::committing)) {
+    if (c && (transport::on_fabric(c) || transport::state_of(c) == ConnState::initiating ||
+              transport::state_of(c) == ConnState::committing)) {
         // Its bytes travel through the parent's endpoint: the parent moves
         // it to the kernel when we use it (claim_inherited).
         s.orphan.store(true, std::memory_order_relaxed);
@@ -226,7 +226,7 @@ bool take_over(Stream &s, Sharers *sh) noexcept {
         fallback::sharers_disown(sh, fallback::own_pid());
         return false;
     }
-    c->holder_counts.store(sharers_counts(sh), std::memory_order_release);
+    transport::set_holder_counts(c, sharers_counts(sh));
     s.share.store(nullptr, std::memory_order_release);
     s.holders.store(sh, std::memory_order_release);
     s.engine = e;
@@ -285,9 +285,10 @@ void drop_share(Stream &s) noexcept {
 
 Sharers *left_holders(const Stream &s, Conn *c) noexcept {
     Sharers *h = s.holders.load(std::memory_order_acquire);
-    if (!h || !c->holder_counts.load(std::memory_order_acquire) || sharers_stuck(h) ||
-        c->state.load(std::memory_order_acquire) != ConnState::final ||
-        c->stat->reason.load(std::memory_order_relaxed) != std::uint32_t(transport::Reason::shared))
+    if (!h || !transport::has_holder_counts(c) || sharers_stuck(h) ||
+        transport::state_of(c) != ConnState::final ||
+        transport::stats(c).reason.load(std::memory_order_relaxed) !=
+            std::uint32_t(transport::Reason::shared))
         return nullptr;
     return h;
 }

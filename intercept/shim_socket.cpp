@@ -218,7 +218,7 @@ SD_EXPORT int ioctl(int fd, unsigned long req, ...) {
     void *arg = va_arg(ap, void *);
     va_end(ap);
     Held s(fd);
-    if (s && req == FIONREAD && s->conn.load() && s->conn.load()->is_direct() &&
+    if (s && req == FIONREAD && s->conn.load() && sd::transport::is_direct(s->conn.load()) &&
         sd::transport::writable(arg, sizeof(int))) {
         int n = s->readable_bytes();
         if (n < 0) return ret(n);

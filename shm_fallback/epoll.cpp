@@ -185,8 +185,8 @@ std::uint32_t entry_events(EpollSet *set, Entry &e, bool commit, int depth) noex
     if (!ev) return 0;
     if (e.ev.events & EPOLLET) {
         Conn *c = e.s->conn.load(std::memory_order_acquire);
-        std::uint32_t rx = c->rx_seq.load(std::memory_order_acquire);
-        std::uint32_t tx = c->tx_seq.load(std::memory_order_acquire);
+        std::uint32_t rx, tx;
+        transport::arrivals(c, rx, tx);
         if (rx == e.seen_rx && tx == e.seen_tx) return 0;  // nothing new since the last report
         if (commit) {
             e.seen_rx = rx;

@@ -59,13 +59,13 @@ void Stream::to_kernel_for_good(Reason why) noexcept {
     drop_share();  // shared through fork: no holder brings it to the fabric
     Conn *c = conn.load(std::memory_order_acquire);
     if (!c || !engine) return;
-    ConnState st = c->state.load(std::memory_order_acquire);
+    ConnState st = transport::state_of(c);
     if (st != ConnState::direct && st != ConnState::leaving) {
         engine->stay_on_kernel(c, why);
         // An upgrade under way that still ended direct leaves like one
         // that was direct.
         (void)engine->settle_upgrade(c);
-        st = c->state.load(std::memory_order_acquire);
+        st = transport::state_of(c);
     }
     if (st == ConnState::direct || st == ConnState::leaving) {
         const int rc = engine->leave(c, why);

@@ -21,57 +21,44 @@
 namespace sd::fallback {
 
 using transport::Conn;
-using transport::kNoOffset;
 
-Prefix *prefix_from_ring(Conn *c) noexcept {
-    // Only the answering side of a finished leave: every fabric byte of
-    // the peer is here, and nothing more comes on the fabric.
-    std::unique_lock tx(c->tx_lock, std::try_to_lock);
-    if (!tx.owns_lock() || !c->is_leaving() || !c->leave_sent || c->leave_first) return nullptr;
-    std::lock_guard rx(c->rx_lock);
-    const std::uint64_t n = c->ring_bytes();
-    if (!n || c->zc.active || c->peer_end == kNoOffset || c->rx_expect() < c->peer_end ||
-        c->rx_off + n != c->peer_end)
-        return nullptr;
+namespace {
+
+// A prefix of `n` bytes, in memory the processes forked later map too.
+Prefix *prefix_map(std::uint64_t n) noexcept {
     void *m = mmap(nullptr, sizeof(Prefix) + n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
                    -1, 0);
     if (m == MAP_FAILED) return nullptr;
     auto *p = static_cast<Prefix *>(m);
     p->taken.store(0, std::memory_order_relaxed);
-    p->len.store(n, std::memory_order_relaxed);
+    p->len.store(0, std::memory_order_relaxed);
     p->cap = n;
-    for (std::uint64_t done = 0; done < n;) {
-        const std::uint32_t at = std::uint32_t((c->ring_head + done) % c->ring_cap);
-        const std::uint64_t run = std::min<std::uint64_t>(n - done, c->ring_cap - at);
-        std::memcpy(p->bytes() + done, c->ring + at, run);
-        done += run;
-    }
-    c->ring_head += n;
-    c->rx_off += n;
-    SD_LOG(info, "fd %d: %llu unread bytes of the peer's fabric stream go to the holders of the "
-                 "socket, read first", c->stat->fd, (unsigned long long)n);
-    // Read to the peer's end now: final (or handed to the holders by the
-    // flush pass).
-    c->settle_left_locked();
+    return p;
+}
+
+}  // namespace
+
+Prefix *prefix_from_ring(Conn *c) noexcept {
+    Prefix *p = nullptr;
+    const std::uint64_t n = transport::hand_ring_out(
+        c,
+        [](void *ctx, std::uint64_t n) -> char * {
+            Prefix *&p = *static_cast<Prefix **>(ctx);
+            p = prefix_map(n);
+            return p ? p->bytes() : nullptr;
+        },
+        &p);
+    if (!n) return nullptr;
+    p->len.store(n, std::memory_order_relaxed);
     return p;
 }
 
 Prefix *prefix_reserve(Conn *c) noexcept {
-    std::uint64_t cap;
-    {
-        std::lock_guard rx(c->rx_lock);
-        cap = c->ring_cap;
-    }
+    const std::uint64_t cap = transport::ring_capacity(c);
     if (!cap) return nullptr;
-    void *m = mmap(nullptr, sizeof(Prefix) + cap, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                   -1, 0);
-    if (m == MAP_FAILED) return nullptr;
-    auto *p = static_cast<Prefix *>(m);
-    p->taken.store(0, std::memory_order_relaxed);
-    p->len.store(0, std::memory_order_relaxed);
-    p->cap = cap;
-    std::lock_guard rx(c->rx_lock);
-    c->spill = transport::Spill{&p->len, p->bytes(), cap};
+    Prefix *p = prefix_map(cap);
+    if (!p) return nullptr;
+    transport::set_spill(c, transport::Spill{&p->len, p->bytes(), cap});
     return p;
 }
 

@@ -15,35 +15,22 @@ namespace sd::fallback {
 namespace detail {
 
 using transport::Conn;
-using transport::kNoOffset;
 
 bool user_view(Stream *s, short &bits, short &ask) noexcept {
     Conn *c = s->conn.load(std::memory_order_acquire);
     if (!c) return false;
-    const transport::ConnState st = c->state.load(std::memory_order_acquire);
-    const bool leaving = st == transport::ConnState::leaving;
-    if (st != transport::ConnState::direct && !leaving) return false;
-    std::lock_guard lock(c->rx_lock);
-    // Leaving the fabric with all of it read: the kernel answers from now on.
-    if (leaving && c->settle_left_locked()) return false;
-    if (c->switch_off == kNoOffset || c->rx_off < c->switch_off) return false;
+    transport::FabricView v;
+    if (!transport::fabric_view(c, v)) return false;
+    const bool leaving = v.leaving;
     short b = 0;
-    const bool fin = c->fin_off != kNoOffset;
-    const bool eof = c->kernel_eof.load(std::memory_order_relaxed);
-    // The companion's EOF without a fabric word: if the peer process is
-    // gone, its counters say whether it left our bytes unread (a reset).
-    if (eof && !fin && !c->peer_closed.load(std::memory_order_relaxed))
-        if (auto *e = transport::Engine::current(); e && !e->peer_alive(c->peer)) e->peer_died(c);
-    const bool closed = c->peer_closed.load(std::memory_order_relaxed);
-    if (c->broken.load(std::memory_order_relaxed)) {
+    if (v.broken) {
         b = kReadBits | kWriteBits | POLLRDHUP | POLLERR | POLLHUP;
     } else {
         // SO_RCVLOWAT: readable from that many bytes on, as TCP's poll.
-        if (c->rx_ready() >= std::uint64_t(s->rcvlowat.load(std::memory_order_relaxed)))
-            b |= kReadBits;
+        if (v.ready >= std::uint64_t(s->rcvlowat.load(std::memory_order_relaxed))) b |= kReadBits;
         // Leaving, with the fabric part read (but bytes still owed to the
         // kernel, so not final yet): the kernel has what comes next.
-        if (leaving && !c->rx_ready() && c->peer_end != kNoOffset && c->rx_off >= c->peer_end) {
+        if (v.read_out) {
             char probe;
             ssize_t n = sys.recv(s->fd.load(std::memory_order_relaxed), &probe, 1,
                                  MSG_PEEK | MSG_DONTWAIT);
@@ -54,25 +41,24 @@ bool user_view(Stream *s, short &bits, short &ask) noexcept {
             pollfd k{s->fd.load(std::memory_order_relaxed), POLLPRI, 0};
             if (sys.poll(&k, 1, 0) > 0 && (k.revents & POLLPRI)) b |= POLLPRI;
         }
-        if (fin || closed || eof || s->rd_shut.load(std::memory_order_relaxed))
+        if (v.fin || v.closed || v.eof || s->rd_shut.load(std::memory_order_relaxed))
             b |= kReadBits | POLLRDHUP;
         // Leaving: sends take the kernel socket once what is owed to it is there.
-        if (leaving ? !c->tx_owed.load(std::memory_order_acquire)
-                    : c->credits.load(std::memory_order_acquire) > 0 || closed || eof)
-            b |= kWriteBits;
+        if (v.writable) b |= kWriteBits;
         // Both directions shut (the peer's FIN or our SHUT_RD, and our
         // SHUT_WR, on the fabric or on the kernel before the upgrade): TCP
         // reports a hang-up.
-        if ((fin || closed || eof || s->rd_shut.load(std::memory_order_acquire)) && s->wr_shut(c))
+        if ((v.fin || v.closed || v.eof || s->rd_shut.load(std::memory_order_acquire)) &&
+            (v.fin_sent || s->kernel_wr_shut.load(std::memory_order_acquire)))
             b |= POLLHUP;
         // A reset (the peer closed or died with our bytes unread): the
         // kernel's socket is closed, with an error until one call reports it.
-        if (c->peer_reset.load(std::memory_order_acquire)) {
+        if (v.reset) {
             b |= kReadBits | kWriteBits | POLLRDHUP | POLLHUP;
-            if (c->reset_unreported.load(std::memory_order_acquire)) b |= POLLERR;
+            if (v.reset_unreported) b |= POLLERR;
         }
     }
-    ask = fin || closed || eof ? 0 : POLLRDHUP;
+    ask = v.fin || v.closed || v.eof ? 0 : POLLRDHUP;
     bits = b;
     return true;
 }
@@ -83,29 +69,13 @@ bool has_prefix(Stream *s) noexcept {
 }
 
 void kernel_hint(Stream *s) noexcept {
-    Conn *c = s->conn.load(std::memory_order_acquire);
-    if (!c || c->kernel_eof.exchange(true)) return;
-    // A peer that closes or shuts down says so on the fabric before its
-    // companion does; without that word it is exiting (its fds close
-    // before its pidfd fires): wait briefly for that, so that the first
-    // report already knows whether it was a reset.
-    if (auto *e = transport::Engine::current(); e && c->is_direct()) {
-        e->progress_blocking();
-        bool word;
-        {
-            std::lock_guard lock(c->rx_lock);
-            word = c->fin_off != kNoOffset || c->peer_closed.load(std::memory_order_relaxed);
-        }
-        bool gone = !word && e->peer_exit_wait(c->peer, 200);
-        if (gone) e->peer_died(c);
-    }
-    c->rx_seq.fetch_add(1, std::memory_order_release);
+    if (Conn *c = s->conn.load(std::memory_order_acquire)) transport::kernel_eof_hint(c);
 }
 
 void enlist_stream(Stream *s, transport::Watch &w, void (*drop)(void *), void *hold) noexcept {
     // The connection, once set, stays until the stream is destroyed: the
     // hold (ours or the caller's) keeps it.
-    if (Conn *c = s->conn.load(std::memory_order_acquire)) return w.on(c->pollers, drop, hold);
+    if (Conn *c = s->conn.load(std::memory_order_acquire)) return w.on(transport::pollers_of(c), drop, hold);
     if (has_prefix(s)) {
         w.on_everything();  // its bytes come from elsewhere (prefix.hpp)
     } else if (s->may_go_direct()) {
@@ -113,7 +83,7 @@ void enlist_stream(Stream *s, transport::Watch &w, void (*drop)(void *), void *h
         // through it; a connection set before our registration is seen
         // by the second look.
         w.on(transport::attach_pollers());
-        if (Conn *c = s->conn.load(std::memory_order_seq_cst)) return w.on(c->pollers, drop, hold);
+        if (Conn *c = s->conn.load(std::memory_order_seq_cst)) return w.on(transport::pollers_of(c), drop, hold);
     }
     if (drop) drop(hold);
 }

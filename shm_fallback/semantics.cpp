@@ -46,15 +46,13 @@ bool Stream::first_send_to_closed(transport::Conn *c) noexcept {
     // TCP sends into a connection whose peer has only closed (FIN): that
     // segment draws the peer's reset, and the sends after it fail. A reset
     // already there (or our own shutdown) fails at once.
-    if (wr_shut(c) || c->broken.load(std::memory_order_relaxed) ||
-        c->peer_reset.load(std::memory_order_acquire))
+    if (wr_shut(c) || transport::broken(c) || transport::reset_seen(c))
         return false;
     // A send of ours that went out before we had taken in the peer's close
     // (it was still in our queue) reached it closed: that one drew the
     // reset. The peer's counters outlive its close in its process page.
     const std::uint64_t read = engine->peer_read(c);
-    if (read != transport::kNoOffset &&
-        c->stat->tx_fabric.load(std::memory_order_relaxed) - c->tx_fabric_base > read) {
+    if (read != transport::kNoOffset && transport::fabric_sent(c) > read) {
         if (!drew_reset.exchange(true, std::memory_order_acq_rel)) draw_kernel_reset();
         return false;
     }
@@ -62,8 +60,7 @@ bool Stream::first_send_to_closed(transport::Conn *c) noexcept {
     draw_kernel_reset();
     // The reset it draws is as good as here (one host): POLLERR|POLLHUP,
     // and the next send or SO_ERROR reports EPIPE (TCP's CLOSE_WAIT).
-    c->reset_after_fin.store(true, std::memory_order_release);
-    c->note_reset();
+    transport::reset_drawn(c);
     return true;
 }
 
@@ -83,10 +80,9 @@ bool Stream::hold_for_calls() noexcept {
     (void)transport::wait_until({.nap_ns = 10000, .max_naps = 100000}, 0,
                                 [this] { return fd_users.load(std::memory_order_acquire) == 0; });
     if (transport::Conn *c = conn.load(std::memory_order_acquire)) {
-        std::atomic_ref<std::int32_t>(c->stat->fd).store(priv, std::memory_order_relaxed);
+        std::atomic_ref<std::int32_t>(transport::stats(c).fd).store(priv, std::memory_order_relaxed);
         // Calls asleep in poll on the old number look again, at the new one.
-        std::lock_guard lock(c->rx_lock);
-        c->wake_locked();
+        transport::wake(c);
     }
     held_fd.store(priv, std::memory_order_release);
     return true;
@@ -103,18 +99,14 @@ void Stream::leave_for_urgent() noexcept {
     transport::Conn *c = attached_conn();
     if (!c || !engine) return;  // the kernel has it
     using transport::ConnState;
-    ConnState st = c->state.load(std::memory_order_acquire);
+    ConnState st = transport::state_of(c);
     // Not direct (yet): no upgrade from now on. An upgrade that finished
     // meanwhile leaves below.
     if (st != ConnState::direct && st != ConnState::leaving && st != ConnState::final) {
         engine->hold(c, transport::Reason::oob);
-        st = c->state.load(std::memory_order_acquire);
+        st = transport::state_of(c);
         // Held on TCP for good: say why (stats).
-        if (st == ConnState::kernel && c->held.load(std::memory_order_acquire)) {
-            c->stat->reason.store(std::uint32_t(transport::Reason::oob), std::memory_order_relaxed);
-            c->verdict_due.store(false, std::memory_order_relaxed);
-            SD_LOG_CONN(info, *c->stat, "stays on TCP: oob (urgent data)");
-        }
+        if (st == ConnState::kernel) transport::say_held(c, transport::Reason::oob, "oob (urgent data)");
     }
     if (st != ConnState::direct && st != ConnState::leaving) return;
     // The leave ends our fabric stream and writes what we owe the kernel
@@ -130,8 +122,7 @@ ssize_t Stream::told(ssize_t r) noexcept {
         if (transport::Conn *c = conn.load(std::memory_order_acquire)) {
             // The kernel socket may have told it before the fabric's word
             // of it came: that word then finds it told already.
-            c->peer_reset.store(true, std::memory_order_release);
-            c->reset_unreported.store(false, std::memory_order_release);
+            transport::reset_told(c);
             // The companion's own reset, when it came too, is told with it:
             // reading SO_ERROR clears it, as the kernel's recv would have.
             int pending = 0;
@@ -150,20 +141,15 @@ ssize_t Stream::told(ssize_t r) noexcept {
 
 int Stream::take_error() noexcept {
     transport::Conn *c = conn.load(std::memory_order_acquire);
-    return c ? c->take_reset() : 0;
+    return c ? transport::take_reset(c) : 0;
 }
 
 int Stream::at_mark() noexcept {
     if (transport::Conn *c = conn.load(std::memory_order_acquire)) {
-        using transport::ConnState;
-        const ConnState st = c->state.load(std::memory_order_acquire);
-        if (st == ConnState::direct || st == ConnState::leaving) {
+        if (transport::on_fabric(c)) {
             engine->progress();
-            std::lock_guard lock(c->rx_lock);
             // Fabric bytes come first: the mark (on the kernel) is after them.
-            if (c->rx_ready() ||
-                (c->peer_end != transport::kNoOffset && c->rx_off < c->peer_end))
-                return 0;
+            if (transport::fabric_bytes_ahead(c)) return 0;
         }
     }
     int at = 0;

@@ -32,7 +32,6 @@ using transport::epipe;
 using transport::iov_total;
 using transport::keep_going_after_eintr;
 using transport::kMaxSlice;
-using transport::kNoOffset;
 using transport::MsgType;
 using transport::monotonic_ns;
 using transport::ms_until;
@@ -42,16 +41,9 @@ using transport::sys;
 
 namespace {
 
-bool readable(void *ctx) noexcept {
-    auto *c = static_cast<Conn *>(ctx);
-    std::lock_guard lock(c->rx_lock);
-    return c->rx_ready() || c->fin_off != kNoOffset || c->broken ||
-           c->state.load(std::memory_order_relaxed) == ConnState::final;
-}
+bool readable(void *ctx) noexcept { return transport::rx_news(static_cast<Conn *>(ctx)); }
 
-bool state_changed(void *ctx) noexcept {
-    return !static_cast<Conn *>(ctx)->upgrading();
-}
+bool state_changed(void *ctx) noexcept { return !transport::upgrading(static_cast<Conn *>(ctx)); }
 
 }  // namespace
 
@@ -153,7 +145,7 @@ void Stream::fd_removed(int gone) noexcept {
     aliases.pop_back();
     fd.store(next, std::memory_order_relaxed);
     if (transport::Conn *c = conn.load(std::memory_order_acquire))
-        std::atomic_ref<std::int32_t>(c->stat->fd).store(next, std::memory_order_relaxed);
+        std::atomic_ref<std::int32_t>(transport::stats(c).fd).store(next, std::memory_order_relaxed);
 }
 
 void Stream::connected(bool accepted) noexcept {
@@ -242,11 +234,8 @@ ssize_t Stream::pending_io(const iovec *iov, int iovcnt, int flags, bool out,
             } else if (left) {
                 // Alone now: kernel mode again, unless a send of ours holds
                 // the connection (its next call does it).
-                redo = c->tx_lock.try_lock();
-                if (redo) {
-                    redo = rejoin_locked(c, left);
-                    c->tx_lock.unlock();
-                }
+                if (transport::TxLock tx = transport::try_lock_tx(c)) redo = rejoin_locked(c, left);
+                else redo = false;
             } else {
                 redo = c || !pending.load(std::memory_order_relaxed);
             }
@@ -287,7 +276,7 @@ ssize_t Stream::pending_io(const iovec *iov, int iovcnt, int flags, bool out,
                     (out ? pre_tx : pre_rx) += std::uint64_t(n);
                     if (earn_ns) ask_upgrade_locked();
                 }
-                if (left) transport::bump(c->stat->rx_kernel, std::uint64_t(n));
+                if (left) transport::bump(transport::stats(c).rx_kernel, std::uint64_t(n));
             }
         }
         if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return done ? ssize_t(done) : -errno;
@@ -346,7 +335,7 @@ bool Stream::may_go_direct() const noexcept {
     // socket's (and a sandbox may allow nothing else).
     if (transport::retired()) return false;
     if (Conn *c = conn.load(std::memory_order_acquire))
-        return c->state.load(std::memory_order_acquire) != ConnState::final || left_holders(c);
+        return transport::state_of(c) != ConnState::final || left_holders(c);
     if (counting()) return true;
     // Connected, not attached yet: another thread's first call attaches it
     // (an application thread polling while another sends).
@@ -402,13 +391,13 @@ ssize_t Stream::recv_stream(const iovec *iov, int iovcnt, int flags) noexcept {
         c = attached_conn();
     }
     std::size_t total = iov_total(iov, iovcnt);
-    if (!c || c->state.load(std::memory_order_acquire) == ConnState::final) {
+    if (!c || transport::state_of(c) == ConnState::final) {
         // On TCP for good: the kernel blocks as the application asked.
         // Only the counters are ours (no later switch needs rx_off).
         ssize_t n = transport::kernel_readv(kfd(), iov, iovcnt, flags);
         if (n < 0) return -errno;
         if (c && !(flags & MSG_PEEK)) {
-            c->stat->rx_kernel.fetch_add(std::uint64_t(n), std::memory_order_relaxed);
+            transport::stats(c).rx_kernel.fetch_add(std::uint64_t(n), std::memory_order_relaxed);
             count_after_leave(std::uint64_t(n));
         }
         return n;
@@ -452,7 +441,7 @@ ssize_t Stream::recv_stream(const iovec *iov, int iovcnt, int flags) noexcept {
         long timed_out() noexcept { return done ? long(done) : -EAGAIN; }
         long missed(std::uint64_t) noexcept {
             // Write zero-copy: nothing to read, and a large buffer waits.
-            if ((flags & MSG_PEEK) || !c->is_direct() || !e->sink_ok()) return transport::kWaitOn;
+            if ((flags & MSG_PEEK) || !transport::is_direct(c) || !e->sink_ok()) return transport::kWaitOn;
             iovec piece{};
             slice(iov, iovcnt, done, total - done, &piece, 1);
             if (piece.iov_len < transport::settings().sink_min) return transport::kWaitOn;
@@ -468,14 +457,14 @@ ssize_t Stream::recv_stream(const iovec *iov, int iovcnt, int flags) noexcept {
             if (n == -EAGAIN) return transport::kMoved;  // look again, the usual way
             return transport::kWaitOn;
         }
-        bool may_spin() const noexcept { return c->is_direct(); }
+        bool may_spin() const noexcept { return transport::is_direct(c); }
         bool quick_looks() const noexcept {
-            return total - done < transport::settings().sink_min && c->is_direct();
+            return total - done < transport::settings().sink_min && transport::is_direct(c);
         }
         void spinning() noexcept { kl = KernelLook::none; }  // the fabric only: no syscalls
         long before_sleep() noexcept {
             kl = KernelLook::probe;
-            ready = c->upgrading() ? state_changed : readable;
+            ready = transport::upgrading(c) ? state_changed : readable;
             return transport::kWaitOn;
         }
         long interrupted() noexcept {
@@ -486,7 +475,7 @@ ssize_t Stream::recv_stream(const iovec *iov, int iovcnt, int flags) noexcept {
     } w{{engine, c, readable, c, kfd(), POLLIN | POLLRDHUP,
          std::uint64_t(transport::settings().spin_us) * 1000, deadline, tmo},
         *this, iov, iovcnt, flags, total, recv_target(total, flags), nb, shut,
-        nb || c->kernel_eof.load(std::memory_order_relaxed) ? KernelLook::probe : KernelLook::due};
+        nb || transport::kernel_eof_seen(c) ? KernelLook::probe : KernelLook::due};
     transport::SpinSlot slot;
     w.slot = &slot;
     return ssize_t(transport::wait_on_bell(w, slot));
@@ -509,7 +498,7 @@ ssize_t Stream::recv_after_leave(Conn *c, const iovec *iov, int iovcnt, std::siz
     ssize_t n = transport::kernel_readv(kfd(), v, k, flags);
     if (n < 0) return done ? ssize_t(done) : -errno;
     if (!(flags & MSG_PEEK)) {
-        c->stat->rx_kernel.fetch_add(std::uint64_t(n), std::memory_order_relaxed);
+        transport::stats(c).rx_kernel.fetch_add(std::uint64_t(n), std::memory_order_relaxed);
         count_after_leave(std::uint64_t(n));
     }
     return ssize_t(done) + n;
@@ -519,10 +508,7 @@ ssize_t Stream::kernel_send(const iovec *iov, int iovcnt, int flags, Conn *c) no
     ssize_t n = transport::kernel_writev(kfd(), iov, iovcnt, flags);
     if (n < 0) return -errno;
     if (c && engine) engine->judge_due(c);
-    if (c) {
-        c->tx_off += std::uint64_t(n);
-        transport::bump(c->stat->tx_kernel, std::uint64_t(n));
-    }
+    if (c) transport::sent_on_kernel(c, std::uint64_t(n));
     return n;
 }
 
@@ -555,7 +541,7 @@ ssize_t Stream::send_stream(const iovec *iov, int iovcnt, int flags) noexcept {
         // says.
         std::unique_lock pend(pend_lock, std::defer_lock);
         if (left_holders(c)) pend.lock();
-        std::unique_lock tx(c->tx_lock);
+        transport::TxLock tx = transport::lock_tx(c);
         if (pend.owns_lock() && !left_holders(c)) pend.unlock();
         // The caller's iov as it is, or (after a leave cut a send short)
         // what is left of it.
@@ -566,15 +552,15 @@ ssize_t Stream::send_stream(const iovec *iov, int iovcnt, int flags) noexcept {
             k = slice(iov, iovcnt, done, total - done, rest, kMaxSlice);
             v = rest;
         }
-        if (!c->is_direct() || total == 0) {
-            if (wr_shut(c) && c->is_direct()) return epipe(flags);
-            if (c->gone() && c->is_direct()) return send_nothing(c, flags);
-            if (c->leave_under_way()) {
+        if (!transport::is_direct(c) || total == 0) {
+            if (wr_shut(c) && transport::is_direct(c)) return epipe(flags);
+            if (transport::gone(c) && transport::is_direct(c)) return send_nothing(c, flags);
+            if (transport::leave_under_way(c)) {
                 // Left the fabric: what is owed to the kernel goes first.
                 // Owed bytes may take a while (the peer returns ours, the
                 // kernel takes them): written without pend_lock, which a
                 // recv on the kernel takes.
-                if (pend.owns_lock() && c->tx_owed.load(std::memory_order_acquire)) pend.unlock();
+                if (pend.owns_lock() && transport::owes_kernel(c)) pend.unlock();
                 const bool nb = nonblock.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
                 const std::int64_t tmo = sndtimeo_ns.load(std::memory_order_relaxed);
                 int rc = engine->leave_flush_locked(c, !nb, tmo ? monotonic_ns() + std::uint64_t(tmo) : 0);
@@ -599,7 +585,7 @@ ssize_t Stream::send_stream(const iovec *iov, int iovcnt, int flags) noexcept {
             // The upgrade finished while this send held the lock: the peer
             // must still learn our switch point, or its readiness (EPOLLOUT
             // after a full window) keeps asking an idle kernel socket.
-            if (c->is_direct()) engine->announce_switch_locked(c);
+            if (transport::is_direct(c)) engine->announce_switch_locked(c);
             if (r < 0) return done ? ssize_t(done) : r;
             return ssize_t(done) + r;
         }
@@ -619,7 +605,7 @@ ssize_t Stream::send_stream(const iovec *iov, int iovcnt, int flags) noexcept {
         tx.unlock();
         (void)transport::wait_until(
             {.nap_ns = 20000}, 0,
-            [c] { return !c->leave_wanted.load(std::memory_order_acquire) || !c->is_direct(); },
+            [c] { return !transport::leave_wanted(c) || !transport::is_direct(c); },
             [this](std::uint64_t, std::uint64_t) {
                 engine->progress();
                 return true;
@@ -629,8 +615,8 @@ ssize_t Stream::send_stream(const iovec *iov, int iovcnt, int flags) noexcept {
 
 void Stream::flush() noexcept {
     Conn *c = conn.load(std::memory_order_acquire);
-    if (!c || !c->is_direct()) return;
-    std::lock_guard tx(c->tx_lock);
+    if (!c || !transport::is_direct(c)) return;
+    transport::TxLock tx = transport::lock_tx(c);
     (void)transport::flush_locked(side(), c, !nonblock.load(std::memory_order_relaxed), 0);
 }
 
@@ -649,34 +635,11 @@ int Stream::shutdown(int how) noexcept {
     // socket already shut, and nothing on the fabric would say so.
     if (c && engine) engine->await_upgrade(c);
     int kernel_how = how;
-    if (c && how != SHUT_WR) c->rd_shut.store(true, std::memory_order_release);
-    if (c && (how == SHUT_WR || how == SHUT_RDWR)) {
-        std::lock_guard tx(c->tx_lock);
-        const bool direct = c->is_direct() && !transport::leave_requested(c);
-        int rc = direct && !wr_shut(c) ? transport::flush_locked(side(), c, true, 0) : 0;
-        if (direct && rc != -ESTALE) {
-            // Shut on the kernel before the upgrade: the peer read our end
-            // there, and the fabric says nothing more of it.
-            const bool post_fin = !wr_shut(c);
-            if (post_fin) shut_second.store(peer_fin_seen(c), std::memory_order_release);
-            // Marked before the FIN goes: the peer may answer it at once
-            // (its close), and a thread of ours polling meanwhile must see
-            // our side shut with it (POLLHUP), as it is.
-            c->tx_fin = true;
-            if (post_fin && engine->post(c, MsgType::fin, nullptr, 0, 0, c->tx_off, 0) == 0)
-                engine->ring(c->peer);
-        }
-        if (c->is_direct() || c->leave_sent || c->leave_due.load(std::memory_order_acquire) ||
-            c->leave_wanted.load(std::memory_order_acquire)) {
-            // On the fabric (or leaving it): the kernel's FIN waits until
-            // a leave has written what it owes the kernel socket (returned
-            // and staged bytes), or until close.
-            c->shut_wr_deferred.store(true, std::memory_order_release);
-            kernel_how = how == SHUT_RDWR ? SHUT_RD : -1;
-            if (!c->is_direct())
-                (void)engine->leave_flush_locked(c, true, monotonic_ns() + 1000000000ull);
-        }
-    }
+    if (c && how != SHUT_WR) transport::shut_read(c);
+    // On the fabric (or leaving it): the kernel's FIN waits until a leave
+    // has written what it owes the kernel socket, or until close.
+    if (c && (how == SHUT_WR || how == SHUT_RDWR) && transport::shut_write(side(), c, shut_second))
+        kernel_how = how == SHUT_RDWR ? SHUT_RD : -1;
     // Our state first: the kernel's shutdown wakes a thread blocked in
     // poll or epoll on the socket, which must then see both directions
     // shut (POLLHUP), as the kernel shows them at once; so must one whose
@@ -704,17 +667,10 @@ int Stream::readable_bytes() noexcept {
     if (sys.ioctl(kfd(), FIONREAD, &kernel) != 0) return -errno;
     if (Prefix *p = prefix.load(std::memory_order_acquire))
         kernel = int(std::min<std::uint64_t>(std::uint64_t(kernel) + prefix_left(p), 0x7fffffff));
-    if (!c || (!c->is_direct() && !c->is_leaving())) return kernel;
+    if (!c || !transport::on_fabric(c)) return kernel;
     engine->progress();
-    std::lock_guard lock(c->rx_lock);
-    if (c->settle_left_locked() ||
-        (c->peer_end != kNoOffset && c->rx_off >= c->peer_end && !c->rx_ready()))
-        return kernel;
-    std::uint64_t n = c->rx_ready();
-    if (c->rx_off < c->switch_off)
-        n = c->switch_off == kNoOffset ? std::uint64_t(kernel)
-                                       : std::min<std::uint64_t>(kernel, c->switch_off - c->rx_off);
-    return int(std::min<std::uint64_t>(n, 0x7fffffff));
+    const std::int64_t n = transport::readable_now(c, kernel);
+    return n < 0 ? kernel : int(n);
 }
 
 void Stream::last_close() noexcept {
@@ -728,7 +684,7 @@ void Stream::last_close() noexcept {
         drop_share();  // one holder fewer
     }
     Conn *c = conn.load(std::memory_order_acquire);
-    const bool on_fabric = c && engine && (c->is_direct() || c->is_leaving());
+    const bool on_fabric = c && engine && transport::on_fabric(c);
     if (Sharers *h = holders.exchange(nullptr, std::memory_order_acq_rel)) {
         // A process we forked may hold it still and use it after us: the
         // kernel must carry the connection before ours closes.
@@ -740,8 +696,7 @@ void Stream::last_close() noexcept {
                 SD_LOG(error, "fd %d: closing while a process we forked holds it, and the "
                               "connection could not leave the fabric first: %s", kfd(),
                        std::strerror(-rc));
-        } else if (!alone && c && engine && c->state.load(std::memory_order_acquire) !=
-                                                ConnState::final) {
+        } else if (!alone && c && engine && transport::state_of(c) != ConnState::final) {
             // Taken over from holders that still hold it, and not direct
             // (yet): our kernel offsets go back into their counts.
             (void)engine->give_to_holders(c);
@@ -754,44 +709,15 @@ void Stream::last_close() noexcept {
                           "fabric first: %s", kfd(), std::strerror(-rc));
     }
     if (!c) return;
-    if (!c->is_direct()) {
-        // Left the fabric: what is owed to the kernel goes before its close.
-        std::lock_guard tx(c->tx_lock);
-        // Bounded, and not ended by a signal (the bytes are the holders').
-        const std::uint64_t until = monotonic_ns() + 1000000000ull;
-        while (c->leave_under_way() &&
-               engine->leave_flush_locked(c, true, until) == -EINTR && monotonic_ns() < until) {
-        }
-        return;
-    }
-    std::lock_guard tx(c->tx_lock);
     // SO_LINGER {1, 0}: an abortive close, whatever is unsent or unread.
-    const bool abort = linger_reset.load(std::memory_order_relaxed);
-    // Bounded: a peer that stopped reading must not hang close().
-    if (!abort) (void)transport::flush_locked(side(), c, true, monotonic_ns() + 1000000000ull);
-    // Closing with the peer's bytes unread resets the connection (TCP).
-    engine->progress();
-    bool unread = abort;
-    {
-        std::lock_guard lock(c->rx_lock);
-        unread = unread || c->rx_ready() != 0 ||
-                 (c->switch_off != kNoOffset && c->rx_off < c->switch_off);
-    }
-    // Shut for writing before: the FIN went, but the peer must still learn
-    // that we read no more (its sends draw a reset from now on, as TCP's).
-    if (!c->close_sent.exchange(true) &&
-        engine->post(c, MsgType::close, nullptr, 0, 0, c->tx_off, 0,
-                     unread ? transport::kCloseReset : 0) == 0)
-        engine->ring(c->peer);
-    c->tx_fin = true;
+    transport::close_conn(side(), c, linger_reset.load(std::memory_order_relaxed));
 }
 
 void Stream::destroy() noexcept {
     Conn *c = conn.exchange(nullptr, std::memory_order_acq_rel);
     if (c) {
         // The spill buffer is the prefix's memory: gone with it.
-        std::lock_guard rx(c->rx_lock);
-        c->spill = transport::Spill{};
+        transport::set_spill(c, transport::Spill{});
     }
     if (Prefix *p = prefix.exchange(nullptr, std::memory_order_acq_rel)) prefix_release(p);
     if (c) engine->detach(c);

@@ -19,7 +19,7 @@ using transport::kNoOffset;
 int Stream::tcp_state(int kernel) noexcept {
     Conn *c = conn.load(std::memory_order_acquire);
     if (!c || !engine) return kernel;
-    const ConnState st = c->state.load(std::memory_order_acquire);
+    const ConnState st = transport::state_of(c);
     if (st != ConnState::direct && st != ConnState::leaving) return kernel;
     // The kernel socket's own FIN waits while the fabric carries the
     // stream: its state says ESTABLISHED (or CLOSE_WAIT once the peer's
@@ -28,9 +28,9 @@ int Stream::tcp_state(int kernel) noexcept {
     if (kernel != TCP_ESTABLISHED && kernel != TCP_CLOSE_WAIT) return kernel;
     engine->progress();
     const bool fin = peer_fin_seen(c);
-    if (c->peer_reset.load(std::memory_order_acquire) || c->broken.load(std::memory_order_acquire))
+    if (transport::reset_seen(c) || transport::broken(c))
         return TCP_CLOSE;
-    const bool ours = c->tx_fin.load(std::memory_order_acquire);
+    const bool ours = transport::fin_sent(c);
     if (fin && !ours) return TCP_CLOSE_WAIT;
     if (ours && !fin) return TCP_FIN_WAIT2;
     if (ours && fin)  // the end that shut first waits in TIME_WAIT
@@ -39,16 +39,16 @@ int Stream::tcp_state(int kernel) noexcept {
 }
 
 bool Stream::peer_fin_seen(Conn *c) noexcept {
-    return c->peer_fin.load(std::memory_order_acquire);
+    return transport::peer_fin(c);
 }
 
 ssize_t Stream::send_nothing(Conn *c, int flags) noexcept {
     // TCP's send of no bytes still reports the connection's error first:
     // a pending reset (once), then EPIPE for a connection that is over; a
     // peer that only closed takes it (nothing goes out, nothing is drawn).
-    const int e = c->take_reset();
+    const int e = transport::take_reset(c);
     if (e == ECONNRESET) return -e;
-    if (e || c->peer_reset.load(std::memory_order_acquire) || c->broken.load(std::memory_order_acquire) ||
+    if (e || transport::reset_seen(c) || transport::broken(c) ||
         drew_reset.load(std::memory_order_acquire)) {
         if (!(flags & MSG_NOSIGNAL)) raise(SIGPIPE);
         return -EPIPE;

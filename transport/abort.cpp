@@ -5,6 +5,7 @@
 // ECONNRESET once, then EOF; POLLERR until reported), and the sender is
 // told with a close that carries the reset (kCloseReset), so that its
 // sends fail and its poll reports POLLERR, as after the kernel's RST.
+#include "conn_impl.hpp"
 #include "engine.hpp"
 
 #include "log.hpp"
@@ -13,12 +14,12 @@ namespace sd::transport {
 
 bool Engine::refuse_at_shut_end_locked(Conn *c, std::uint64_t len, bool *answer) noexcept {
     if (!len || !c->rd_shut.load(std::memory_order_acquire) ||
-        !c->tx_fin.load(std::memory_order_acquire))
+        !c->fin_sent())
         return false;
-    if (!c->peer_reset.load(std::memory_order_acquire)) {
+    if (!c->reset_seen()) {
         SD_LOG(debug, "conn %u: %llu bytes came after SHUT_RDWR: reset", c->id,
                (unsigned long long)len);
-        c->note_reset();
+        c->reset_comes();
         if (c->fin_off == kNoOffset) c->fin_off = c->rx_expect();
         c->peer_closed.store(true, std::memory_order_release);
         *answer = true;
@@ -28,8 +29,8 @@ bool Engine::refuse_at_shut_end_locked(Conn *c, std::uint64_t len, bool *answer)
 
 void Engine::answer_reset(Conn *c) noexcept {
     // Our FIN was the last of our stream: the reset goes at its offset
-    // (tx_off no longer moves once tx_fin is set).
-    if (!c->close_sent.exchange(true) &&
+    // (tx_off no longer moves once our FIN is sent: fin_out).
+    if (c->close_out() &&
         post(c, MsgType::close, nullptr, 0, 0, c->tx_off, 0, kCloseReset) == 0)
         ring(c->peer);
 }
@@ -42,17 +43,17 @@ void Engine::closed_before_ours_locked(Conn *c) noexcept {
     if (read == kNoOffset ||
         c->stat->tx_fabric.load(std::memory_order_relaxed) - c->tx_fabric_base <= read)
         return;
-    c->reset_after_fin.store(true, std::memory_order_release);
-    c->note_reset();
+    c->reset_after_fin();
 }
 
 void Engine::sent_past_fin_locked(Conn *c) noexcept {
     // The peer's end may be shut for reading too: then these bytes draw
     // its reset, which TCP's peer answers at once, whether or not its
     // application calls in. Its control thread takes them (once).
-    if (c->kicked_past_fin || !c->peer_fin.load(std::memory_order_acquire)) return;
-    c->kicked_past_fin = true;
-    kick(c->peer);
+    // A load first: every send comes here, and only the first after the
+    // FIN moves the word.
+    if (c->fin_in.load(std::memory_order_acquire) != FinIn::came) return;
+    if (c->move_fin_in(FinIn::came, FinIn::kicked)) kick(c->peer);
 }
 
 }  // namespace sd::transport

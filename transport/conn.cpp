@@ -1,5 +1,6 @@
 // The connection table: attach a Conn to a new TCP connection, detach it at
 // the last close, and write the counters out at exit.
+#include "conn_impl.hpp"
 #include "engine.hpp"
 #include "log.hpp"
 #include "settings.hpp"
@@ -104,10 +105,10 @@ void Engine::detach(Conn *c) noexcept {
     if (c->verdict_due.load(std::memory_order_relaxed)) judge(c, true);
     if (c->is_direct()) {
         std::lock_guard tx(c->tx_lock);
-        if (!c->broken && !c->close_sent.exchange(true) &&
-            post(c, MsgType::close, nullptr, 0, 0, c->tx_off, 0) == 0)
+        // Broken: nothing more goes, and no CLOSE either.
+        if (c->broken) (void)c->move_fin_out(FinOut::open, FinOut::fin);
+        else if (c->close_out() && post(c, MsgType::close, nullptr, 0, 0, c->tx_off, 0) == 0)
             ring(c->peer);
-        c->tx_fin = true;
     }
     bool keep_ring = false;
     {

@@ -1,24 +1,22 @@
-// One TCP connection as the transport sees it: its place in the host
-// registry, its counters, and (once upgraded) its direct-mode state:
-// peer, credits, the receive ring and the threads waiting on it.
+// A connection as the layers above transport see it: an opaque handle
+// and what they may ask of it. Its fields are transport's own
+// (conn_impl.hpp, which only transport's files include: a file built
+// outside transport that includes it fails to compile), so a socket
+// (shm_fallback), the fork protocol and the shims go through the
+// functions below, named for what they need.
 #pragma once
 #include "conn_state.hpp"
 #include "lock_order.hpp"
 #include "procpage.hpp"
-#include "wire.hpp"
-
-#include <boost/intrusive/slist.hpp>
-#include <rdma/fi_domain.h>
 
 #include <atomic>
-#include <cerrno>
 #include <cstdint>
 #include <mutex>
 #include <netinet/in.h>
 
 namespace sd::transport {
 
-struct Peer;
+struct Conn;  // conn_impl.hpp
 
 // The 4-tuple as one side sees it; also the registry key.
 struct Tuple {
@@ -37,20 +35,6 @@ static_assert(sizeof(Tuple) == 40);
 int tuple_of(int fd, Tuple &t) noexcept;
 Tuple reversed(const Tuple &t) noexcept;
 
-// A held receive-side lock, passed to code that may drop it while it waits.
-using RxLock = std::unique_lock<RankedMutex<Rank::rx>>;
-
-// A thread blocked on a connection; woken through its own eventfd. Lives
-// on the waiting thread's stack, linked into the connection's list.
-struct Waiter : boost::intrusive::slist_base_hook<boost::intrusive::link_mode<
-                    boost::intrusive::normal_link>> {
-    explicit Waiter(int fd) noexcept : efd(fd) {}
-    int efd;
-    bool handed = false;  // given the doorbell's watch while standing by (wait.cpp)
-    bool rung = false;    // written once by a delivery (Conn::wake_locked), under rx_lock
-};
-using WaiterList = boost::intrusive::slist<Waiter, boost::intrusive::constant_time_size<false>>;
-
 // The poll/select/epoll sleeps (sleep_on_fds) whose interest set holds a
 // connection or an epoll set: one bit per poller slot (wait.cpp). Set by
 // the sleeper before its last look, cleared after its sleep.
@@ -60,47 +44,6 @@ struct PollerMask {
 
 inline constexpr std::uint64_t kNoOffset = ~std::uint64_t(0);
 
-// The peer's read zero-copy advertisement being read here (receive side,
-// under rx_lock). At most one per connection: its sender waits in send()
-// until it is over, so nothing follows it on the wire before then.
-struct SrcAvail {
-    bool active = false;
-    bool busy = false;     // a reader is reading it (without rx_lock)
-    bool cancel = false;   // the sender asked to end it: answer when not busy
-    std::uint64_t off = 0; // stream offset of its first byte
-    std::uint64_t addr = 0, key = 0;
-    std::uint32_t len = 0, done = 0;
-};
-
-// Write zero-copy (SDP SinkAvail), receive side: our application's recv
-// buffer, advertised to the peer while the recv waits (under rx_lock). At
-// most one per connection; the recv that made it returns only once it is
-// over: written (done, `got` bytes), cancelled through the claim word (one
-// host), or, registered (`rma`), once the peer can no longer write it:
-// `over` (a stream message of the peer came after it, or the peer's
-// answer of 0 to our sink_cancel), or deregistered (peer gone, no answer).
-struct SinkAvail {
-    bool active = false;
-    bool done = false;
-    bool rma = false;       // registered, written by the provider's RMA
-    bool over = false;      // rma: the peer will never write it
-    bool asked = false;     // rma: our sink_cancel is sent
-    std::uint64_t kicked_ns = 0;  // rma: when we last made the peer progress
-    std::uint64_t seq = 0;  // its number in the claim word
-    std::uint64_t off = 0;  // stream offset of its first byte
-    std::uint32_t len = 0, got = 0;
-};
-
-// The peer's advertised recv buffer, as the send side knows it (written
-// by deliveries and taken by senders, both under rx_lock; Conn::psink_valid
-// says whether there is one).
-struct PeerSink {
-    std::uint64_t seq = 0, off = 0, addr = 0;
-    std::uint64_t key = 0;  // kSrcNoKey: one host, the claim word
-    std::uint32_t len = 0;
-};
-
-
 // A buffer shared with the processes forked while a connection was
 // direct: `len` (bytes put in it) then `cap` bytes.
 struct Spill {
@@ -109,217 +52,121 @@ struct Spill {
     std::uint64_t cap = 0;
 };
 
-struct Conn {
-    std::uint32_t id = 0;
-    std::uint32_t gen = 0;
-    bool acceptor = false;
-    std::uint32_t window = 0;       // our receive window = ring size, bytes
-    Tuple tuple{};
-    ConnStat *stat = nullptr;
-    // Changed by move and move_to only (conn_state.hpp: the moves allowed).
-    std::atomic<ConnState> state{ConnState::kernel};
-    // Our registry entry while it is published: its file's identity
-    // (registry.hpp), so that unpublishing needs no read of it. 0: none.
-    // Both atomic: a publish of the next entry (rearmed) may run while an
-    // unpublish of the previous one reads them. The device is stored
-    // before the inode's release and loaded after the inode's exchange.
-    std::atomic<std::uint64_t> entry_ino{0};
-    std::atomic<std::uint64_t> entry_dev{0};
-    // CLOCK_MONOTONIC once our entry was whole (0: not published).
-    std::atomic<std::uint64_t> published_ns{0};
-    // Not direct yet at a fork: no upgrade either way from now on (a
-    // connection that was direct comes back after sharing instead: the
-    // holders' counts, leave.cpp).
-    std::atomic<bool> held{false};
-    // On the kernel since attach with no word of the peer: once the
-    // upgrade timeout has passed (or at close), verdict.cpp says why, once.
-    std::atomic<bool> verdict_due{false};
-    std::atomic<std::uint32_t> held_why{0};  // Reason given to hold()
-    std::uint64_t born_ns = 0;
+using TxLock = std::unique_lock<RankedMutex<Rank::tx>>;
 
-    // Peer; written before `state` becomes direct (release), then constant.
-    Peer *peer = nullptr;
-    std::uint32_t peer_id = 0;
-    std::uint32_t peer_gen = 0;
+// The state (conn_state.hpp), as of an acquire load: what a direct state
+// published (the peer, the ring) is visible after it.
+ConnState state_of(const Conn *c) noexcept;
+bool is_direct(const Conn *c) noexcept;
+bool is_leaving(const Conn *c) noexcept;
+// Direct or leaving: the fabric has (or had) bytes of it.
+bool on_fabric(const Conn *c) noexcept;
+// Not direct yet, but an upgrade may still make it so.
+bool upgrading(const Conn *c) noexcept;
+// Its counters (sdirect-stat shows them).
+ConnStat &stats(Conn *c) noexcept;
 
-    // Send side, under tx_lock.
-    RankedMutex<Rank::tx> tx_lock;
-    std::uint64_t tx_off = 0;       // stream bytes sent so far, any transport
-    bool tx_fabric = false;         // the switch point has been passed
-    // fin or close sent on the fabric (written under tx_lock; readiness
-    // reads it under rx_lock)
-    std::atomic<bool> tx_fin{false};
-    // The application shut it for reading (SHUT_RD): once our FIN is sent
-    // too, bytes that come are answered with a reset (abort.cpp).
-    std::atomic<bool> rd_shut{false};
-    // The peer's FIN (or close) came (set with fin_off); our first send
-    // after it has made the peer's process take it (abort.cpp).
-    std::atomic<bool> peer_fin{false};
-    bool kicked_past_fin = false;   // under tx_lock
-    // Our CLOSE went (or the reset answer, itself a CLOSE): the peer knows
-    // we read no more. A FIN (shutdown) before it does not say that.
-    std::atomic<bool> close_sent{false};
-    std::atomic<std::int64_t> credits{0};
-    std::uint32_t staged = 0;       // combined bytes not yet sent (MSG_MORE, TCP_CORK)
-    char *stage = nullptr;          // chunk-sized combining buffer
-    // The staged bytes were accepted (the application was told they are
-    // sent) but credits were short: progress() sends them when credits come.
-    std::atomic<bool> flush_due{false};
-    std::uint64_t tx_ring = 0;      // fabric bytes sent = the peer's ring tail
-    // Offset of our last stream message (wire.hpp is_stream_msg), set by
-    // post(): a registered sink of the peer at or before it is never
-    // written (the peer reads that message as the sink's end).
-    std::atomic<std::uint64_t> tx_mark{kNoOffset};
-    // Read zero-copy, send side: the peer's answer to our advertisement
-    // (src_done): its offset, then how many bytes were read.
-    std::atomic<std::uint64_t> zc_answer_off{kNoOffset};
-    std::atomic<std::uint32_t> zc_answer_len{0};
-    // The peer cannot read our unregistered buffers (src_need_key).
-    std::atomic<bool> zc_need_key{false};
-    std::uint64_t peer_ring_addr = 0;  // the peer's ring, for RMA writes
-    std::uint64_t peer_ring_key = 0;
-    std::uint32_t peer_ring_cap = 0;
+// The send side's lock: a send, a flush, a shutdown and a close take it.
+TxLock lock_tx(Conn *c) noexcept;
+TxLock try_lock_tx(Conn *c) noexcept;
 
-    // Receive side, under rx_lock.
-    RankedMutex<Rank::rx> rx_lock;
-    std::uint64_t rx_off = 0;       // stream bytes delivered to the application
-    std::uint64_t switch_off = kNoOffset;  // first fabric byte of the peer's stream
-    std::uint64_t fin_off = kNoOffset;     // peer's EOF offset
-    // Set under rx_lock, read by senders without it.
-    std::atomic<bool> peer_closed{false};  // peer no longer reads (close, death)
-    std::atomic<bool> broken{false};       // protocol or fabric error
-    // The peer closed or died with bytes of ours unread (TCP: RST):
-    // POLLERR|POLLHUP, and the next recv or send reports ECONNRESET once.
-    std::atomic<bool> peer_reset{false};
-    std::atomic<bool> reset_unreported{false};
-    // The reset came after the peer's FIN (TCP's CLOSE_WAIT): TCP reports
-    // it as EPIPE, to a send or SO_ERROR only (a recv says EOF).
-    std::atomic<bool> reset_after_fin{false};
-    char *ring = nullptr;           // fabric bytes not yet consumed
-    std::uint32_t ring_cap = 0;     // = our window
-    fid_mr *ring_mr = nullptr;      // the ring registered for the peer's writes
-    std::uint64_t ring_head = 0;    // consumed fabric bytes
-    std::uint64_t ring_tail = 0;    // delivered fabric bytes
-    SrcAvail zc;                    // the peer's advertisement being read
-    std::uint64_t zc_total = 0;     // stream bytes of finished advertisements
-    SinkAvail sink;                 // our recv buffer, advertised
-    std::uint64_t sink_seq = 0;     // the last sink's number
-    std::uint64_t sink_total = 0;   // stream bytes the peer wrote into our buffers
-    PeerSink psink;                 // the peer's recv buffer (send side)
-    std::atomic<bool> psink_valid{false};
-    std::atomic<bool> psink_seen{false};  // the peer has advertised sinks (read without a lock)
-    std::uint64_t psink_last = 0;   // the highest sink number the peer advertised
-    std::uint64_t psink_busy = 0;   // the registered sink a sender is writing (its seq)
-    fid_mr *sink_mr = nullptr;      // our sink's registration (rma)
-    std::uint32_t sink_held = 0;    // bytes of the sink budget it holds
-    WaiterList waiters;
-    PollerMask pollers;             // poll/select/epoll sleeps watching it
-    std::atomic<std::uint32_t> unreturned{0};  // consumed, credits not yet returned
+// Send side, tx_lock held: `n` bytes went through the kernel socket.
+void sent_on_kernel(Conn *c, std::uint64_t n) noexcept;
+// Our leave is sent or owed, or bytes are owed to the kernel socket: a
+// send goes through Engine::leave_flush_locked first (tx_lock held).
+bool leave_under_way(const Conn *c) noexcept;
+// Bytes are owed to the kernel socket before any new byte of ours.
+bool owes_kernel(const Conn *c) noexcept;
+// We leave the fabric: a send lets go of tx_lock until it is done.
+bool leave_wanted(const Conn *c) noexcept;
+// Fabric bytes sent since it (last) went direct.
+std::uint64_t fabric_sent(Conn *c) noexcept;
 
-    // Readiness (poll/select/epoll): bumped on every arrival, so an
-    // edge-triggered watcher knows something new came.
-    std::atomic<std::uint32_t> rx_seq{0};  // data, fin, close, state change
-    std::atomic<std::uint32_t> tx_seq{0};  // credits returned, or a send may try again
-    // The companion socket reported EOF or an error while the fabric said
-    // nothing: the peer may be gone; readers must look (recv sorts it out).
-    std::atomic<bool> kernel_eof{false};
+// Our sending direction is over: a FIN or CLOSE on the fabric, or the
+// kernel's FIN before the connection went direct.
+bool wr_shut(const Conn *c, const std::atomic<bool> &kernel_wr_shut) noexcept;
+// Our FIN or CLOSE went on the fabric.
+bool fin_sent(const Conn *c) noexcept;
+// The peer's FIN (or close) has come on the fabric.
+bool peer_fin(const Conn *c) noexcept;
+// The application shut it for reading (SHUT_RD).
+void shut_read(Conn *c) noexcept;
+// Protocol or fabric error.
+bool broken(const Conn *c) noexcept;
+// The peer reads no more (close, death), or the connection broke.
+bool gone(const Conn *c) noexcept;
 
-    // Leaving the fabric (leave.cpp). Send side, under tx_lock unless atomic.
-    std::atomic<bool> leave_wanted{false};  // we leave: senders let go of tx_lock
-    std::atomic<bool> leave_due{false};     // the peer left: our own leave is owed
-    bool leave_sent = false;                // our fabric stream ended at tx_end
-    bool leave_first = false;               // ... and we left first (we return)
-    std::atomic<std::uint64_t> tx_end{kNoOffset};  // read by deliver (give_back)
-    // Owed to the kernel socket before any new byte of ours: the bytes the
-    // peer returned (it left first: back_owed), then our staged bytes.
-    std::atomic<bool> tx_owed{false};
-    // shutdown(SHUT_WR) while direct: the fin went on the fabric; the
-    // kernel socket's FIN waits for a leave's owed bytes (or close).
-    std::atomic<bool> shut_wr_deferred{false};
-    std::atomic<bool> back_owed{false};
-    std::atomic<bool> back_complete{false};  // the last piece came (release)
-    char *back = nullptr;                    // written by deliver under rx_lock
-    std::uint32_t back_len = 0;              // until back_complete
-    std::uint32_t back_done = 0;             // written to the kernel (tx_lock)
-    std::uint64_t back_off = kNoOffset;      // stream offset of back[0]
-    // Receive side, under rx_lock: the peer's fabric stream ends here.
-    std::uint64_t peer_end = kNoOffset;
-    // The peer left because its socket is shared: once the fabric part is
-    // read and owed bytes written, the connection waits in kernel mode for
-    // an upgrade again (its last holder's), instead of final. rearm_due:
-    // that is ready to happen (the flush pass does it, with both locks).
-    bool rearm = false;
-    std::atomic<bool> rearm_due{false};
-    std::atomic<bool> initiate_due{false};  // rearmed: look for the peer's entry
-    std::uint64_t tx_fabric_base = 0;       // stat->tx_fabric when rearmed (peer_died)
-    // A send's next look at the page slot of a peer of another uid, which
-    // costs a system call (tx_lock): at most once a millisecond.
-    std::uint64_t close_look_ns = 0;
-    // Our socket is shared through fork (this process owns the
-    // connection): sent, received, left, blind of its holders' slot. A
-    // leave for sharing adds our offsets there, so that the last holder
-    // can return to direct mode; blind: a holder cannot read a spill
-    // (shm_fallback/sharers.hpp).
-    std::atomic<std::atomic<std::uint64_t> *> holder_counts{nullptr};
-    // Where the peer's unread fabric bytes go if this process must give
-    // the connection up before reading them, for its holders to read
-    // first (set at a fork while direct; rx_lock). Used once.
-    Spill spill;
+// Resets (the peer closed or died with our bytes unread: TCP's RST).
+bool reset_seen(const Conn *c) noexcept;
+// The reset not reported yet, now reported: ECONNRESET, EPIPE (after
+// the peer's FIN), or 0.
+int take_reset(Conn *c) noexcept;
+// The kernel socket reported the reset first: the fabric's word of it
+// finds it told.
+void reset_told(Conn *c) noexcept;
+// Our first send after the peer's close drew its reset (one host: as good
+// as here): EPIPE to the next send or SO_ERROR, as TCP's CLOSE_WAIT.
+void reset_drawn(Conn *c) noexcept;
 
-    // Something arrived or changed: wakes its waiters and the pollers
-    // whose interest set holds it; caller holds rx_lock.
-    void wake_locked() noexcept;
-    // Flow state into the counters (sdirect-stat shows it); the receive
-    // side's only when the caller holds rx_lock.
-    void show_flow(bool rx_locked) noexcept;
-    void note_reset() noexcept {
-        if (!peer_reset.exchange(true)) reset_unreported.store(true, std::memory_order_release);
-    }
-    // The reset not reported yet, now reported: ECONNRESET, EPIPE (after
-    // the peer's FIN), or 0.
-    int take_reset() noexcept {
-        if (!reset_unreported.exchange(false, std::memory_order_acq_rel)) return 0;
-        return reset_after_fin.load(std::memory_order_acquire) ? EPIPE : ECONNRESET;
-    }
-    void add_waiter(Waiter *w) noexcept;
-    void remove_waiter(Waiter *w) noexcept;
-    // The one place the state changes (conn_state.cpp): from the state
-    // the caller saw, as a compare-exchange; false if another thread moved
-    // it first. A move outside kConnMoves aborts a checked build.
-    bool move(ConnState from, ConnState to) noexcept;
-    // To `to` from whatever state it is in, each step a move of the table.
-    void move_to(ConnState to) noexcept;
-    bool is_direct() const noexcept { return state.load(std::memory_order_acquire) == ConnState::direct; }
-    bool is_leaving() const noexcept { return state.load(std::memory_order_acquire) == ConnState::leaving; }
-    // Not direct yet, but an upgrade may still make it so.
-    bool upgrading() const noexcept {
-        ConnState s = state.load(std::memory_order_acquire);
-        return s == ConnState::kernel || s == ConnState::initiating || s == ConnState::committing;
-    }
-    // The application's fd of the socket (another alias after a dup and a
-    // close of the first one: Stream::fd_removed updates it).
-    int app_fd() noexcept { return std::atomic_ref<std::int32_t>(stat->fd).load(std::memory_order_relaxed); }
-    // Our leave is sent or owed, or bytes are owed to the kernel socket: a
-    // send goes through leave_flush_locked first (tx_lock held).
-    bool leave_under_way() const noexcept {
-        return leave_sent || leave_due.load(std::memory_order_acquire) ||
-               tx_owed.load(std::memory_order_acquire);
-    }
-    // Leaving, and every fabric byte of the peer is read: receives take
-    // the kernel socket alone from now on (rx_lock held). True once final.
-    bool settle_left_locked() noexcept;
-    std::uint64_t ring_bytes() const noexcept { return ring_tail - ring_head; }
-    // Bytes the application can read now on the fabric (rx_lock held).
-    std::uint64_t rx_ready() const noexcept {
-        return ring_bytes() + (zc.active ? zc.len - zc.done : 0);
-    }
-    // Stream offset the next fabric message must start at (rx_lock held).
-    std::uint64_t rx_expect() const noexcept {
-        return switch_off + ring_tail + zc_total + sink_total + (zc.active ? zc.len : 0);
-    }
-    bool gone() const noexcept {
-        return peer_closed.load(std::memory_order_relaxed) || broken.load(std::memory_order_relaxed);
-    }
+// Receive side. Something for a recv to look at: bytes, the peer's FIN,
+// an error, or the connection off the fabric for good.
+bool rx_news(Conn *c) noexcept;
+// The companion socket's EOF was seen by readiness (recv probes it).
+bool kernel_eof_seen(const Conn *c) noexcept;
+// The companion socket reported EOF or an error: the peer may be gone
+// (readiness.cpp's hint); once per connection.
+void kernel_eof_hint(Conn *c) noexcept;
+// FIONREAD of a connection on the fabric, given the kernel socket's:
+// -1 when the kernel's count is the answer.
+std::int64_t readable_now(Conn *c, int kernel) noexcept;
+// Fabric bytes come before the kernel's (SIOCATMARK: the mark is after
+// them).
+bool fabric_bytes_ahead(Conn *c) noexcept;
+// Wakes its waiters and pollers (they look again: a new fd number).
+void wake(Conn *c) noexcept;
+
+// Readiness of a connection on the fabric as one look under its receive
+// lock sees it (poll, select, epoll).
+struct FabricView {
+    bool leaving = false;
+    bool broken = false;
+    bool fin = false;       // the peer's FIN (or close) came
+    bool closed = false;    // the peer reads no more (close, death)
+    bool eof = false;       // the companion socket said EOF, the fabric nothing
+    // Leaving, and the fabric part is read (bytes still owed to the
+    // kernel, so not final yet): the kernel has what comes next.
+    bool read_out = false;
+    bool writable = false;  // credits, or (leaving) nothing owed to the kernel
+    bool fin_sent = false;  // our FIN or CLOSE went on the fabric
+    bool reset = false;     // the peer's reset came
+    bool reset_unreported = false;
+    std::uint64_t ready = 0;  // bytes a recv takes now
 };
+// False when the kernel socket answers (not on the fabric, its fabric part
+// read, or before the peer's switch point).
+bool fabric_view(Conn *c, FabricView &v) noexcept;
+// The poll/select/epoll sleeps watching it.
+PollerMask &pollers_of(Conn *c) noexcept;
+// Counts of arrivals (data, fin, close, state) and of send retries
+// (credits): an edge-triggered watcher knows something new came.
+void arrivals(const Conn *c, std::uint32_t &rx, std::uint32_t &tx) noexcept;
+
+// Sharing through fork (fork_protocol). The holders' counts our leave for
+// sharing adds to (shm_fallback/sharers.hpp).
+void set_holder_counts(Conn *c, std::atomic<std::uint64_t> *counts) noexcept;
+bool has_holder_counts(const Conn *c) noexcept;
+// Our receive ring's size (0: never direct).
+std::uint64_t ring_capacity(Conn *c) noexcept;
+// Where the peer's unread fabric bytes go if this process gives the
+// connection up before reading them (Spill{}: nowhere).
+void set_spill(Conn *c, const Spill &s) noexcept;
+// The answering side of a finished leave, every fabric byte of the peer
+// in the ring: those bytes are copied into room(ctx, n) and taken (the
+// holders read them first); their count, 0 if none or not now.
+std::uint64_t hand_ring_out(Conn *c, char *(*room)(void *ctx, std::uint64_t n),
+                            void *ctx) noexcept;
+// Held on the kernel for `why` (not direct, no upgrade from now on): the
+// reason goes in its counters, logged once, and no verdict is owed.
+void say_held(Conn *c, Reason why, const char *text) noexcept;
 
 }  // namespace sd::transport

@@ -1,6 +1,6 @@
 // A connection's moves between states (conn_state.hpp): the one place the
 // state changes, checked against the table in debug and sanitizer builds.
-#include "conn.hpp"
+#include "conn_impl.hpp"
 
 namespace sd::transport {
 

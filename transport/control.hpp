@@ -3,7 +3,7 @@
 // Shared by the control thread (control.cpp), the upgrade handshake
 // (handshake.cpp) and the requests of a socket's other holders (hold.cpp).
 #pragma once
-#include "conn.hpp"
+#include "conn_impl.hpp"
 
 #include <cstddef>
 #include <cstdint>

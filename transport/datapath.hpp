@@ -67,13 +67,6 @@ inline bool keep_going_after_eintr(std::int64_t timeout_ns) noexcept {
     return timeout_ns == 0 && restart_after_signal();
 }
 
-// The connection is leaving the fabric (ours or the peer's doing): a send
-// lets go of the send lock, and the rest goes through the kernel.
-inline bool leave_requested(const Conn *c) noexcept {
-    return c->leave_wanted.load(std::memory_order_acquire) ||
-           c->leave_due.load(std::memory_order_acquire) || !c->is_direct();
-}
-
 // A call inside a syscall on the fd number it read from `fd`, one that
 // never blocks: `users` counts it, so that a close that moves the socket
 // to a private fd (the socket's hold_for_calls) lets it finish before the
@@ -111,12 +104,20 @@ struct SocketSide {
     bool first_send_to_closed(Conn *c) const noexcept { return closed_send(sock, c); }
 };
 
-// Our sending direction is over: a FIN or CLOSE on the fabric, or the
-// kernel's FIN before the connection went direct.
-inline bool wr_shut(const Conn *c, const std::atomic<bool> &kernel_wr_shut) noexcept {
-    return c->tx_fin.load(std::memory_order_relaxed) ||
-           kernel_wr_shut.load(std::memory_order_acquire);
-}
+// The connection is leaving the fabric (ours or the peer's doing): a send
+// lets go of the send lock, and the rest goes through the kernel.
+bool leave_requested(const Conn *c) noexcept;
+
+// shutdown(SHUT_WR) (closing.cpp): a FIN on the fabric if the connection is
+// direct (fin_second: whether the peer's FIN came first). True if the
+// kernel socket's FIN must wait: the connection is on the fabric or
+// leaving it (a leave writes what it owes the kernel socket first).
+bool shut_write(const SocketSide &s, Conn *c, std::atomic<bool> &fin_second) noexcept;
+// The last close of the socket (closing.cpp): direct, our CLOSE on the
+// fabric after the staged bytes (bounded), a reset if the peer's bytes
+// are unread or `abort` (SO_LINGER {1, 0}); left, what is owed to the
+// kernel socket first (bounded).
+void close_conn(const SocketSide &s, Conn *c, bool abort) noexcept;
 
 // send.cpp (tx_lock held, the connection direct): `total` bytes of `iov`.
 // Bytes sent or -errno; -ESTALE (and *left) when the connection is

@@ -3,6 +3,7 @@
 // header, finds the connection, takes its rx_lock and calls the handler of
 // the message's type from one table indexed by MsgType (wire.hpp). What a
 // handler must answer on the fabric is posted once rx_lock is released.
+#include "conn_impl.hpp"
 #include "engine.hpp"
 
 #include "log.hpp"
@@ -237,14 +238,12 @@ void Engine::Rx::fin_or_close(Rx &m) noexcept {
     if (c->switch_off == kNoOffset) c->switch_off = h.offset;
     if (MsgType(h.type) == MsgType::close && (h.flags & kCloseReset)) {
         // After its FIN we were in CLOSE_WAIT: TCP says EPIPE then.
-        if (c->fin_off != kNoOffset && !c->peer_reset.load(std::memory_order_relaxed))
-            c->reset_after_fin.store(true, std::memory_order_release);
-        c->note_reset();
+        c->reset_comes(c->fin_off != kNoOffset);
     } else if (MsgType(h.type) == MsgType::close) {
         m.e.closed_before_ours_locked(c);
     }
     c->fin_off = h.offset;
-    c->peer_fin.store(true, std::memory_order_release);
+    (void)c->move_fin_in(FinIn::open, FinIn::came);  // after fin_off: a release
     if (MsgType(h.type) == MsgType::close) c->peer_closed = true;
 }
 

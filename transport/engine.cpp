@@ -2,6 +2,7 @@
 // staged bytes, posting messages, RMA and process_vm copies, zero-copy
 // advertisements, doorbells and credits. Building the engine is
 // engine_setup.cpp; what a received message does is deliver.cpp.
+#include "conn_impl.hpp"
 #include "engine.hpp"
 #include "clock.hpp"
 #include "memguard.hpp"
@@ -156,9 +157,9 @@ void Engine::flush_due_stages() noexcept {
         Conn *c = conns_[id].load(std::memory_order_acquire);
         if (!c || !c->flush_due.load(std::memory_order_acquire)) continue;
         // Leaving the fabric: our leave, then bytes owed to the kernel.
-        const bool left = c->leave_due.load(std::memory_order_acquire) ||
+        const bool left = c->leave_due() ||
                           c->tx_owed.load(std::memory_order_acquire) ||
-                          c->rearm_due.load(std::memory_order_acquire) ||
+                          c->rearm_due() ||
                           c->initiate_due.load(std::memory_order_acquire);
         // Short of credits: their arrival brings us back here.
         if (!left && c->credits.load(std::memory_order_acquire) < std::int64_t(c->staged) &&
@@ -655,7 +656,7 @@ void Engine::peer_died(Conn *c) noexcept {
     // the reset, whatever the fabric part says.
     pollfd k{c->app_fd(), 0, 0};
     if (sys.poll(&k, 1, 0) == 1 && (k.revents & POLLERR)) {
-        c->note_reset();
+        c->reset_comes();
         return;
     }
     // Its counters outlive it in its process page: bytes we sent that it
@@ -663,7 +664,7 @@ void Engine::peer_died(Conn *c) noexcept {
     const std::uint64_t read = peer_read(c);
     if (read == kNoOffset) return;
     if (c->stat->tx_fabric.load(std::memory_order_relaxed) - c->tx_fabric_base > read)
-        c->note_reset();
+        c->reset_comes();
 }
 
 bool Engine::peer_exit_wait(const Peer *p, int ms) const noexcept {
@@ -725,7 +726,7 @@ void Engine::announce_switch(Conn *c) noexcept {
 
 void Engine::announce_switch_locked(Conn *c) noexcept {
     // Nothing goes after our close or shutdown: its FIN ended the stream.
-    if (c->tx_fabric || c->tx_fin || !c->is_direct()) return;
+    if (c->tx_fabric || c->fin_sent(std::memory_order_seq_cst) || !c->is_direct()) return;
     if (post(c, MsgType::data, nullptr, 0, 0, c->tx_off, monotonic_ns() + 100000000ull) == 0) {
         c->tx_fabric = true;
         ring(c->peer);

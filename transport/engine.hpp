@@ -10,6 +10,7 @@
 #include "regcache.hpp"
 #include "regionlock.hpp"
 #include "registry.hpp"
+#include "wire.hpp"
 #include "xqueue.hpp"
 
 #include <atomic>
@@ -19,6 +20,8 @@
 #include <sys/uio.h>
 
 namespace sd::transport {
+
+struct PeerSink;  // conn_impl.hpp
 
 // A peer process we have direct connections with, or had: one whose last
 // connection closed stays attached, idle, in the peer cache (peers.cpp).
@@ -272,9 +275,8 @@ class Engine {
     // (close, exit), its reason is made as exact as we can tell (no_peer,
     // other_registry, other_user, peer_kernel) and logged, once.
     void judge(Conn *c, bool at_end) noexcept;
-    void judge_due(Conn *c) noexcept {
-        if (c->verdict_due.load(std::memory_order_relaxed)) judge(c, false);
-    }
+    // judge(c, false) once its verdict is due.
+    void judge_due(Conn *c) noexcept;
     // After every connection left (retired()): the peers' process pages
     // and fabric regions are no longer mapped here, their doorbells and
     // pidfds closed, our entries gone from the registry.

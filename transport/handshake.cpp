@@ -6,6 +6,7 @@
 // passes the queue it reads the other's messages from (xqlink.cpp): with
 // every handshake, not only to a new peer, since each end's peer cache
 // drops peers on its own (a queue other than the one written replaces it).
+#include "conn_impl.hpp"
 #include "control.hpp"
 #include "crossuser.hpp"
 #include "engine.hpp"

@@ -3,6 +3,7 @@
 // request, by which a holder asks the owner of a direct socket to move it
 // back to the kernel (ask_owner_to_leave, answered by handle_leave; the
 // leave itself is leave.cpp).
+#include "conn_impl.hpp"
 #include "control.hpp"
 #include "engine.hpp"
 #include "log.hpp"

@@ -12,6 +12,7 @@
 // peer writes the returned bytes into the kernel before any new byte. Both
 // kernel streams thus go on at the offsets where the fabric left them.
 // Crossing leaves are two first sides: each returns, each writes back.
+#include "conn_impl.hpp"
 #include "engine.hpp"
 #include "log.hpp"
 #include "settings.hpp"
@@ -38,7 +39,7 @@ bool answered(void *ctx) noexcept {
 
 bool back_arrived(void *ctx) noexcept {
     auto *c = static_cast<Conn *>(ctx);
-    return c->back_complete.load(std::memory_order_acquire) || c->gone();
+    return c->back_complete() || c->gone();
 }
 
 // SDIRECT_LEAVE_PAUSE_US (tests): the whole pause, signals or not.
@@ -72,10 +73,10 @@ bool Conn::settle_left_locked() noexcept {
     if (st != ConnState::leaving || peer_end == kNoOffset || rx_off < peer_end || ring_bytes() ||
         zc.active || tx_owed.load(std::memory_order_acquire))
         return false;
-    if (rearm) {
+    if (const Rearm r = rearm.load(std::memory_order_acquire); r != Rearm::none) {
         // Not final: kernel mode again, by the flush pass (it needs the
         // send lock too).
-        rearm_due.store(true, std::memory_order_release);
+        if (r == Rearm::wanted) (void)move_rearm(Rearm::wanted, Rearm::due);
         return false;
     }
     stat->mode.store(std::uint32_t(Mode::kernel), std::memory_order_relaxed);
@@ -85,16 +86,14 @@ bool Conn::settle_left_locked() noexcept {
 }
 
 void Engine::send_leave_locked(Conn *c, bool first, Reason why) noexcept {
-    if (c->leave_sent) return;
+    if (c->leave_sent()) return;
     // Staged bytes were accepted after everything on the fabric: they
     // follow on the kernel socket.
     if (c->staged) c->tx_owed.store(true, std::memory_order_release);
     const std::uint64_t deadline = monotonic_ns() + settings().leave_timeout_ms * 1000000ull;
     c->tx_end.store(c->tx_off, std::memory_order_release);
-    c->leave_sent = true;
-    c->leave_first = first;
+    c->leave_goes(first);
     c->stat->leaves.fetch_add(1, std::memory_order_relaxed);
-    c->leave_due.store(false, std::memory_order_relaxed);
     const std::uint32_t flags = (first ? kLeaveFirst : 0) | std::uint32_t(why) << 8;
     if (post(c, MsgType::leave, nullptr, 0, 0, c->tx_off, deadline, flags) == 0)
         ring(c->peer);
@@ -129,7 +128,7 @@ void Engine::on_leave(Conn *c, const MsgHeader &h) noexcept {
                     reason_name(Reason(c->stat->reason.load(std::memory_order_relaxed))),
                     c->peer ? int(c->peer->pid) : 0);
     if (h.flags & kLeaveFirst) {
-        c->back_owed.store(true, std::memory_order_relaxed);
+        (void)c->move_give_back(GiveBack::none, GiveBack::awaited);
         c->tx_owed.store(true, std::memory_order_release);
     }
     // Left for sharing (not exec), with both directions open and not
@@ -137,10 +136,11 @@ void Engine::on_leave(Conn *c, const MsgHeader &h) noexcept {
     // for it in kernel mode.
     // Left for an exec whose new image runs the library (inherited): that
     // image may upgrade it again, as the last holder would.
-    c->rearm = (why == std::uint32_t(Reason::shared) || why == std::uint32_t(Reason::inherited)) &&
-               c->fin_off == kNoOffset &&
-               !c->tx_fin.load(std::memory_order_relaxed) && !c->broken &&
-               c->tx_end.load(std::memory_order_acquire) == kNoOffset;
+    if ((why == std::uint32_t(Reason::shared) || why == std::uint32_t(Reason::inherited)) &&
+        c->fin_off == kNoOffset &&
+        !c->fin_sent(std::memory_order_relaxed) && !c->broken &&
+        c->tx_end.load(std::memory_order_acquire) == kNoOffset)
+        (void)c->move_rearm(Rearm::none, Rearm::wanted);
     // Our own leave is owed (a no-op if we sent ours already): the next
     // holder of the send lock, or the flush pass, sends it. Owed before
     // the state says leaving, never after: a send that holds the send lock
@@ -150,7 +150,7 @@ void Engine::on_leave(Conn *c, const MsgHeader &h) noexcept {
     // so the peer would wait for fabric bytes that went to the kernel.
     // The flush pass may send the leave before the state below changes:
     // everything above is set by then (rearm looks at tx_end).
-    c->leave_due.store(true, std::memory_order_release);
+    c->peer_left();
     c->move(ConnState::direct, ConnState::leaving);
     if (const std::uint32_t us = settings().leave_pause_us) pause_us(us);
     want_flush(c);
@@ -161,8 +161,8 @@ void Engine::on_give_back(Conn *c, const MsgHeader &h, const char *payload) noex
     const bool first = c->back_off == kNoOffset;
     const std::uint64_t expect = first ? h.offset : c->back_off + c->back_len;
     const std::uint64_t end = c->tx_end.load(std::memory_order_acquire);  // before our leave
-    bool ok = c->back_owed.load(std::memory_order_relaxed) &&
-              !c->back_complete.load(std::memory_order_relaxed) && h.offset == expect &&
+    bool ok = c->give_back.load(std::memory_order_relaxed) == GiveBack::awaited &&
+              h.offset == expect &&
               end != kNoOffset && h.offset + h.len <= end &&
               end - (first ? h.offset : c->back_off) <= c->peer_ring_cap;
     if (ok && (h.flags & kGiveBackLast)) ok = h.offset + h.len == end;
@@ -187,14 +187,14 @@ void Engine::on_give_back(Conn *c, const MsgHeader &h, const char *payload) noex
         c->back_len += h.len;
     }
     if (h.flags & kGiveBackLast) {
-        c->back_complete.store(true, std::memory_order_release);
+        (void)c->move_give_back(GiveBack::awaited, GiveBack::complete);
         want_flush(c);
     }
 }
 
 int Engine::leave_work_locked(Conn *c) noexcept {
-    if (!c->leave_sent) {
-        if (!c->leave_due.load(std::memory_order_acquire)) return 0;
+    if (!c->leave_sent()) {
+        if (!c->leave_due()) return 0;
         send_leave_locked(c, false, Reason::none);
     }
     if (c->tx_owed.load(std::memory_order_acquire))
@@ -206,7 +206,7 @@ int Engine::leave_work_locked(Conn *c) noexcept {
     // Writable now; the receive side may be done too.
     std::lock_guard rx(c->rx_lock);
     if (!c->settle_left_locked()) c->wake_locked();
-    if (c->rearm_due.load(std::memory_order_acquire)) {
+    if (c->rearm_due()) {
         if (hand_to_holders_locked(c)) return 0;
         rearm_locked(c);
         return 1;
@@ -225,8 +225,7 @@ bool Engine::hand_to_holders_locked(Conn *c) noexcept {
     // (everything of the fabric is read and nothing is owed by now).
     auto *k = c->holder_counts.load(std::memory_order_acquire);
     if (!k) return false;
-    c->rearm = false;
-    c->rearm_due.store(false, std::memory_order_relaxed);
+    c->rearm_forget();
     c->stat->reason.store(std::uint32_t(Reason::shared), std::memory_order_relaxed);
     c->stat->mode.store(std::uint32_t(Mode::kernel), std::memory_order_relaxed);
     c->move_to(ConnState::final);
@@ -284,14 +283,14 @@ bool Engine::peer_conn_closed(const Conn *c) const noexcept {
 
 int Engine::write_owed_locked(Conn *c) noexcept {
     const int fd = c->app_fd();
-    if (c->back_owed.load(std::memory_order_acquire)) {
-        if (!c->back_complete.load(std::memory_order_acquire)) progress();  // it may be here
+    if (c->give_back.load(std::memory_order_acquire) != GiveBack::none) {
+        if (!c->back_complete()) progress();  // it may be here
         // A closed end posted everything before its slot said so: take in
         // what is queued for us before judging.
-        const bool closed = !c->back_complete.load(std::memory_order_acquire) && peer_conn_closed(c);
-        for (int pass = 0; closed && pass < 4 && !c->back_complete.load(); ++pass)
+        const bool closed = !c->back_complete() && peer_conn_closed(c);
+        for (int pass = 0; closed && pass < 4 && !c->back_complete(); ++pass)
             progress_blocking();
-        if (!c->back_complete.load(std::memory_order_acquire)) {
+        if (!c->back_complete()) {
             if (!c->gone() && peer_alive(c->peer) && !closed) return -EAGAIN;
             // It died, or closed its end, between its leave and its
             // returned bytes: they are lost with it (its holders' next
@@ -302,7 +301,7 @@ int Engine::write_owed_locked(Conn *c) noexcept {
         } else if (int rc = write_some(fd, c->back, c->back_len, &c->back_done)) {
             return rc;
         }
-        c->back_owed.store(false, std::memory_order_relaxed);
+        c->give_back_forget();
         std::free(c->back);
         c->back = nullptr;
     }
@@ -323,8 +322,7 @@ void Engine::rearm_locked(Conn *c) noexcept {
     // Everything of the fabric is over: the connection is as it was before
     // its upgrade, at today's offsets (the last holder's attach brings the
     // other end back; our old peer is released when a new one replaces it).
-    c->rearm = false;
-    c->rearm_due.store(false, std::memory_order_relaxed);
+    c->rearm_forget();
     c->switch_off = c->fin_off = c->peer_end = kNoOffset;
     c->ring_head = c->ring_tail = 0;
     c->zc = SrcAvail{};
@@ -339,11 +337,9 @@ void Engine::rearm_locked(Conn *c) noexcept {
     c->credits.store(0, std::memory_order_relaxed);
     c->unreturned.store(0, std::memory_order_relaxed);
     c->zc_answer_off.store(kNoOffset, std::memory_order_relaxed);
-    c->leave_sent = c->leave_first = false;
+    c->leave_forget();
     c->tx_end.store(kNoOffset, std::memory_order_relaxed);
-    c->leave_due.store(false, std::memory_order_relaxed);
-    c->back_owed.store(false, std::memory_order_relaxed);
-    c->back_complete.store(false, std::memory_order_relaxed);
+    c->give_back_forget();
     std::free(c->back);
     c->back = nullptr;
     c->back_len = c->back_done = 0;
@@ -370,9 +366,9 @@ void Engine::rearm_locked(Conn *c) noexcept {
 bool Engine::rejoin_locked(Conn *c, std::uint64_t sent, std::uint64_t received) noexcept {
     std::lock_guard rx(c->rx_lock);
     if (c->state.load(std::memory_order_acquire) != ConnState::final || c->gone() ||
-        c->tx_fin.load(std::memory_order_relaxed) || c->fin_off != kNoOffset ||
+        c->fin_sent(std::memory_order_relaxed) || c->fin_off != kNoOffset ||
         c->shut_wr_deferred.load(std::memory_order_acquire) || c->staged ||
-        c->tx_owed.load(std::memory_order_acquire) || c->peer_reset.load(std::memory_order_acquire))
+        c->tx_owed.load(std::memory_order_acquire) || c->reset_seen())
         return false;
     c->tx_off = sent;
     c->rx_off = received;
@@ -398,8 +394,7 @@ int Engine::leave_flush_locked(Conn *c, bool blocking, std::uint64_t deadline_ns
             const int ms =
                 deadline_ns ? int(std::min<std::uint64_t>((deadline_ns - now) / 1000000 + 1, 10))
                             : 10;
-            if (c->back_owed.load(std::memory_order_acquire) &&
-                !c->back_complete.load(std::memory_order_acquire))
+            if (c->give_back.load(std::memory_order_acquire) == GiveBack::awaited)
                 return sleep_once(e, c, -1, 0, back_arrived, c, ms);
             pollfd p{c->app_fd(), POLLOUT, 0};
             return sys.poll(&p, 1, ms) < 0 && errno == EINTR ? -EINTR : 0;
@@ -440,9 +435,9 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
     }
     // First or not (the peer may have left meanwhile), we return what we
     // hold unread: every holder of the socket reads the kernel from now on.
-    if (!c->leave_sent) {
+    if (!c->leave_sent()) {
         send_leave_locked(c, true, why);
-    } else if (!c->leave_first) {
+    } else if (!c->leave_first()) {
         // We answered the peer's leave already, keeping our unread bytes
         // to read them ourselves: too late to return them. What we owe
         // the kernel goes now; with everything read, the fabric part is
@@ -621,8 +616,8 @@ int Engine::hand_over_for_exec(Conn *c, std::uint64_t &tx, std::uint64_t &rx) no
     // peer's fabric stream, no end of stream either way.
     if (c->broken || c->staged || c->tx_owed.load(std::memory_order_acquire) ||
         c->shut_wr_deferred.load(std::memory_order_acquire) || c->ring_bytes() ||
-        c->fin_off != kNoOffset || c->tx_fin.load(std::memory_order_relaxed) ||
-        c->peer_reset.load(std::memory_order_acquire) ||
+        c->fin_off != kNoOffset || c->fin_sent(std::memory_order_relaxed) ||
+        c->reset_seen() ||
         c->holder_counts.load(std::memory_order_acquire))
         return -EBUSY;
     if (st == ConnState::kernel) {

@@ -3,6 +3,7 @@
 // owner's control thread to upgrade (handshake.cpp). Nothing is ever
 // written into the TCP stream. Here: the entry's name (from the
 // connection's 4-tuple), writing it whole and removing our own.
+#include "conn_impl.hpp"
 #include "crossuser.hpp"
 #include "engine.hpp"
 #include "registry.hpp"

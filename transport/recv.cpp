@@ -3,6 +3,7 @@
 // advertised for write zero-copy (the sink). Before the peer's switch
 // point, and after its fabric stream ended, the companion socket has the
 // bytes.
+#include "conn_impl.hpp"
 #include "datapath.hpp"
 
 #include "log.hpp"
@@ -151,9 +152,10 @@ ssize_t try_recv(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, std
             !c->zc.active) {
             // The peer's fabric stream is over and read: the kernel's turn.
             const bool final = c->settle_left_locked();
-            if (!c->rearm) {
+            const Rearm rearm = c->rearm.load(std::memory_order_acquire);
+            if (rearm == Rearm::none) {
                 if (final) return -ESTALE;  // the kernel alone, blocking as asked
-            } else if (c->rearm_due.load(std::memory_order_acquire)) {
+            } else if (rearm == Rearm::due) {
                 s.engine->want_flush(c);  // kernel mode again, with both locks
             }
             // Until then: counted (an upgrade later starts at rx_off), and
@@ -182,7 +184,9 @@ ssize_t try_recv(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, std
             return skip == total ? 0 : read_advert(s, c, lock, iov, iovcnt, skip, total, flags);
         if (c->fin_off != kNoOffset && c->rx_off >= c->fin_off)
             // A reset after the peer's FIN is the next send's to report.
-            return c->reset_after_fin.load(std::memory_order_acquire) ? 0 : -c->take_reset();
+            return c->reset.load(std::memory_order_acquire) == ResetState::unreported_after_fin
+                       ? 0
+                       : -c->take_reset();
         if (look != KernelLook::probe) return -EAGAIN;
         // Nothing on the fabric. A companion at EOF without a fabric FIN
         // means the peer process is gone: deliver what arrived, then EOF.
@@ -193,7 +197,7 @@ ssize_t try_recv(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, std
             // The kernel reset the connection (the peer's exit closed its
             // socket with bytes of ours unread there): the probe took the
             // error, which the kernel reports once; it is ours to report.
-            if (n < 0 && errno == ECONNRESET) c->note_reset();
+            if (n < 0 && errno == ECONNRESET) c->reset_comes();
             if (round == 1) {
                 // The peer is gone or closed without a word: sending to it
                 // fails from now on, as after a reset.

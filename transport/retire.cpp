@@ -3,6 +3,7 @@
 // sandbox: a process of another uid can no longer reach its peers'
 // memory (process_vm_* is refused one way), nor should it keep maps of
 // their pages, and a seccomp filter may forbid the calls an upgrade makes.
+#include "conn_impl.hpp"
 #include "engine.hpp"
 #include "log.hpp"
 #include "sys.hpp"

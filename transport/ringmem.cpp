@@ -8,6 +8,7 @@
 // EPIPE) instead of landing in memory this process reuses. The reservation
 // is released once the peer's connection is closed too (it never writes
 // after its own close) or the peer process is gone.
+#include "conn_impl.hpp"
 #include "engine.hpp"
 
 #include <sys/mman.h>

@@ -2,6 +2,7 @@
 // ones straight into the peer's ring, blocking large ones read zero-copy
 // by the peer from the caller's buffer, and any into a buffer the peer's
 // recv advertised (its sink); credits, and the waits for them.
+#include "conn_impl.hpp"
 #include "datapath.hpp"
 
 #include "log.hpp"
@@ -238,7 +239,7 @@ int send_failed(const SocketSide &s, Conn *c, int rc) noexcept {
         s.engine->progress_blocking();
         if (c->gone()) rc = -EPIPE;
     }
-    if (rc == -EPIPE && !c->tx_fin) {
+    if (rc == -EPIPE && !c->fin_sent(std::memory_order_seq_cst)) {
         if (int e = c->take_reset()) rc = -e;
         // Its CLOSE came only now: this is the send that TCP takes (0).
         else if (s.first_send_to_closed(c)) rc = 0;

@@ -46,6 +46,7 @@
 //   deregisters under the progress lock, so a write the provider places
 //   during our own progress (shm's delivery-complete writes) is over
 //   before.
+#include "conn_impl.hpp"
 #include "sink.hpp"
 
 #include "engine.hpp"

@@ -1,7 +1,7 @@
 // Write zero-copy's rules that need no fabric (sink.cpp uses them; the
 // unit tests check them).
 #pragma once
-#include "conn.hpp"
+#include "conn_impl.hpp"
 
 #include <algorithm>
 #include <cstdint>

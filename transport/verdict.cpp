@@ -5,6 +5,7 @@
 // I/O past the upgrade timeout, or at close, or at exit, whichever is
 // first; it changes only the reason shown (a peer that publishes later
 // still upgrades the connection), and logs it once.
+#include "conn_impl.hpp"
 #include "engine.hpp"
 #include "log.hpp"
 #include "registry.hpp"

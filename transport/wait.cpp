@@ -1,3 +1,4 @@
+#include "conn_impl.hpp"
 #include "wait.hpp"
 
 #include "log.hpp"

@@ -11,6 +11,7 @@
 // its own connections, which is what poison_link() does when the queue
 // itself makes no sense. It cannot shrink the queue we map (sealed, and
 // checked when passed), so no access of ours ever faults.
+#include "conn_impl.hpp"
 #include "engine.hpp"
 #include "log.hpp"
 #include "sys.hpp"
@@ -216,7 +217,7 @@ void Engine::poison_link(XLink &l) noexcept {
         std::lock_guard rx(c->rx_lock);
         if (c->peer != p) continue;
         c->broken = true;
-        c->note_reset();
+        c->reset_comes();
         c->wake_locked();
     }
 }

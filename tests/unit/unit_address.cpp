@@ -2,7 +2,7 @@
 // from the peer, and the tuple read from a connected socket.
 #include <catch2/catch.hpp>
 
-#include "transport/conn.hpp"
+#include "transport/conn_impl.hpp"
 #include "transport/engine.hpp"
 #include "transport/sys.hpp"
 

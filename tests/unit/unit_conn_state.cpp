@@ -7,7 +7,7 @@
 
 #include "unit_child.hpp"
 
-#include "transport/conn.hpp"
+#include "transport/conn_impl.hpp"
 #include "transport/lock_order.hpp"
 
 #include <csignal>

@@ -3,7 +3,7 @@
 // registry (squatted names passed over).
 #include <catch2/catch.hpp>
 
-#include "transport/conn.hpp"
+#include "transport/conn_impl.hpp"
 #include "transport/crossuser.hpp"
 
 #include <arpa/inet.h>

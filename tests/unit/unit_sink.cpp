@@ -3,7 +3,7 @@
 // and the completion a write needs.
 #include <catch2/catch.hpp>
 
-#include "transport/conn.hpp"
+#include "transport/conn_impl.hpp"
 #include "transport/sink.hpp"
 #include "transport/wire.hpp"
 
