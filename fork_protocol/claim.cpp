@@ -67,13 +67,20 @@ bool use_shared(Stream &s, int proof) noexcept {
     if (s.orphan_lost.load(std::memory_order_relaxed) != Stream::kNotLost) return false;
     fallback::sharers_use(sh);
     s.used_mark.store(sh, std::memory_order_release);
-    const std::uint64_t start = transport::monotonic_ns();
+    // The clock only once this waits (a child's first read would fault in
+    // the clock's code for nothing).
+    std::uint64_t start = 0;
+    auto waited_ns = [&start] {
+        const std::uint64_t now = transport::monotonic_ns();
+        if (!start) start = now;
+        return now - start;
+    };
     for (;;) {
         const int owner = fallback::sharers_owner(sh, &pending);
         if (!owner) return true;
         if (pending) {
             // Attaching (a few system calls): wait for it, unless it died.
-            if (transport::monotonic_ns() - start > 1000000000ull &&
+            if (waited_ns() > 1000000000ull &&
                 fallback::sharers_owner_dead(owner))
                 fallback::sharers_disown(sh, owner);
             timespec nap{0, 200000};
@@ -83,7 +90,7 @@ bool use_shared(Stream &s, int proof) noexcept {
         const int rc = transport::ask_owner_to_leave(owner, proof >= 0 ? proof : s.kfd(),
                                                      transport::Reason::shared);
         if (rc == -EAGAIN &&
-            transport::monotonic_ns() - start <
+            waited_ns() <
                 (std::uint64_t(transport::settings().upgrade_timeout_ms) + 2000) * 1000000ull) {
             // Its upgrade is under way, or a call of its holds it: soon.
             timespec nap{0, 2000000};

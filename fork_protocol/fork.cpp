@@ -9,6 +9,7 @@
 #include "shm_fallback/table.hpp"
 #include "transport/engine.hpp"
 #include "transport/renew.hpp"
+#include "transport/sys.hpp"
 
 #include <pthread.h>
 
@@ -28,7 +29,7 @@ void in_parent() noexcept {
     transport::Engine::resume_after_fork();
 }
 
-void in_child() noexcept {
+SD_CHILD_PATH void in_child() noexcept {
     fallback::table_after_fork_child();
     fallback::epoll_after_fork_child();
     transport::Engine::forget_after_fork(settled);

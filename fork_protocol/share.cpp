@@ -12,6 +12,7 @@
 #include "transport/engine.hpp"
 #include "transport/log.hpp"
 #include "transport/renew.hpp"
+#include "transport/sys.hpp"
 #include "transport/settings.hpp"
 
 #include <unistd.h>
@@ -135,7 +136,7 @@ void fork_prepare(Stream &s, unsigned mark) noexcept {
     sharers_expect_child(sh);
 }
 
-void fork_child(Stream &s, unsigned mark, int parent) noexcept {
+SD_CHILD_PATH void fork_child(Stream &s, unsigned mark, int parent) noexcept {
     Phase p = s.phase.load(std::memory_order_relaxed);
     if (p == Phase::fresh || p == Phase::listener) {
         // Only the parent's threads to forget, once or for each fd alike;
@@ -149,7 +150,7 @@ void fork_child(Stream &s, unsigned mark, int parent) noexcept {
     s.fork_mark = mark;
     s.forget_parent_threads();
     s.used_mark.store(nullptr, std::memory_order_relaxed);  // the parent's entry, not ours
-    s.take_ns = transport::monotonic_ns();
+    s.take_ns = fallback::table_fork_ns();
     s.take_calls = 0;
     // The parent's connection state stays the parent's: the kernel socket
     // is all the child has.

@@ -15,6 +15,7 @@
 #include "shim.hpp"
 #include "transport/engine.hpp"
 #include "transport/lock_order.hpp"
+#include "transport/renew.hpp"
 
 #include <cstring>
 #include <fcntl.h>
@@ -42,13 +43,28 @@ int nrecorded = 0;
 // fork protocol's prepare step, which takes the locks after it.
 sd::transport::RankedMutex<sd::transport::Rank::spawn> record_lock;
 
-// A fork child must not find the table locked by a thread it lacks.
+// A fork child must not find the table locked by a thread it lacks. A
+// process of one thread has no other thread to keep out: the lock is not
+// taken, and the handlers write nothing after the fork (each page written
+// then is copied while parent and child both map it).
 // Registered after the fork protocol's handlers (init.cpp's constructor,
 // priority 101): this prepare handler runs before theirs, this child
 // handler after theirs.
+bool locked_for_fork = false;
 __attribute__((constructor(102))) void spawn_init() {
-    pthread_atfork([] { record_lock.lock(); }, [] { record_lock.unlock(); },
-                   [] { record_lock.unlock(); });
+    pthread_atfork(
+        [] {
+            // Written only when it changes: the page stays as the last
+            // fork left it.
+            sd::transport::renew(locked_for_fork, !sd::transport::one_thread());
+            if (locked_for_fork) record_lock.lock();
+        },
+        [] {
+            if (locked_for_fork) record_lock.unlock();
+        },
+        [] {
+            if (locked_for_fork) record_lock.unlock();
+        });
 }
 
 void forget(const Actions *list) noexcept {

@@ -30,7 +30,12 @@ void finish_pending_cb(void *ctx) noexcept {
 void Stream::start_earning() noexcept {
     std::lock_guard lock(pend_lock);
     pending.store(true, std::memory_order_release);
-    const std::uint64_t now = transport::monotonic_ns();
+    // A socket that went through a fork has lived at least since this
+    // process began to share it (take_ns, the fork's own clock in a
+    // child): its life counts from there, and a forked server's child
+    // reads no clock for it (its first read would fault in the clock's
+    // code pages).
+    const std::uint64_t now = take_ns ? take_ns : transport::monotonic_ns();
     earn_ns = now + std::uint64_t(transport::settings().upgrade_after_ms) * 1000000ull;
     build_ns = now + std::uint64_t(transport::settings().build_after_ms) * 1000000ull;
     earn_calls = 0;

@@ -697,7 +697,7 @@ int epoll_wait_fds(int epfd, epoll_event *out, int max, int timeout_ms,
     return r;
 }
 
-void epoll_after_fork_child() noexcept {
+SD_CHILD_PATH void epoll_after_fork_child() noexcept {
     kernel_sleeps_after_fork_child();
     // The child's shadows describe the parent's connections: forget them
     // (the sets are left as the kernel has them). A set's wake-up eventfd

@@ -60,7 +60,7 @@ void kernel_waits_wake() noexcept {
     for (KernelSleep &k : sleeps) kernel_sleep_signal(k.efd, k.signalled);
 }
 
-void kernel_sleeps_after_fork_child() noexcept {
+SD_CHILD_PATH void kernel_sleeps_after_fork_child() noexcept {
     // The list's records live on the stacks of the parent's threads.
     transport::renew(sleeps_lock);
     if (!sleeps.empty()) new (&sleeps) decltype(sleeps)();

@@ -75,7 +75,7 @@ bool arena_fd_ok() noexcept {
            st.st_ino == arena_ino;
 }
 
-std::uint64_t me() noexcept { return kHolder | std::uint32_t(own_pid()); }
+SD_CHILD_PATH std::uint64_t me() noexcept { return kHolder | std::uint32_t(own_pid()); }
 
 // A process that can no longer use its copy: gone, or a zombie. Its
 // pidfd says so (readable once it has exited, whether reaped or not);
@@ -115,7 +115,7 @@ bool put(Sharers *sh, std::uint64_t value) noexcept {
 }
 
 // Replaces the entry that is `value` (used or not) by `with`.
-bool take(Sharers *sh, std::uint64_t value, std::uint64_t with) noexcept {
+SD_CHILD_PATH bool take(Sharers *sh, std::uint64_t value, std::uint64_t with) noexcept {
     for (auto &e : sh->entry) {
         std::uint64_t v = e.load(std::memory_order_acquire);
         while (v && who(v) == value)
@@ -235,7 +235,7 @@ void sharers_expect_child(Sharers *sh) noexcept {
     if (!put(sh, place)) sh->stuck.store(1, std::memory_order_release);  // the child cannot be counted
 }
 
-void sharers_born(Sharers *sh, int parent, bool used) noexcept {
+SD_CHILD_PATH void sharers_born(Sharers *sh, int parent, bool used) noexcept {
     take(sh, kReserved | std::uint32_t(parent), me() | (used ? kUsed : 0));
 }
 

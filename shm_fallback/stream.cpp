@@ -112,7 +112,7 @@ void Stream::reset(int f, int dom, bool nb) noexcept {
     refs.store(1, std::memory_order_release);
 }
 
-void Stream::forget_parent_threads() noexcept {
+SD_CHILD_PATH void Stream::forget_parent_threads() noexcept {
     // What is as new already is not written (renew.hpp).
     using transport::renew;
     renew(pend_lock);

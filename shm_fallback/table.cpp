@@ -2,6 +2,8 @@
 
 #include "transport/lock_order.hpp"
 #include "transport/log.hpp"
+#include "transport/clock.hpp"
+#include "transport/renew.hpp"
 
 #include "transport/sys.hpp"
 
@@ -44,8 +46,8 @@ int scan_end() noexcept {
 }
 // What the fork handlers write of the table's own, kept together: a fork
 // copies every page written after it, in the parent (whose handlers run
-// while the child lives) as in the child. One 64-byte line: one page.
-struct alignas(64) ForkState {
+// while the child lives) as in the child. Two 64-byte lines: one page.
+struct alignas(128) ForkState {
     transport::RankedMutex<transport::Rank::leaf> pool_lock;  // the pool (pool_get, release)
     int self_pid = 0;      // this process's pid as of its start or last fork
     int forking_pid = 0;   // the parent's pid, as its child sees it
@@ -57,8 +59,12 @@ struct alignas(64) ForkState {
     // foreign_process() and own_pid() cost no system call.
     std::atomic<int> under_way{0};
     std::atomic<bool> unhandled{false};
+    // The prepare step took pool_lock: not in a process of one thread,
+    // whose handlers then write nothing of it after the fork.
+    bool pool_locked = false;
+    std::uint64_t at_ns = 0;  // the prepare step's clock (table_fork_ns)
 };
-static_assert(sizeof(ForkState) == 64);
+static_assert(sizeof(ForkState) == 128);
 ForkState forks;
 Stream *free_list = nullptr;
 
@@ -166,8 +172,10 @@ void each_stream(Fn fn) noexcept {
 void table_fork_prepare() noexcept {
     forks.forking_pid = own_pid();
     forks.pass += 2;
+    forks.at_ns = transport::monotonic_ns();
     each_stream([](Stream *s) { fork_hooks.fork_prepare(*s, forks.pass); });
-    forks.pool_lock.lock();
+    transport::renew(forks.pool_locked, !transport::one_thread());
+    if (forks.pool_locked) forks.pool_lock.lock();
     // Last, so that the pass above, in this process still, asks no pid of
     // the kernel; from here until the handlers after the fork, code of
     // ours may run in the child before its handler has.
@@ -175,11 +183,11 @@ void table_fork_prepare() noexcept {
 }
 
 void table_unlock_after_fork() noexcept {
-    forks.pool_lock.unlock();
+    if (forks.pool_locked) forks.pool_lock.unlock();
     forks.under_way.fetch_sub(1, std::memory_order_relaxed);
 }
 
-void table_after_fork_child() noexcept {
+SD_CHILD_PATH void table_after_fork_child() noexcept {
     forks.self_pid = int(getpid());
     // One thread here, and no child yet: the parent's forks and children
     // are not ours (and own_pid() is self_pid from here on).
@@ -187,8 +195,10 @@ void table_after_fork_child() noexcept {
     forks.under_way.store(0, std::memory_order_relaxed);
     // Taken by this thread in the prepare step: held for good, and by no
     // thread here.
-    forks.pool_lock.forget_held();
-    new (&forks.pool_lock) transport::RankedMutex<transport::Rank::leaf>();
+    if (forks.pool_locked) {
+        forks.pool_lock.forget_held();
+        new (&forks.pool_lock) transport::RankedMutex<transport::Rank::leaf>();
+    }
     // Inherited connections: the parent's engine state is not ours.
     each_stream([](Stream *s) { fork_hooks.fork_child(*s, forks.pass + 1, forks.forking_pid); });
 }
@@ -208,6 +218,8 @@ bool foreign_process() noexcept {
     return int(getpid()) != forks.self_pid;
 }
 int table_pid() noexcept { return forks.self_pid; }
+
+SD_CHILD_PATH std::uint64_t table_fork_ns() noexcept { return forks.at_ns; }
 
 int own_pid() noexcept {
     if (forks.self_pid && !forks.unhandled.load(std::memory_order_relaxed) &&

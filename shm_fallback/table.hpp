@@ -89,6 +89,9 @@ int table_pid() noexcept;
 // This process's id: without a system call unless foreign_process() would
 // make one (its answer may then differ from table_pid()).
 int own_pid() noexcept;
-
+// The monotonic clock when the last fork's prepare step ran: a child's
+// time of birth without a clock read of its own (the child would fault
+// in the clock's code pages for it).
+std::uint64_t table_fork_ns() noexcept;
 
 }  // namespace sd::fallback

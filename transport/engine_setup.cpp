@@ -262,7 +262,7 @@ bool Engine::close_provider_for_exec() noexcept {
 
 void Engine::reopen_provider() noexcept { provider_gate().open(); }
 
-void Engine::forget_after_fork(bool settled) noexcept {
+SD_CHILD_PATH void Engine::forget_after_fork(bool settled) noexcept {
     // The parent's engine, its endpoint and its threads belong to the
     // parent: closing the endpoint here would unlink the parent's region.
     // Leave every object as it is and start afresh when needed.

@@ -1,4 +1,5 @@
 #include "regcache.hpp"
+#include "sys.hpp"
 #include "renew.hpp"
 
 #include <algorithm>
@@ -184,7 +185,7 @@ void RegCache::drain() noexcept {
     }
 }
 
-void RegCache::forget() noexcept {
+SD_CHILD_PATH void RegCache::forget() noexcept {
     // The lock may have been held by a thread that does not exist here.
     // Only what differs from new (renew.hpp): every page written here is
     // one the fork copies for the child, at every fork (an empty entry is
@@ -215,7 +216,7 @@ namespace {
 // Constant-initialised: the hooks may run before any constructor.
 constinit RegCache the_cache;
 }
-RegCache &regcache() noexcept { return the_cache; }
+SD_CHILD_PATH RegCache &regcache() noexcept { return the_cache; }
 
 std::size_t regcache_budget(std::size_t setting_bytes) noexcept {
     rlimit r{};

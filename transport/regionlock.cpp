@@ -55,7 +55,7 @@ bool layout_known() noexcept {
 
 }  // namespace
 
-ProviderGate &provider_gate() noexcept { return gate; }
+SD_CHILD_PATH ProviderGate &provider_gate() noexcept { return gate; }
 
 bool ProviderGate::enter() noexcept {
     if (depth > 0) {
@@ -102,7 +102,7 @@ void ProviderGate::close(int ms) noexcept {
         SD_LOG(info, "exit or exec: %d thread(s) still inside the provider after %d ms", left, ms);
 }
 
-void ProviderGate::reset() noexcept {
+SD_CHILD_PATH void ProviderGate::reset() noexcept {
     renew(depth, 0);
     renew(inside_, 0);
     renew(closed_, false);

@@ -1,6 +1,8 @@
-// After fork, in the child: what the parent's threads may have left (locks
-// taken, calls counted, lists of their waits) is set anew. A fork copies
-// every page written after it, in the child as in the parent, so what is
+// Around fork: in the child, what the parent's threads may have left
+// (locks taken, calls counted, lists of their waits) is set anew; in the
+// parent's handlers, what a fork decides is recorded. A fork copies every
+// page written after it, in the child as in the parent, and a parent's
+// page written by the next fork's handlers faults once more, so what is
 // already as it should be is not written: the child of a forking server
 // copies no page of ours that it would only have reset.
 #pragma once

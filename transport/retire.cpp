@@ -17,7 +17,7 @@ namespace {
 std::atomic<bool> retired_flag{false};
 }  // namespace
 
-bool retired() noexcept { return retired_flag.load(std::memory_order_acquire); }
+SD_CHILD_PATH bool retired() noexcept { return retired_flag.load(std::memory_order_acquire); }
 
 bool set_retired() noexcept {
     if (retired_flag.exchange(true, std::memory_order_acq_rel)) return false;

@@ -20,6 +20,7 @@
 #include <spawn.h>
 #include <sys/epoll.h>
 #include <sys/select.h>
+#include <sys/single_threaded.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -165,6 +166,12 @@ void resolve_sys() noexcept;
 // without its instrumentation.
 #define SD_UNINSTRUMENTED __attribute__((no_sanitize_thread))
 
+// The code a fork child runs in its handlers, kept together on few pages:
+// a child starts with none of the library's code mapped, and each page of
+// it that the child runs costs a page fault (a forking server pays it per
+// connection). The linker places these sections side by side.
+#define SD_CHILD_PATH __attribute__((section(".text.hot.sdirect_child")))
+
 // Calls made while a Guard is alive (libfabric, our control channel) go
 // straight to libc even when they enter the shims.
 extern thread_local int guard_depth;
@@ -175,6 +182,11 @@ struct Guard {
     Guard &operator=(const Guard &) = delete;
 };
 inline bool guarded() noexcept { return guard_depth != 0; }
+
+// No thread but the caller was ever started in this process (glibc keeps
+// the flag): no lock of ours can be held by another thread, so a fork's
+// handlers need take none.
+inline bool one_thread() noexcept { return __libc_single_threaded; }
 
 // A stream's bytes to or from its kernel socket, through the plainest call
 // that does it: read/write for one buffer without flags, readv/writev for

@@ -259,7 +259,7 @@ PollWait::~PollWait() {
 
 PollerMask &attach_pollers() noexcept { return attaching; }
 
-void pollers_after_fork_child() noexcept {
+SD_CHILD_PATH void pollers_after_fork_child() noexcept {
     // Only the forking thread lives on; it is in no sleep. (renew.hpp:
     // what is as new already is not written.)
     renew(slots_busy, 0);
