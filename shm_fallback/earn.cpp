@@ -90,6 +90,18 @@ void Stream::ask_now_locked() noexcept {
 
 bool Stream::hold_for_kernel_wait() noexcept {
     std::lock_guard lock(pend_lock);
+    if (!kernel_wait_ok_locked()) return false;
+    ++kernel_waiters;
+    ++wait_holds;
+    return true;
+}
+
+bool Stream::may_wait_in_kernel() noexcept {
+    std::lock_guard lock(pend_lock);
+    return kernel_wait_ok_locked();
+}
+
+bool Stream::kernel_wait_ok_locked() const noexcept {
     // Connected but not attached yet (accepted, or its non-blocking
     // connect under way): its first I/O attaches it, and only starts it
     // earning (start_earning, under this lock), so nothing but a call of
@@ -100,12 +112,8 @@ bool Stream::hold_for_kernel_wait() noexcept {
                             transport::settings().upgrade_after_ms;
     // Asked already (the builder may attach it at any time), shared
     // through fork, or an ask due: our state has to be watched.
-    if ((!unattached && (!pending.load(std::memory_order_relaxed) || !earn_ns || ask_held)) ||
-        share.load(std::memory_order_relaxed) || conn.load(std::memory_order_relaxed))
-        return false;
-    ++kernel_waiters;
-    ++wait_holds;
-    return true;
+    return !((!unattached && (!pending.load(std::memory_order_relaxed) || !earn_ns || ask_held)) ||
+             share.load(std::memory_order_relaxed) || conn.load(std::memory_order_relaxed));
 }
 
 void Stream::end_kernel_wait() noexcept {

@@ -527,14 +527,16 @@ int epoll_in_kernel(EpollSet *set, int epfd, epoll_event *out, int max, int time
     *again = false;
     if (transport::Engine *e = transport::Engine::current(); e && e->flush_pending())
         return kNotHere;  // bytes owed by a leave wait for progress passes
-    const int wfd = wake_fd_of(set, epfd);
-    if (wfd < 0) return kNotHere;
+    // Alone (kernel_sleep.hpp): no wake-up fd, no list, nothing held.
+    const bool alone = transport::one_thread();
+    const int wfd = alone ? -1 : wake_fd_of(set, epfd);
+    if (!alone && wfd < 0) return kNotHere;
     KernelSleep me;
     me.efd = wfd;
     me.signalled = &set->signalled;
     // On the list before any ask is held back: an ask held from now on
     // finds us there.
-    kernel_sleep_enter(me);
+    if (!alone) kernel_sleep_enter(me);
     bool owner = false, ok = false;
     {
         std::lock_guard lock(set->lock);
@@ -545,7 +547,7 @@ int epoll_in_kernel(EpollSet *set, int epfd, epoll_event *out, int max, int time
                 bool held = false;
                 // A trimmed entry answers from our state; an inner set
                 // may hold anything.
-                ok = e.s && !e.trimmed && kernel_may_answer(e.s, &held);
+                ok = e.s && !e.trimmed && kernel_may_answer(e.s, &held, alone);
                 if (held) set->held.push_back(e.s);
                 if (!ok) break;
             }
@@ -571,12 +573,13 @@ int epoll_in_kernel(EpollSet *set, int epfd, epoll_event *out, int max, int time
     // Off the list first: no wake-up writes the eventfd after that but
     // epoll_ctl's, under the set's lock while we are its sleeper. So the
     // drain below leaves it unreadable until the next sleep.
-    kernel_sleep_leave(me);
+    if (!alone) kernel_sleep_leave(me);
     if (owner) {
         std::lock_guard lock(set->lock);
         set->held.clear();
         set->kernel_sleeper = false;
-        if (set->signalled.exchange(false, std::memory_order_acq_rel) || woken) drain_fd(wfd);
+        if ((set->signalled.exchange(false, std::memory_order_acq_rel) || woken) && wfd >= 0)
+            drain_fd(wfd);
     }
     return r;
 }

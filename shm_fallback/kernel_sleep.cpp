@@ -67,7 +67,7 @@ SD_CHILD_PATH void kernel_sleeps_after_fork_child() noexcept {
     transport::renew(n_sleeps, 0);
 }
 
-bool kernel_may_answer(Stream *s, bool *held) noexcept {
+bool kernel_may_answer(Stream *s, bool *held, bool alone) noexcept {
     *held = false;
     // The peer's bytes read before the kernel socket (prefix.cpp): ours
     // to report.
@@ -80,6 +80,7 @@ bool kernel_may_answer(Stream *s, bool *held) noexcept {
             s->for_good.load(std::memory_order_acquire) || s->conn.load(std::memory_order_acquire))
             return true;
     }
+    if (alone) return s->may_wait_in_kernel();
     if (!s->hold_for_kernel_wait()) return false;
     s->refs.fetch_add(1, std::memory_order_relaxed);
     *held = true;
@@ -96,8 +97,9 @@ int poll_in_kernel(pollfd *fds, nfds_t n, Stream *const *ours, int timeout_ms,
     *again = false;
     if (transport::Engine *e = transport::Engine::current(); e && e->flush_pending())
         return kNotHere;  // bytes owed by a leave wait for progress passes
-    const int bell = transport::thread_bell();
-    if (bell < 0) return kNotHere;
+    const bool alone = transport::one_thread();
+    const int bell = alone ? -1 : transport::thread_bell();
+    if (!alone && bell < 0) return kNotHere;
     constexpr nfds_t kInline = 32;
     pollfd inline_fds[kInline + 1];
     Stream *inline_held[kInline];
@@ -111,26 +113,28 @@ int poll_in_kernel(pollfd *fds, nfds_t n, Stream *const *ours, int timeout_ms,
     if (all && held) {
         KernelSleep me;
         me.efd = bell;
-        kernel_sleep_enter(me);
+        if (!alone) kernel_sleep_enter(me);
         nfds_t nheld = 0;
         bool ok = true;
         for (nfds_t i = 0; i < n && ok; ++i) {
             bool h = false;
-            if (ours[i]) ok = kernel_may_answer(ours[i], &h);
+            if (ours[i]) ok = kernel_may_answer(ours[i], &h, alone);
             if (h) held[nheld++] = ours[i];
         }
         if (ok) {
+            // Alone: the bell's slot is left out of the call.
+            const nfds_t total = alone ? n : n + 1;
             std::copy(fds, fds + n, all);
             all[n] = {bell, POLLIN, 0};
             if (mask) {
                 timespec ts{timeout_ms / 1000, long(timeout_ms % 1000) * 1000000};
-                r = sys.ppoll(all, n + 1, timeout_ms < 0 ? nullptr : &ts, mask);
+                r = sys.ppoll(all, total, timeout_ms < 0 ? nullptr : &ts, mask);
             } else {
-                r = sys.poll(all, n + 1, timeout_ms);
+                r = sys.poll(all, total, timeout_ms);
             }
             const int err = errno;
             if (r >= 0) {
-                if (all[n].revents) {
+                if (!alone && all[n].revents) {
                     drain_fd(bell);
                     --r;
                     *again = r == 0;
@@ -140,7 +144,7 @@ int poll_in_kernel(pollfd *fds, nfds_t n, Stream *const *ours, int timeout_ms,
                 r = -err;
             }
         }
-        kernel_sleep_leave(me);
+        if (!alone) kernel_sleep_leave(me);
         for (nfds_t i = 0; i < nheld; ++i) kernel_wait_done(held[i]);
     }
     if (all != inline_fds) std::free(all);

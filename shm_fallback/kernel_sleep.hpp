@@ -20,6 +20,13 @@
 // the set's sockets of ours. A woken wait that found nothing for the
 // application looks again with the time left; timeouts, signals and masks
 // are the kernel's own.
+//
+// In a process that never started a second thread (transport::one_thread:
+// a forked server's child, a single-threaded event loop, without an
+// engine, whose threads would count) nobody can ask, attach, change the
+// set or ring while its only thread sleeps, and a signal's handler ends
+// the sleep (poll and epoll_wait are never restarted): such a wait holds
+// nothing, joins no list and sleeps on no extra fd (no eventfd is made).
 #pragma once
 #include "stream.hpp"
 
@@ -60,7 +67,9 @@ void kernel_waits_wake() noexcept;
 
 // Whether a wait asleep in the kernel may leave `s` to the kernel. `held`:
 // its ask is held back, and a reference taken, until kernel_wait_done(s).
-bool kernel_may_answer(Stream *s, bool *held) noexcept;
+// `alone`: the process has one thread (transport::one_thread()), and
+// nothing is held: while that thread sleeps, no call can ask.
+bool kernel_may_answer(Stream *s, bool *held, bool alone) noexcept;
 void kernel_wait_done(Stream *s) noexcept;
 
 // poll over `fds` (ours[i]: our socket at fds[i], reference held, or

@@ -306,8 +306,13 @@ class Stream {
     // when the wait must look at our state.
     bool hold_for_kernel_wait() noexcept;
     void end_kernel_wait() noexcept;
+    // The same answer without the hold, for a process of one thread: no
+    // other call can ask while its only thread sleeps.
+    bool may_wait_in_kernel() noexcept;
 
   private:
+    // Whether a kernel wait may leave it to the kernel (pend_lock held).
+    bool kernel_wait_ok_locked() const noexcept;
     // Calls inside a syscall on the fd number they read from `fd`, one
     // that never blocks: a close that moves the socket to a private fd
     // (hold_for_calls) lets them finish before the old number goes, so

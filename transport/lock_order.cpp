@@ -27,8 +27,8 @@ thread_local int nheld = 0;
 
 }  // namespace
 
-void check(const void *m, Rank r, bool blocking) noexcept {
 #ifdef SDIRECT_LOCK_CHECK
+void check(const void *m, Rank r, bool blocking) noexcept {
     for (int i = 0; i < nheld; ++i) {
         if (held_locks[i].m == m) violation("a lock taken again by its holder", r);
         // Nested epoll sets: a set's lock under its containers' (the
@@ -36,10 +36,8 @@ void check(const void *m, Rank r, bool blocking) noexcept {
         if (blocking && held_locks[i].r >= r && !(r == Rank::epoll && held_locks[i].r == r))
             violation("a blocking lock under one of higher rank", r);
     }
-#else
-    (void)m, (void)r, (void)blocking;
-#endif
 }
+#endif
 
 void acquired(const void *m, Rank r) noexcept {
     if (nheld < kMaxHeld) held_locks[nheld] = {m, r};

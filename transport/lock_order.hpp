@@ -80,7 +80,10 @@
 // engine's, or a chain of nested epoll sets over rx_lock, at most the
 // kernel's five levels deep). Builds with SDIRECT_LOCK_CHECK (debug and sanitizer builds)
 // abort with a message on a blocking acquisition out of order and on a
-// try_lock of a held lock; release builds only keep the list.
+// try_lock of a held lock. Release builds keep in the list only the ranks
+// whose holders code asks about (held(), holds_rank()): flush, table, tx,
+// progress and rx; the others cost their mutex alone (a socket's calls on
+// the kernel take a few of them each).
 #pragma once
 
 #include <cstdint>
@@ -103,8 +106,23 @@ enum class Rank : std::uint8_t {
 
 namespace lock_order {
 
+// Whether the thread's list records this rank's locks.
+constexpr bool recorded(Rank r) noexcept {
+#ifdef SDIRECT_LOCK_CHECK
+    (void)r;
+    return true;
+#else
+    return r == Rank::flush || r == Rank::table || r == Rank::tx || r == Rank::progress ||
+           r == Rank::rx;
+#endif
+}
+
 // Checked before an acquisition (blocking or not), recorded after it.
+#ifdef SDIRECT_LOCK_CHECK
 void check(const void *m, Rank r, bool blocking) noexcept;
+#else
+inline void check(const void *, Rank, bool) noexcept {}
+#endif
 void acquired(const void *m, Rank r) noexcept;
 void released(const void *m) noexcept;
 // Whether this thread holds `m`, or any lock of rank `r`.
@@ -118,26 +136,33 @@ bool checked() noexcept;
 // A std::mutex that takes part in the order above.
 template <Rank R>
 class RankedMutex {
+    static constexpr bool kRecorded = lock_order::recorded(R);
+
 public:
     void lock() noexcept {
         lock_order::check(this, R, true);
         m_.lock();
-        lock_order::acquired(this, R);
+        if constexpr (kRecorded) lock_order::acquired(this, R);
     }
     bool try_lock() noexcept {
         lock_order::check(this, R, false);
         if (!m_.try_lock()) return false;
-        lock_order::acquired(this, R);
+        if constexpr (kRecorded) lock_order::acquired(this, R);
         return true;
     }
     void unlock() noexcept {
-        lock_order::released(this);
+        if constexpr (kRecorded) lock_order::released(this);
         m_.unlock();
     }
-    bool held() const noexcept { return lock_order::holds(this); }
+    bool held() const noexcept {
+        static_assert(kRecorded, "held() of a rank the list does not record");
+        return lock_order::holds(this);
+    }
     // In a fork child: the lock stays taken for good (the parent's thread
     // took it), and this thread no longer counts it among those it holds.
-    void forget_held() noexcept { lock_order::released(this); }
+    void forget_held() noexcept {
+        if constexpr (kRecorded) lock_order::released(this);
+    }
 
 private:
     std::mutex m_;

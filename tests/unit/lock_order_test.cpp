@@ -15,6 +15,12 @@
 using namespace sd::transport;
 
 TEST_CASE("a thread knows which ranked locks it holds", "[lock-order]") {
+    // The ranks whose holders the library asks about are recorded in every
+    // build; the rest only where the order is checked.
+    STATIC_REQUIRE((lock_order::recorded(Rank::flush) && lock_order::recorded(Rank::table) &&
+                    lock_order::recorded(Rank::tx) && lock_order::recorded(Rank::progress) &&
+                    lock_order::recorded(Rank::rx)));
+    CHECK(lock_order::recorded(Rank::leaf) == lock_order::checked());
     RankedMutex<Rank::table> table;
     RankedMutex<Rank::tx> tx;
     CHECK_FALSE(table.held());
@@ -90,7 +96,11 @@ TEST_CASE("a socket's pend_lock ranks below the engine's locks and above the con
         RankedMutex<Rank::tx> tx;
         std::lock_guard a(busy);
         std::lock_guard b(pend);
-        if (!lock_order::holds_rank(Rank::control) || !lock_order::holds_rank(Rank::pend)) _exit(1);
+        // Recorded where the order is checked (a release build records
+        // only the ranks code asks about).
+        if (lock_order::recorded(Rank::control) &&
+            (!lock_order::holds_rank(Rank::control) || !lock_order::holds_rank(Rank::pend)))
+            _exit(1);
         std::lock_guard c(table);
         std::lock_guard d(tx);
     });
@@ -101,7 +111,6 @@ TEST_CASE("a socket's pend_lock ranks below the engine's locks and above the con
         RankedMutex<Rank::control> busy;
         busy.lock();
         busy.forget_held();
-        CHECK_FALSE(busy.held());
         CHECK_FALSE(lock_order::holds_rank(Rank::control));
         busy.unlock();  // not counted, so nothing to drop from the list
     }
