@@ -52,6 +52,9 @@ struct EpollSet {
     int epfd = -1;
     transport::RankedMutex<transport::Rank::epoll> lock;
     std::vector<Entry> entries;
+    // Whether `entries` holds any: set under `lock` at each change, read
+    // without it (a wait's first look).
+    std::atomic<bool> any{false};
     std::size_t cursor = 0;  // fairness when maxevents is small
     std::atomic<unsigned> turn{0};  // odd: the kernel's events go first
     // Sleeping in the kernel's epoll_wait (kernel_sleep.hpp): at most one
@@ -213,11 +216,12 @@ void settle(EpollSet *set) noexcept {
 
 // Entries of sockets closed since (set->lock held).
 void drop_closed(EpollSet *set) noexcept {
-    std::erase_if(set->entries, [](Entry &e) {
-        if (!e.s || e.s->fds.load(std::memory_order_acquire) > 0) return false;
-        entry_drop(e);
-        return true;
-    });
+    if (std::erase_if(set->entries, [](Entry &e) {
+            if (!e.s || e.s->fds.load(std::memory_order_acquire) > 0) return false;
+            entry_drop(e);
+            return true;
+        }))
+        set->any.store(!set->entries.empty(), std::memory_order_release);
 }
 
 // Drops from out[0..*n) the events whose data is `data`; returns how many.
@@ -410,6 +414,7 @@ int epoll_control(int epfd, int op, int fd, epoll_event *ev) noexcept {
             e.inner = inner;
             e.ev = *ev;
             v.push_back(e);
+            set->any.store(true, std::memory_order_release);
             s = nullptr;  // the entry holds the references now
             inner = nullptr;
         } else if (op == EPOLL_CTL_MOD && it != v.end()) {
@@ -424,6 +429,7 @@ int epoll_control(int epfd, int op, int fd, epoll_event *ev) noexcept {
         } else if (op == EPOLL_CTL_DEL && it != v.end()) {
             entry_drop(*it);
             v.erase(it);
+            set->any.store(!v.empty(), std::memory_order_release);
         }
         // A thread asleep in the kernel on this set looks at it again.
         if (set->kernel_sleeper) kernel_sleep_signal(set->wake_fd, &set->signalled);
@@ -487,10 +493,7 @@ void epoll_enlist(void *ctx, transport::Watch &w) noexcept {
     enlist_set(static_cast<EpollCtx *>(ctx)->set, w);
 }
 
-bool has_entries(EpollSet *set) noexcept {
-    std::lock_guard lock(set->lock);
-    return !set->entries.empty();
-}
+bool has_entries(EpollSet *set) noexcept { return set->any.load(std::memory_order_acquire); }
 
 bool got_entries(void *ctx) noexcept { return has_entries(static_cast<EpollSet *>(ctx)); }
 // Only epoll_ctl, which rings the set, can change that.
@@ -519,6 +522,29 @@ int wake_fd_of(EpollSet *set, int epfd) noexcept {
     return fd;
 }
 
+// epoll_in_kernel in a process of one thread (kernel_sleep.hpp): no
+// wake-up fd, no sleep list, nothing held, and no other sleeper on the set
+// to keep out.
+int epoll_alone(EpollSet *set, int epfd, epoll_event *out, int max, int timeout_ms,
+                const sigset_t *mask, bool *again) noexcept {
+    {
+        std::lock_guard lock(set->lock);
+        drop_closed(set);
+        for (Entry &e : set->entries) {
+            bool held = false;
+            if (!e.s || e.trimmed || !kernel_may_answer(e.s, &held, true)) return kNotHere;
+        }
+    }
+    const int k = mask ? sys.epoll_pwait(epfd, out, max, timeout_ms, mask)
+                       : sys.epoll_wait(epfd, out, max, timeout_ms);
+    if (k < 0) return -errno;
+    int hints = 0;
+    bool woken = false;
+    const int r = keep_events(set, out, k, &hints, &woken);
+    *again = k > 0 && r == 0;
+    return r;
+}
+
 // The kernel's own epoll_wait on the set, when none of our sockets in it
 // needs our state (kernel_sleep.hpp): the application's events (or
 // -errno), or kNotHere. `again`: woken with nothing for the application.
@@ -527,16 +553,15 @@ int epoll_in_kernel(EpollSet *set, int epfd, epoll_event *out, int max, int time
     *again = false;
     if (transport::Engine *e = transport::Engine::current(); e && e->flush_pending())
         return kNotHere;  // bytes owed by a leave wait for progress passes
-    // Alone (kernel_sleep.hpp): no wake-up fd, no list, nothing held.
-    const bool alone = transport::one_thread();
-    const int wfd = alone ? -1 : wake_fd_of(set, epfd);
-    if (!alone && wfd < 0) return kNotHere;
+    if (transport::one_thread()) return epoll_alone(set, epfd, out, max, timeout_ms, mask, again);
+    const int wfd = wake_fd_of(set, epfd);
+    if (wfd < 0) return kNotHere;
     KernelSleep me;
     me.efd = wfd;
     me.signalled = &set->signalled;
     // On the list before any ask is held back: an ask held from now on
     // finds us there.
-    if (!alone) kernel_sleep_enter(me);
+    kernel_sleep_enter(me);
     bool owner = false, ok = false;
     {
         std::lock_guard lock(set->lock);
@@ -547,7 +572,7 @@ int epoll_in_kernel(EpollSet *set, int epfd, epoll_event *out, int max, int time
                 bool held = false;
                 // A trimmed entry answers from our state; an inner set
                 // may hold anything.
-                ok = e.s && !e.trimmed && kernel_may_answer(e.s, &held, alone);
+                ok = e.s && !e.trimmed && kernel_may_answer(e.s, &held, false);
                 if (held) set->held.push_back(e.s);
                 if (!ok) break;
             }
@@ -573,13 +598,12 @@ int epoll_in_kernel(EpollSet *set, int epfd, epoll_event *out, int max, int time
     // Off the list first: no wake-up writes the eventfd after that but
     // epoll_ctl's, under the set's lock while we are its sleeper. So the
     // drain below leaves it unreadable until the next sleep.
-    if (!alone) kernel_sleep_leave(me);
+    kernel_sleep_leave(me);
     if (owner) {
         std::lock_guard lock(set->lock);
         set->held.clear();
         set->kernel_sleeper = false;
-        if ((set->signalled.exchange(false, std::memory_order_acq_rel) || woken) && wfd >= 0)
-            drain_fd(wfd);
+        if (set->signalled.exchange(false, std::memory_order_acq_rel) || woken) drain_fd(wfd);
     }
     return r;
 }
@@ -713,6 +737,7 @@ SD_CHILD_PATH void epoll_after_fork_child() noexcept {
         if (EpollSet *set = sets[fd].load(std::memory_order_relaxed)) {
             new (&set->lock) transport::RankedMutex<transport::Rank::epoll>();
             set->entries.clear();
+            set->any.store(false, std::memory_order_relaxed);
             set->held.clear();  // the parent's references (fork_child recounted them)
             set->kernel_sleeper = false;
             set->signalled.store(false, std::memory_order_relaxed);

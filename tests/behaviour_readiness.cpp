@@ -298,3 +298,33 @@ TEST_CASE("a thread asleep in the kernel's epoll_wait on an earning connection i
         }
     });
 }
+
+// ---- a process of one thread -------------------------------------------------
+// While its only thread sleeps, nobody can ask for an upgrade, attach a
+// socket or change a set: its waits on connections that have not asked
+// are the kernel's, with no wake-up fd of the library's. A second thread
+// (started and ended before) brings them back. The driver checks the
+// eventfds it holds at the end.
+
+TEST_CASE("a process of one thread waits in epoll_wait and poll on a connection that has not "
+          "asked for its upgrade with no eventfd of the library's, and gets every answer; "
+          "once it has had a second thread, its waits hold one",
+          "[epoll]") {
+    for (const bool thread : {false, true}) {
+        DYNAMIC_SECTION((thread ? "after a second thread" : "one thread")) {
+            PairSpec spec = scenario("alone-waits", "epoll");
+            spec.client_args = {"--thread", thread ? "1" : "0", "--eventfds", "check"};
+            // Never earns its upgrade: no engine, whose threads would count.
+            spec.env = {"SDIRECT_UPGRADE_AFTER_MS=600000"};
+            spec.check_modes = false;
+            run_pair(spec, [](Pair &pair, const Placement &pl) {
+                // Never asked: no connection of either end went direct.
+                for (const Proc *p : {&pair.client, &pair.server}) {
+                    if (p == &pair.client ? !pl.client_preload : !pl.server_preload) continue;
+                    INFO(describe(*p));
+                    for (const StatLine &st : conn_stats(*p)) CHECK(st.mode != "direct");
+                }
+            });
+        }
+    }
+}

@@ -86,6 +86,7 @@ void drive_epoll_close(int *fd, const Options &opt);
 // epoll_wait asleep across an upgrade (peer_ready_earn.cpp).
 void drive_epoll_earn_sleep(int *fd, const Options &opt);
 void drive_epoll_add_direct(int *fd, const Options &opt);
+void drive_alone_waits(int *fd, const Options &opt);
 
 // Non-blocking sockets (peer_ready_nonblock.cpp), threads
 // (peer_ready_threads.cpp), sendfile and splice (peer_sendfile.cpp).

@@ -114,6 +114,7 @@ constexpr Entry drivers[] = {
     {"epoll-close", drive_epoll_close},
     {"epoll-earn-sleep", drive_epoll_earn_sleep},
     {"epoll-add-direct", drive_epoll_add_direct},
+    {"alone-waits", drive_alone_waits},
     {"nonblock-io", drive_nonblock_io},
     {"thread-recv", drive_thread_recv},
     {"earn-blocked-reader", drive_earn_blocked_reader},

@@ -8,10 +8,13 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/tcp.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/syscall.h>
 #include <thread>
@@ -259,6 +262,94 @@ void drive_epoll_add_direct(int *fd, const Options &opt) {
     if (opt.num("conn-index", 0) == 0) add_direct_sleeper(*fd, opt);
     else add_direct_adder(*fd, opt);
     send_exit(*fd);
+}
+
+namespace {
+
+// Eventfds this process holds (/proc/self/fd): the library's wake-up fds.
+int eventfds_held() {
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) fail("opendir(/proc/self/fd): %s", errno_name(errno));
+    int n = 0;
+    while (dirent *e = readdir(d)) {
+        char path[300], target[64];
+        std::snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+        const ssize_t len = readlink(path, target, sizeof target - 1);
+        if (len <= 0) continue;
+        target[len] = '\0';
+        if (std::strcmp(target, "anon_inode:[eventfd]") == 0) ++n;
+    }
+    closedir(d);
+    return n;
+}
+
+// Threads of this process now (/proc/self/status).
+int threads_now() {
+    FILE *f = std::fopen("/proc/self/status", "r");
+    if (!f) fail("fopen(/proc/self/status): %s", errno_name(errno));
+    char line[256];
+    int n = 0;
+    while (std::fgets(line, sizeof line, f))
+        if (std::sscanf(line, "Threads: %d", &n) == 1) break;
+    std::fclose(f);
+    return n;
+}
+
+}  // namespace
+
+// A process whose only thread waits in epoll_wait and poll on a
+// connection that has not asked for its upgrade: the readiness and bytes
+// of every answer. --eventfds check: the eventfds it holds afterwards,
+// under the library: none with one thread (the library's waits sleep on no
+// fd of their own), some once a second thread ran (--thread 1: the epoll
+// set's wake-up fd, the thread's bell), as when a sanitizer's runtime
+// keeps a thread of its own; without the library, none.
+void drive_alone_waits(int *fd, const Options &opt) {
+    const int s = *fd;
+    if (opt.num("thread", 0)) std::thread([] {}).join();
+    const int ep = ep_new();
+    ep_ctl(ep, EPOLL_CTL_ADD, s, IN, 0x52, "ADD the connection");
+    const int rounds = int(opt.num("rounds", 20));
+    for (int i = 0; i < rounds; ++i) {
+        Cmd out;
+        out.op = Op::send;
+        out.api = std::uint32_t(Tx::send);
+        out.size = 1000 + std::uint64_t(i) * 37;
+        out.seed = seed_of(opt, std::uint64_t(10 + i));
+        out.chunk = 4096;
+        out.pre_delay_us = 2000;
+        send_cmd(s, out);
+        if (i % 2 == 0) {
+            epoll_event ev[2]{};
+            const int rc = epoll_wait(ep, ev, 2, 10000);
+            if (rc != 1 || ev[0].data.u64 != 0x52 || ev[0].events != IN)
+                fail("round %d: epoll_wait returned %d (%s), expected EPOLLIN for the answer", i,
+                     rc, rc < 0 ? errno_name(errno) : events_text(short(ev[0].events)).c_str());
+        } else {
+            pollfd p{s, POLLIN, 0};
+            const int rc = poll(&p, 1, 10000);
+            if (rc != 1 || p.revents != POLLIN)
+                fail("round %d: poll returned %d (%s), expected POLLIN for the answer", i, rc,
+                     rc < 0 ? errno_name(errno) : events_text(p.revents).c_str());
+        }
+        recv_pattern(s, Rx::recv, out.seed, out.size, 65536, "answer");
+    }
+    if (opt.has("eventfds")) {
+        const char *pre = std::getenv("LD_PRELOAD");
+        const bool ours = pre && std::strstr(pre, "sdirect");
+        const bool threads = opt.num("thread", 0) || threads_now() > 1;
+        const int held = eventfds_held();
+        if (!ours && held != 0)
+            fail("without the library this process holds %d eventfds", held);
+        if (ours && !threads && held != 0)
+            fail("with one thread, after %d waits this process holds %d eventfds, expected none",
+                 rounds, held);
+        if (ours && threads && held == 0)
+            fail("after a second thread and %d waits this process holds no eventfd: its waits "
+                 "did not sleep on the library's fds", rounds);
+    }
+    close(ep);
+    send_exit(s);
 }
 
 }  // namespace peer
