@@ -66,49 +66,74 @@ inline constexpr std::uint64_t kAskKernelEveryNs = 20000;
 
 // Spins (SDIRECT_SPIN_US) then sleeps on `kfds` and what `in` enlists
 // until `check(ask_kernel)` finds something, the timeout passes or a
-// signal arrives. `ask_kernel`: this look includes the kernel's view (the
-// first, every kAskKernelEveryNs of a spin, and the first after each
-// sleep).
+// signal arrives: the doorbell wait's one loop (transport::wait_on_bell)
+// with poll's hooks. `ask_kernel`: this look includes the kernel's view
+// (the first, every kAskKernelEveryNs of a spin, the first after each
+// sleep, and the last before the timeout). No spin under a signal mask
+// (ppoll, pselect, epoll_pwait: the mask is the kernel's to apply); a
+// signal ends the wait with -EINTR (poll and epoll are never restarted).
 template <typename Check>
-int wait_loop(Check check, pollfd *kfds, nfds_t nk, int timeout_ms, const sigset_t *mask,
-              const transport::Interest &in) noexcept {
-    transport::Engine *engine = transport::Engine::current();
-    const std::uint64_t deadline = deadline_of(timeout_ms);
-    const std::uint64_t spin_ns = std::uint64_t(transport::settings().spin_us) * 1000;
-    std::uint64_t spin_until = 0;
+struct PollWaiter : transport::BellWaiter {
+    Check &check;
+    pollfd *kfds;
+    nfds_t nk;
+    int timeout_ms;
+    const sigset_t *mask;
+    const transport::Interest &in;
     std::uint64_t ask_kernel_at = 0;
-    transport::SpinSlot slot;
-    transport::PollWait wait;
-    for (;;) {
-        if (engine) engine->progress();
-        std::uint64_t now = monotonic_ns();
-        const bool ask_kernel = now >= ask_kernel_at;
-        if (ask_kernel) ask_kernel_at = now + kAskKernelEveryNs;
-        int n = check(ask_kernel);
+    bool asked_kernel = false;
+
+    PollWaiter(Check &ch, pollfd *f, nfds_t n, int tmo, const sigset_t *m,
+               const transport::Interest &i) noexcept
+        : check(ch), kfds(f), nk(n), timeout_ms(tmo), mask(m), in(i) {}
+
+    long look() noexcept {
+        if (e) e->progress();
+        const std::uint64_t now = monotonic_ns();
+        asked_kernel = now >= ask_kernel_at;
+        if (asked_kernel) ask_kernel_at = now + kAskKernelEveryNs;
+        const int n = check(asked_kernel);
         if (n != 0 || timeout_ms == 0) return n;
-        if (deadline && now >= deadline) {
-            if (ask_kernel) return 0;
-            ask_kernel_at = 0;  // the last look before timing out asks the kernel too
-            continue;
-        }
-        if (!spin_until) spin_until = slot.start(now, spin_ns);
-        if (!mask && now < spin_until) continue;
-        slot.release();
-        int left = ms_left(deadline, timeout_ms);
-        if (!engine) {
+        return transport::kWaitOn;
+    }
+    long timed_out() noexcept {
+        if (asked_kernel) return 0;
+        ask_kernel_at = 0;  // the last look before timing out asks the kernel too
+        return transport::kLookAgain;
+    }
+    bool may_spin() const noexcept { return !mask; }
+    int sleep(std::uint64_t) noexcept {
+        int left = detail::ms_left(deadline_ns, timeout_ms);
+        if (!e) {
             // Connections wait for the engine being built: look again soon.
-            engine = transport::Engine::current();
+            e = transport::Engine::current();
             if (left < 0 || left > 20) left = 20;
         }
         ask_kernel_at = 0;  // what woke us may be the kernel's
-        int r = engine ? transport::sleep_on_fds(engine, kfds, nk, mask, left, in)
-                       : (mask ? [&] {
-                             timespec ts{left / 1000, long(left % 1000) * 1000000};
-                             return sys.ppoll(kfds, nk, left < 0 ? nullptr : &ts, mask);
-                         }()
-                               : sys.poll(kfds, nk, left));
-        if (r < 0 && (r == -1 ? errno : -r) == EINTR) return -EINTR;
+        int r;
+        if (e) {
+            r = transport::sleep_on_fds(e, kfds, nk, mask, left, in);
+        } else if (mask) {
+            timespec ts{left / 1000, long(left % 1000) * 1000000};
+            r = sys.ppoll(kfds, nk, left < 0 ? nullptr : &ts, mask);
+        } else {
+            r = sys.poll(kfds, nk, left);
+        }
+        return r < 0 && (r == -1 ? errno : -r) == EINTR ? -EINTR : 0;
     }
+    long interrupted() noexcept { return -EINTR; }
+};
+
+template <typename Check>
+int wait_loop(Check check, pollfd *kfds, nfds_t nk, int timeout_ms, const sigset_t *mask,
+              const transport::Interest &in) noexcept {
+    PollWaiter<Check> w(check, kfds, nk, timeout_ms, mask, in);
+    w.e = transport::Engine::current();
+    w.spin_ns = std::uint64_t(transport::settings().spin_us) * 1000;
+    w.deadline_ns = deadline_of(timeout_ms);
+    transport::SpinSlot slot;
+    transport::PollWait wait;
+    return int(transport::wait_on_bell(w, slot));
 }
 
 }  // namespace sd::fallback::detail
