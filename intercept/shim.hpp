@@ -16,13 +16,13 @@ using transport::sys;
 
 // A stream held for the duration of one call; empty when the call must go
 // straight to libc (not ours, or made by our own dependencies).
-class Held {
+class CallRef {
   public:
-    explicit Held(int fd) noexcept
+    explicit CallRef(int fd) noexcept
         : s_(transport::guarded() ? nullptr : fallback::acquire(fd)) {
         if (s_) s_->calls.fetch_add(1, std::memory_order_acq_rel);
     }
-    ~Held() {
+    ~CallRef() {
         if (!s_) return;
         // The last call over a socket closed meanwhile: its close now.
         if (s_->calls.fetch_sub(1, std::memory_order_acq_rel) == 1 &&
@@ -30,8 +30,8 @@ class Held {
             s_->close_held();
         fallback::release(s_);
     }
-    Held(const Held &) = delete;
-    Held &operator=(const Held &) = delete;
+    CallRef(const CallRef &) = delete;
+    CallRef &operator=(const CallRef &) = delete;
     explicit operator bool() const noexcept { return s_ != nullptr; }
     fallback::Stream *operator->() const noexcept { return s_; }
     fallback::Stream *get() const noexcept { return s_; }

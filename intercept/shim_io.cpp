@@ -24,18 +24,18 @@ extern "C" [[noreturn]] void __chk_fail(void);
 
 namespace {
 
-ssize_t recv_one(Held &s, void *buf, size_t len, int flags) noexcept {
+ssize_t recv_one(CallRef &s, void *buf, size_t len, int flags) noexcept {
     iovec v{buf, len};
     return ret(s->recv(&v, 1, flags));
 }
 
-ssize_t send_one(Held &s, const void *buf, size_t len, int flags) noexcept {
+ssize_t send_one(CallRef &s, const void *buf, size_t len, int flags) noexcept {
     iovec v{const_cast<void *>(buf), len};
     return ret(s->send(&v, 1, flags));
 }
 
 // recvmsg on a stream socket reports no address and no control data.
-ssize_t recv_msg(Held &s, msghdr *m, int flags) noexcept {
+ssize_t recv_msg(CallRef &s, msghdr *m, int flags) noexcept {
     ssize_t n = ret(s->recv(m->msg_iov, int(m->msg_iovlen), flags));
     if (n >= 0) {
         m->msg_namelen = 0;
@@ -73,7 +73,7 @@ void pass_fds(const msghdr *m) noexcept {
 }  // namespace
 
 SD_EXPORT ssize_t read(int fd, void *buf, size_t len) {
-    Held s(fd);
+    CallRef s(fd);
     if (!s) return sys.read(fd, buf, len);
     // A socket's read of nothing returns at once (a recv of nothing waits
     // for data, so it must not become one).
@@ -87,13 +87,13 @@ SD_EXPORT ssize_t __read_chk(int fd, void *buf, size_t len, size_t buflen) {
 }
 
 SD_EXPORT ssize_t write(int fd, const void *buf, size_t len) {
-    Held s(fd);
+    CallRef s(fd);
     if (!s) return sys.write(fd, buf, len);
     return send_one(s, buf, len, 0);
 }
 
 SD_EXPORT ssize_t readv(int fd, const iovec *iov, int iovcnt) {
-    Held s(fd);
+    CallRef s(fd);
     // Bad arguments: the kernel gives the answer (EINVAL, EFAULT).
     if (!s || iovcnt < 0 || iovcnt > IOV_MAX || !readable(iov, sizeof *iov * size_t(iovcnt)))
         return sys.readv(fd, iov, iovcnt);
@@ -104,14 +104,14 @@ SD_EXPORT ssize_t readv(int fd, const iovec *iov, int iovcnt) {
 }
 
 SD_EXPORT ssize_t writev(int fd, const iovec *iov, int iovcnt) {
-    Held s(fd);
+    CallRef s(fd);
     if (!s || iovcnt < 0 || iovcnt > IOV_MAX || !readable(iov, sizeof *iov * size_t(iovcnt)))
         return sys.writev(fd, iov, iovcnt);
     return ret(s->send(iov, iovcnt, 0));
 }
 
 SD_EXPORT ssize_t recv(int fd, void *buf, size_t len, int flags) {
-    Held s(fd);
+    CallRef s(fd);
     if (!s) return sys.recv(fd, buf, len, flags);
     return recv_one(s, buf, len, flags);
 }
@@ -122,14 +122,14 @@ SD_EXPORT ssize_t __recv_chk(int fd, void *buf, size_t len, size_t buflen, int f
 }
 
 SD_EXPORT ssize_t send(int fd, const void *buf, size_t len, int flags) {
-    Held s(fd);
+    CallRef s(fd);
     if (!s) return sys.send(fd, buf, len, flags);
     return send_one(s, buf, len, flags);
 }
 
 SD_EXPORT ssize_t recvfrom(int fd, void *buf, size_t len, int flags, sockaddr *addr,
                            socklen_t *alen) {
-    Held s(fd);
+    CallRef s(fd);
     if (!s) return sys.recvfrom(fd, buf, len, flags, addr, alen);
     ssize_t n = recv_one(s, buf, len, flags);
     if (n >= 0 && addr && alen) *alen = 0;  // as the kernel does for TCP
@@ -144,13 +144,13 @@ SD_EXPORT ssize_t __recvfrom_chk(int fd, void *buf, size_t len, size_t buflen, i
 
 SD_EXPORT ssize_t sendto(int fd, const void *buf, size_t len, int flags, const sockaddr *addr,
                          socklen_t alen) {
-    Held s(fd);
+    CallRef s(fd);
     if (!s) return sys.sendto(fd, buf, len, flags, addr, alen);
     return send_one(s, buf, len, flags);
 }
 
 SD_EXPORT ssize_t recvmsg(int fd, msghdr *m, int flags) {
-    Held s(fd);
+    CallRef s(fd);
     // The error queue is the kernel socket's, with its control data.
     if (!s || (flags & MSG_ERRQUEUE) || !writable(m, sizeof *m) || m->msg_iovlen > IOV_MAX ||
         !readable(m->msg_iov, sizeof(iovec) * m->msg_iovlen))
@@ -160,7 +160,7 @@ SD_EXPORT ssize_t recvmsg(int fd, msghdr *m, int flags) {
 
 SD_EXPORT ssize_t sendmsg(int fd, const msghdr *m, int flags) {
     pass_fds(m);
-    Held s(fd);
+    CallRef s(fd);
     if (!s || !readable(m, sizeof *m) || m->msg_iovlen > IOV_MAX ||
         !readable(m->msg_iov, sizeof(iovec) * m->msg_iovlen))
         return sys.sendmsg(fd, m, flags);
@@ -193,7 +193,7 @@ SD_EXPORT int sendmmsg(int fd, mmsghdr *v, unsigned n, int flags) {
     n = std::min(n, kMaxMmsg);
     if (v && readable(v, sizeof *v * n))
         for (unsigned i = 0; i < n; ++i) pass_fds(&v[i].msg_hdr);
-    Held s(fd);
+    CallRef s(fd);
     if (!s || !v || !writable(v, sizeof *v * n)) return sys.sendmmsg(fd, v, n, flags);
     unsigned done = 0;
     ssize_t r = 0;
@@ -212,7 +212,7 @@ SD_EXPORT int sendmmsg(int fd, mmsghdr *v, unsigned n, int flags) {
 }
 
 SD_EXPORT int recvmmsg(int fd, mmsghdr *v, unsigned n, int flags, timespec *timeout) {
-    Held s(fd);
+    CallRef s(fd);
     n = std::min(n, kMaxMmsg);
     if (!s || !v || !writable(v, sizeof *v * n) || (timeout && !writable(timeout, sizeof *timeout)))
         return sys.recvmmsg(fd, v, n, flags, timeout);
@@ -251,12 +251,12 @@ SD_EXPORT int recvmmsg(int fd, mmsghdr *v, unsigned n, int flags, timespec *time
 // direct.
 namespace {
 
-sd::fallback::Stream *through_stream(Held &s) noexcept {
+sd::fallback::Stream *through_stream(CallRef &s) noexcept {
     return s && s->moves_through_stream() ? s.get() : nullptr;
 }
 
 ssize_t sendfile_any(int out, int in, off_t *offset, size_t count) noexcept {
-    Held s(out);
+    CallRef s(out);
     if (!through_stream(s)) return sys.sendfile(out, in, offset, count);
     return ret(s->send_file(in, offset, count));
 }
@@ -273,7 +273,7 @@ SD_EXPORT ssize_t sendfile64(int out, int in, off_t *offset, size_t count) {
 
 SD_EXPORT ssize_t splice(int in, loff_t *off_in, int out, loff_t *off_out, size_t len,
                          unsigned flags) {
-    Held to(out), from(in);
+    CallRef to(out), from(in);
     sd::fallback::Stream *into = through_stream(to), *outof = through_stream(from);
     if (!into && !outof) return sys.splice(in, off_in, out, off_out, len, flags);
     return ret(sd::fallback::splice(outof, in, off_in, into, out, off_out, len, flags));

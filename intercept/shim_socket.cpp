@@ -36,7 +36,7 @@ int close_mapped(int fd) noexcept {
     return r;
 }
 
-void after_accept(Held &listener, int fd, int flags) noexcept {
+void after_accept(CallRef &listener, int fd, int flags) noexcept {
     if (fd < 0 || !listener || sd::fallback::foreign_process()) return;
     Stream *s = sd::fallback::create(fd, listener->domain, flags & SOCK_NONBLOCK);
     if (s) s->accepted();
@@ -59,7 +59,7 @@ SD_EXPORT int socket(int domain, int type, int protocol) {
 
 SD_EXPORT int listen(int fd, int backlog) {
     int r = sys.listen(fd, backlog);
-    Held s(fd);
+    CallRef s(fd);
     if (r == 0 && s) {
         s->reset_to(Phase::listener);
         sd::transport::Engine::note_server();
@@ -76,7 +76,7 @@ SD_EXPORT int listen(int fd, int backlog) {
 }
 
 SD_EXPORT int connect(int fd, const sockaddr *addr, socklen_t len) {
-    Held s(fd);
+    CallRef s(fd);
     // connect(AF_UNSPEC) disconnects a connected socket: the kernel's,
     // so the connection must be the kernel's first.
     if (s && addr && len >= sizeof(sa_family_t) && sd::transport::readable(addr, len) &&
@@ -102,7 +102,7 @@ SD_EXPORT int connect(int fd, const sockaddr *addr, socklen_t len) {
 
 SD_EXPORT int accept(int fd, sockaddr *addr, socklen_t *len) {
     int nfd = sys.accept(fd, addr, len);
-    Held s(fd);
+    CallRef s(fd);
     int err = errno;
     after_accept(s, nfd, 0);
     errno = err;
@@ -111,7 +111,7 @@ SD_EXPORT int accept(int fd, sockaddr *addr, socklen_t *len) {
 
 SD_EXPORT int accept4(int fd, sockaddr *addr, socklen_t *len, int flags) {
     int nfd = sys.accept4(fd, addr, len, flags);
-    Held s(fd);
+    CallRef s(fd);
     int err = errno;
     after_accept(s, nfd, flags);
     errno = err;
@@ -119,7 +119,7 @@ SD_EXPORT int accept4(int fd, sockaddr *addr, socklen_t *len, int flags) {
 }
 
 SD_EXPORT int shutdown(int fd, int how) {
-    Held s(fd);
+    CallRef s(fd);
     if (!s || (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR))
         return sys.shutdown(fd, how);
     return ret(s->shutdown(how));
@@ -138,7 +138,7 @@ SD_EXPORT int close(int fd) {
 SD_EXPORT int dup(int fd) {
     if (table_frozen()) return sys.dup(fd);
     int nfd = sys.dup(fd);
-    Held s(fd);
+    CallRef s(fd);
     if (nfd >= 0 && s) sd::fallback::map_dup(nfd, s.get());
     if (nfd >= 0 && !s) sd::fallback::epoll_fd_dup(fd, nfd);
     return nfd;
@@ -146,7 +146,7 @@ SD_EXPORT int dup(int fd) {
 
 namespace {
 int dup_onto(int fd, int nfd, int r) noexcept {
-    Held s(fd);
+    CallRef s(fd);
     if (r >= 0 && s && nfd != fd) sd::fallback::map_dup(nfd, s.get());
     if (r >= 0 && !s && nfd != fd) sd::fallback::epoll_fd_dup(fd, nfd);
     return r;
@@ -183,7 +183,7 @@ int fcntl_any(int fd, int cmd, void *arg) noexcept {
     int r = sys.fcntl(fd, cmd, arg);
     if (r < 0 || sd::transport::guarded()) return r;
     if ((cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) && sd::fallback::foreign_process()) return r;
-    Held s(fd);
+    CallRef s(fd);
     if (!s) {
         if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) sd::fallback::epoll_fd_dup(fd, r);
         return r;
@@ -217,7 +217,7 @@ SD_EXPORT int ioctl(int fd, unsigned long req, ...) {
     va_start(ap, req);
     void *arg = va_arg(ap, void *);
     va_end(ap);
-    Held s(fd);
+    CallRef s(fd);
     if (s && req == FIONREAD && s->conn.load() && sd::transport::is_direct(s->conn.load()) &&
         sd::transport::writable(arg, sizeof(int))) {
         int n = s->readable_bytes();
@@ -242,13 +242,13 @@ SD_EXPORT int ioctl(int fd, unsigned long req, ...) {
 SD_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len) {
     int r = sys.getsockopt(fd, level, name, val, len);
     if (r == 0 && level == IPPROTO_TCP && name == TCP_INFO && len && *len >= 1) {
-        Held s(fd);
+        CallRef s(fd);
         auto *state = static_cast<std::uint8_t *>(val);
         if (s) *state = std::uint8_t(s->tcp_state(*state));
         return r;
     }
     if (r != 0 || level != SOL_SOCKET || name != SO_ERROR) return r;
-    Held s(fd);
+    CallRef s(fd);
     if (!s || !len || *len < sizeof(int)) return r;
     const int ours = s->take_error();
     if (ours && *static_cast<int *>(val) == 0) *static_cast<int *>(val) = ours;
@@ -260,7 +260,7 @@ SD_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t
     // carries the connection when it is not direct.
     int r = sys.setsockopt(fd, level, name, val, len);
     if (r != 0) return r;
-    Held s(fd);
+    CallRef s(fd);
     if (!s) return r;
     int on = val && len >= sizeof(int) ? *static_cast<const int *>(val) : 0;
     if (level == SOL_SOCKET && name == SO_RCVTIMEO)

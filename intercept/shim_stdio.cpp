@@ -106,7 +106,7 @@ FILE *socket_stream(int fd, const char *mode) noexcept {
 
 FILE *open_stream(int fd, const char *mode) noexcept {
     if (!table_frozen()) {
-        Held s(fd);
+        CallRef s(fd);
         if (s) return socket_stream(fd, mode);
     }
     return sys.fdopen(fd, mode);
@@ -162,7 +162,7 @@ SD_EXPORT FILE *_IO_fdopen(int fd, const char *mode) noexcept { return open_stre
 
 SD_EXPORT int vdprintf(int fd, const char *format, va_list ap) noexcept {
     if (!table_frozen()) {
-        Held s(fd);
+        CallRef s(fd);
         char *text = nullptr;
         if (s) return write_formatted(fd, text, vasprintf(&text, format, ap));
     }
@@ -179,7 +179,7 @@ SD_EXPORT int dprintf(int fd, const char *format, ...) noexcept {
 
 SD_EXPORT int __vdprintf_chk(int fd, int flag, const char *format, va_list ap) noexcept {
     if (!table_frozen()) {
-        Held s(fd);
+        CallRef s(fd);
         char *text = nullptr;
         if (s) return write_formatted(fd, text, __vasprintf_chk(&text, flag, format, ap));
     }

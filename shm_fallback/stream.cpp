@@ -36,7 +36,6 @@ using transport::MsgType;
 using transport::monotonic_ns;
 using transport::ms_until;
 using transport::slice;
-using transport::sliced;
 using transport::sys;
 
 namespace {
@@ -592,7 +591,7 @@ ssize_t Stream::send_stream(const iovec *iov, int iovcnt, int flags) noexcept {
         if (pend.owns_lock()) pend.unlock();
         bool left = false;
         ssize_t r =
-            transport::direct_send(side(), c, v, k, done ? sliced(v, k) : total, flags, &left);
+            transport::direct_send(side(), c, v, k, done ? iov_total(v, k) : total, flags, &left);
         if (r > 0) engine->sent_past_fin_locked(c);
         // An error told is the reset drawn: no later send is taken silently.
         if (r == -EPIPE || r == -ECONNRESET) drew_reset.store(true, std::memory_order_release);

@@ -40,7 +40,7 @@ class Stream {
     // call for nothing. 0: not looked up yet.
     std::atomic<std::uint64_t> ino{0};
     std::atomic<int> refs{0};   // fd mappings + calls in progress
-    // Calls of the application in progress (the shims' Held). A close()
+    // Calls of the application in progress (the shims' CallRef). A close()
     // while there are some keeps the kernel socket open until the last one
     // is over, as the kernel's calls hold their file: `held_fd` is the
     // private copy that does it (semantics.cpp).

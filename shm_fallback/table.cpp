@@ -314,7 +314,7 @@ void table_before_spawn(const SpawnAction *actions, int nactions) noexcept {
     // The child's fds that are our sockets, as its own fd table will be
     // after each action: fd there, socket inode, an fd of it here, and
     // whether it survives the exec.
-    struct Held {
+    struct ChildFd {
         int fd;
         ino_t ino;
         int here;
@@ -333,7 +333,7 @@ void table_before_spawn(const SpawnAction *actions, int nactions) noexcept {
         }
         return;
     }
-    std::vector<Held> held;
+    std::vector<ChildFd> held;
     for (int fd = 0, end = scan_end(); fd < end; ++fd) {
         Stream *s = acquire(fd);
         if (!s) continue;
@@ -344,7 +344,7 @@ void table_before_spawn(const SpawnAction *actions, int nactions) noexcept {
         if (flags >= 0) held.push_back({fd, ino, fd, !(flags & FD_CLOEXEC)});
     }
     const auto at = [&held](int fd) {
-        return std::find_if(held.begin(), held.end(), [fd](const Held &h) { return h.fd == fd; });
+        return std::find_if(held.begin(), held.end(), [fd](const ChildFd &h) { return h.fd == fd; });
     };
     for (int i = 0; i < nactions; ++i) {
         const SpawnAction &a = actions[i];
@@ -354,7 +354,7 @@ void table_before_spawn(const SpawnAction *actions, int nactions) noexcept {
             if (auto h = at(a.fd); h != held.end()) held.erase(h);
             break;
         case SpawnAction::Kind::close_from:
-            std::erase_if(held, [&a](const Held &h) { return h.fd >= a.fd; });
+            std::erase_if(held, [&a](const ChildFd &h) { return h.fd >= a.fd; });
             break;
         case SpawnAction::Kind::none:
             break;
@@ -365,7 +365,7 @@ void table_before_spawn(const SpawnAction *actions, int nactions) noexcept {
                 break;
             }
             const bool socket = from != held.end();
-            const Held copy = socket ? *from : Held{};
+            const ChildFd copy = socket ? *from : ChildFd{};
             if (auto h = at(a.newfd); h != held.end()) held.erase(h);
             if (socket) held.push_back({a.newfd, copy.ino, copy.here, true});
             break;
@@ -374,8 +374,8 @@ void table_before_spawn(const SpawnAction *actions, int nactions) noexcept {
     }
     std::vector<ino_t> kept;
     std::vector<int> kept_fd;
-    std::sort(held.begin(), held.end(), [](const Held &x, const Held &y) { return x.ino < y.ino; });
-    for (const Held &h : held)
+    std::sort(held.begin(), held.end(), [](const ChildFd &x, const ChildFd &y) { return x.ino < y.ino; });
+    for (const ChildFd &h : held)
         if (h.inherit && (kept.empty() || kept.back() != h.ino)) {
             kept.push_back(h.ino);
             kept_fd.push_back(h.here);

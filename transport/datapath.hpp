@@ -48,7 +48,6 @@ inline int slice(const iovec *iov, int n, std::size_t skip, std::size_t len, iov
     return k;
 }
 
-inline std::size_t sliced(const iovec *v, int k) noexcept { return iov_total(v, k); }
 
 inline ssize_t epipe(int flags) noexcept {
     if (!(flags & MSG_NOSIGNAL)) raise(SIGPIPE);

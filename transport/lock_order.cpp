@@ -7,13 +7,13 @@
 namespace sd::transport::lock_order {
 namespace {
 
-struct Held {
+struct HeldLock {
     const void *m;
     Rank r;
 };
 
 constexpr int kMaxHeld = 12;
-thread_local Held held_locks[kMaxHeld];
+thread_local HeldLock held_locks[kMaxHeld];
 thread_local int nheld = 0;
 
 #ifdef SDIRECT_LOCK_CHECK

@@ -73,7 +73,7 @@ ssize_t read_advert(const SocketSide &s, Conn *c, RxLock &lock, const iovec *iov
     iovec v[kMaxSlice];
     std::size_t want = std::min<std::size_t>(total - skip, c->zc.len - c->zc.done);
     int k = slice(iov, iovcnt, skip, want, v, std::min(kMaxSlice, s.engine->rma_iov_limit()));
-    std::size_t n = sliced(v, k);
+    std::size_t n = iov_total(v, k);
     // The kernel would fault on a bad buffer before taking a byte.
     for (int i = 0; i < k; ++i)
         if (!writable(v[i].iov_base, v[i].iov_len)) return -EFAULT;
@@ -167,7 +167,7 @@ ssize_t try_recv(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, std
         if (std::uint64_t avail = c->ring_bytes()) {
             int k = slice(iov, iovcnt, skip, std::min<std::uint64_t>(total - skip, avail), v,
                           kMaxSlice);
-            std::size_t n = sliced(v, k);
+            std::size_t n = iov_total(v, k);
             if (!guarded([&] { ring_copy_out(c, c->ring_head, v, k); }))
                 return -EFAULT;  // nothing consumed
             if (!(flags & MSG_PEEK)) {

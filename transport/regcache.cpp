@@ -17,10 +17,10 @@ constexpr int kBatch = 16;
 // must not take it again.
 __attribute__((tls_model("initial-exec"))) thread_local bool in_cache = false;
 
-struct Held {
+struct CacheLock {
     std::unique_lock<std::mutex> lock;
-    explicit Held(std::mutex &m) : lock(m) { in_cache = true; }
-    ~Held() { in_cache = false; }
+    explicit CacheLock(std::mutex &m) : lock(m) { in_cache = true; }
+    ~CacheLock() { in_cache = false; }
     void unlock() {
         in_cache = false;
         lock.unlock();
@@ -31,7 +31,7 @@ struct Held {
 
 void RegCache::configure(RegisterFn reg, ReleaseFn rel, void *ctx, std::size_t max_bytes,
                          unsigned max_entries) noexcept {
-    Held h(lock_);
+    CacheLock h(lock_);
     reg_ = reg;
     rel_ = rel;
     ctx_ = ctx;
@@ -93,7 +93,7 @@ int RegCache::acquire(const void *buf, std::size_t len, Ref *out) noexcept {
     void *old[kBatch];
     int nold = 0;
     {
-        Held h(lock_);
+        CacheLock h(lock_);
         if (max_bytes_) {
             for (int i = 0; i < int(kMaxEntries); ++i) {
                 Entry &e = entries_[i];
@@ -116,7 +116,7 @@ int RegCache::acquire(const void *buf, std::size_t len, Ref *out) noexcept {
     *out = Ref{handle, key, -1};
     if (!max_bytes_ || len > max_bytes_) return 0;
 
-    Held h(lock_);
+    CacheLock h(lock_);
     nold = evict_locked(len, old, kBatch);
     unsigned used = 0;
     Entry *slot = nullptr;
@@ -144,7 +144,7 @@ void RegCache::release(const Ref &ref) noexcept {
     void *old[kBatch];
     int nold = 0;
     {
-        Held h(lock_);
+        CacheLock h(lock_);
         Entry &e = entries_[ref.slot];
         if (e.refs) --e.refs;
         if (e.state == Entry::dropped && !e.refs) nold = collect_locked(old, kBatch);
@@ -157,7 +157,7 @@ void RegCache::invalidate(const void *addr, std::size_t len) noexcept {
     const auto lo = reinterpret_cast<std::uintptr_t>(addr);
     const std::uintptr_t hi = len > UINTPTR_MAX - lo ? UINTPTR_MAX : lo + len;
     if (in_cache || !may_hold(lo, hi)) return;
-    Held h(lock_);
+    CacheLock h(lock_);
     bool any = false;
     for (Entry &e : entries_) {
         if (e.state != Entry::live || e.hi <= lo || e.lo >= hi) continue;
@@ -173,7 +173,7 @@ void RegCache::drain() noexcept {
     for (;;) {
         int n = 0;
         {
-            Held h(lock_);
+            CacheLock h(lock_);
             for (Entry &e : entries_)
                 if (e.state == Entry::live && !e.refs) drop_locked(e);
             bounds_locked();

@@ -283,7 +283,7 @@ constexpr int kSendOver = 1;
 int post_step(SendCall &k, std::size_t most, int pieces) noexcept {
     iovec v[4];
     int n_v = slice(k.iov, k.iovcnt, k.sent, most, v, pieces);
-    const std::size_t n = sliced(v, n_v);
+    const std::size_t n = iov_total(v, n_v);
     if (!readable_iov(v, n_v, n)) return -EFAULT;
     int rc;
     if (n > k.s.engine->chunk()) {
@@ -472,7 +472,7 @@ ssize_t direct_send(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, 
         if (r > 0) {
             iovec rest[kMaxSlice];
             int k = slice(iov, iovcnt, std::size_t(r), total - std::size_t(r), rest, kMaxSlice);
-            ssize_t more_sent = direct_send(s, c, rest, k, sliced(rest, k), flags, left);
+            ssize_t more_sent = direct_send(s, c, rest, k, iov_total(rest, k), flags, left);
             return more_sent > 0 ? r + more_sent : r;
         }
     }
@@ -481,7 +481,7 @@ ssize_t direct_send(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, 
         // bytes: straight from the caller's buffer in one message.
         iovec v[3];
         int k = slice(iov, iovcnt, 0, total, v, 3);
-        if (sliced(v, k) == total) {
+        if (iov_total(v, k) == total) {
             if (!readable_iov(v, k, total)) return -EFAULT;
             int rc = post_inline(s, c, v, k, std::uint32_t(total), post_by);
             if (rc == 0) {
@@ -521,7 +521,7 @@ ssize_t direct_send(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, 
         if (c->psink_valid.load(std::memory_order_acquire) && !c->staged) {
             iovec rest[kMaxSlice];
             int n_v = slice(iov, iovcnt, k.sent, total - k.sent, rest, kMaxSlice);
-            long r = s.engine->take_sink(c, rest, n_v, sliced(rest, n_v));
+            long r = s.engine->take_sink(c, rest, n_v, iov_total(rest, n_v));
             if (r < 0) {
                 rc = int(r);
                 break;
