@@ -28,7 +28,7 @@ struct Engine::Rx {
     bool answer_rst = false;               // bytes came to an end shut both ways
 
     static void data(Rx &m) noexcept;
-    static void ring(Rx &m) noexcept;
+    static void written(Rx &m) noexcept;
     static void credit(Rx &m) noexcept;
     static void leave(Rx &m) noexcept;
     static void give_back(Rx &m) noexcept;
@@ -54,7 +54,7 @@ constinit const std::array<Engine::Rx::Handler, Engine::Rx::kTypes> Engine::Rx::
     t[std::size_t(MsgType::credit)] = credit;
     t[std::size_t(MsgType::fin)] = fin_or_close;
     t[std::size_t(MsgType::close)] = fin_or_close;
-    t[std::size_t(MsgType::ring)] = ring;
+    t[std::size_t(MsgType::written)] = written;
     t[std::size_t(MsgType::src_avail)] = src_avail;
     t[std::size_t(MsgType::src_done)] = src_done;
     t[std::size_t(MsgType::src_cancel)] = src_cancel;
@@ -155,7 +155,7 @@ void Engine::Rx::data(Rx &m) noexcept {
     bump(c->stat->rx_fabric, h.len);
 }
 
-void Engine::Rx::ring(Rx &m) noexcept {
+void Engine::Rx::written(Rx &m) noexcept {
     Conn *c = m.c;
     const MsgHeader &h = m.h;
     // The bytes are in the ring already (the peer wrote them): accept

@@ -587,7 +587,7 @@ int Engine::post_ring(Conn *c, const iovec *iov, int iovcnt, std::uint32_t len,
                            {reinterpret_cast<void *>(dst[1].addr), dst[1].len}};
         int rc = cma_copy(c->peer->pid, iov, iovcnt, remote, first == len ? 1 : 2, true);
         if (rc == 0) {
-            rc = post(c, MsgType::ring, nullptr, 0, 0, c->tx_off, deadline_ns, len);
+            rc = post(c, MsgType::written, nullptr, 0, 0, c->tx_off, deadline_ns, len);
             if (rc == 0) bump(c->stat->tx_ring, len);
             return rc;
         }
@@ -597,7 +597,7 @@ int Engine::post_ring(Conn *c, const iovec *iov, int iovcnt, std::uint32_t len,
     int rc = rma(c, iov, iovcnt, dst, first == len ? 1 : 2, true);
     if (rc == -EIO && !peer_alive(c->peer)) rc = -EPIPE;
     if (rc) return rc;
-    rc = post(c, MsgType::ring, nullptr, 0, 0, c->tx_off, deadline_ns, len);
+    rc = post(c, MsgType::written, nullptr, 0, 0, c->tx_off, deadline_ns, len);
     if (rc == 0) bump(c->stat->tx_ring, len);
     return rc;
 }

@@ -21,7 +21,7 @@ enum class MsgType : std::uint8_t {
     credit = 2,  // credits only
     fin = 3,     // no more bytes after `offset` (shutdown SHUT_WR)
     close = 4,   // fin, and the sender no longer reads (close)
-    ring = 5,    // `flags` bytes at `offset` were RMA-written into the ring
+    written = 5,  // `flags` bytes at `offset` were RMA-written into the ring
     // Read zero-copy (SDP SrcAvail): the `flags` bytes at `offset` wait in
     // the sender's registered buffer (payload: SrcAvailBody); the receiver
     // reads them straight into its application's buffers.
@@ -66,7 +66,7 @@ enum class MsgType : std::uint8_t {
 // sink of the receiver proves the sender will never write that sink (it
 // takes a sink only when none of them was sent at or past its offset).
 constexpr bool is_stream_msg(MsgType t) noexcept {
-    return t == MsgType::data || t == MsgType::ring || t == MsgType::src_avail ||
+    return t == MsgType::data || t == MsgType::written || t == MsgType::src_avail ||
            t == MsgType::fin || t == MsgType::close || t == MsgType::leave;
 }
 

@@ -17,7 +17,7 @@ TEST_CASE("a sink advertisement is the documented 24-byte contract", "[sink]") {
     STATIC_REQUIRE(offsetof(SinkAvailBody, seq) == 8);
     STATIC_REQUIRE(offsetof(SinkAvailBody, key) == 16);
     // The messages that end a registered sink of the receiver unasked.
-    STATIC_REQUIRE(is_stream_msg(MsgType::data) && is_stream_msg(MsgType::ring) &&
+    STATIC_REQUIRE(is_stream_msg(MsgType::data) && is_stream_msg(MsgType::written) &&
                    is_stream_msg(MsgType::src_avail) && is_stream_msg(MsgType::fin) &&
                    is_stream_msg(MsgType::close) && is_stream_msg(MsgType::leave));
     STATIC_REQUIRE(!is_stream_msg(MsgType::credit) && !is_stream_msg(MsgType::sink_done) &&
