@@ -213,9 +213,9 @@ struct Conn {
     std::uint64_t back_off = kNoOffset;      // stream offset of back[0]
     // Receive side, under rx_lock: the peer's fabric stream ends here.
     std::uint64_t peer_end = kNoOffset;
-    // The peer left because its socket is shared: once the fabric part is
-    // read and owed bytes written, the connection waits in kernel mode for
-    // an upgrade again (its last holder's), instead of final
+    // The peer left for a reason after which its side may upgrade again
+    // (on_leave): once the fabric part is read and owed bytes written, the
+    // connection waits in kernel mode for that upgrade, instead of final
     // (leave_state.hpp). Moved by move_rearm only: wanted under rx_lock,
     // due under rx_lock, none with both locks; the flush pass reads it
     // without a lock (acquire).
