@@ -87,7 +87,7 @@ bool use_shared(Stream &s, int proof) noexcept {
             nanosleep(&nap, nullptr);
             continue;
         }
-        const int rc = transport::ask_owner_to_leave(owner, proof >= 0 ? proof : s.kfd(),
+        const int rc = transport::request_leave(owner, proof >= 0 ? proof : s.kfd(),
                                                      transport::Reason::shared);
         if (rc == -EAGAIN &&
             waited_ns() <
@@ -140,7 +140,7 @@ bool claim_inherited(Stream &s, int proof, transport::Reason why) noexcept {
     // it): the counts say where the kernel took over.
     int rc = h && sharers_left(h)
                  ? 0
-                 : transport::ask_owner_to_leave(s.owner, proof >= 0 ? proof : s.kfd(), why);
+                 : transport::request_leave(s.owner, proof >= 0 ? proof : s.kfd(), why);
     if (rc == -ESRCH || rc == -ECONNRESET) {
         // The owner died before it moved the connection to the kernel
         // (or its peer died with bytes unread there): the bytes it held
@@ -209,13 +209,13 @@ void before_exec(Stream &s, bool vforked, int kept) noexcept {
     if (st == ConnState::direct || st == ConnState::leaving) {
         // In a vfork child, the process that owns the engine acts.
         if (vforked)
-            (void)transport::ask_owner_to_leave(s.engine->pid(), kept, transport::Reason::exec);
+            (void)transport::request_leave(s.engine->pid(), kept, transport::Reason::exec);
         else if (const int rc = s.engine->leave(c, transport::Reason::exec); rc < 0)
             SD_LOG(error, "fd %d: before exec, the connection could not leave the fabric: %s",
                    s.kfd(), std::strerror(-rc));
     } else if (st != ConnState::final) {
         // No upgrade from now on: the new program may not know of it.
-        s.engine->hold(c, transport::Reason::exec);
+        s.engine->bar_upgrades(c, transport::Reason::exec);
         // An upgrade under way that still ended direct leaves before the
         // new program starts (the peer would write into memory the exec
         // replaces).

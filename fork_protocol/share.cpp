@@ -4,8 +4,10 @@
 // after it, the child keeps none of its parent's connection state. The
 // holder that finds itself alone takes the shared counts as its own and
 // upgrades the socket again (adopt_share), or, where its own connection
-// left the fabric for the sharing, brings that connection back to kernel
-// mode from the holders' counts (rejoin_locked).
+// left the fabric for the sharing, takes that connection back to kernel
+// mode from the holders' counts (rejoin_locked). The connection of a
+// socket with holders hands its leave to them through its handoff
+// (kHoldersHandoff: transport calls it, knowing nothing of the slot).
 #include "share.hpp"
 
 #include "shm_fallback/table.hpp"
@@ -28,8 +30,8 @@ using fallback::prefix_reserve;
 using fallback::sharers_alone;
 using fallback::sharers_born;
 using fallback::sharers_count;
-using fallback::sharers_counts;
 using fallback::sharers_expect_child;
+using fallback::sharers_hand_back;
 using fallback::sharers_leave;
 using fallback::sharers_left;
 using fallback::sharers_open;
@@ -43,6 +45,29 @@ using fallback::Sharers;
 using fallback::Stream;
 using transport::Conn;
 using transport::ConnState;
+
+namespace {
+
+// A leave for sharing hands the connection to the holders' slot: our
+// offsets added to its counts, marked left; what the owner leaves unread
+// goes into the prefix unless a holder cannot map it (an exec'd image).
+const transport::HandoffOps kHoldersHandoff = {
+    .why = transport::Reason::shared,
+    .take = [](void *ctx, std::uint64_t sent, std::uint64_t received) noexcept {
+        sharers_hand_back(static_cast<Sharers *>(ctx), sent, received);
+    },
+    .taken = [](void *ctx) noexcept { return sharers_left(static_cast<Sharers *>(ctx)); },
+    .reads_room = [](void *ctx) noexcept {
+        return !fallback::sharers_is_blind(static_cast<Sharers *>(ctx));
+    },
+};
+
+// The holders in `h` take over when `c` leaves for sharing.
+void hand_to_holders(Conn *c, Sharers *h) noexcept {
+    transport::set_handoff(c, &kHoldersHandoff, h);
+}
+
+}  // namespace
 
 void fork_prepare(Stream &s, unsigned mark) noexcept {
     // Nothing to do, and nothing written (the page stays shared with the
@@ -83,14 +108,14 @@ void fork_prepare(Stream &s, unsigned mark) noexcept {
     }
     if (Conn *c = s.conn.load(std::memory_order_acquire)) {
         // Not direct yet: it stays with the kernel, shared from now on.
-        if (s.engine) s.engine->hold(c);
+        if (s.engine) s.engine->bar_upgrades(c, transport::Reason::shared);
         // Direct: it stays so until the child uses it; who holds it is
         // kept, for our last close.
         if (transport::on_fabric(c)) {
             Sharers *h = s.holders.load(std::memory_order_relaxed);
             if (!h && (h = sharers_open(0, 0))) {
                 s.holders.store(h, std::memory_order_relaxed);
-                transport::set_holder_counts(c, sharers_counts(h));
+                hand_to_holders(c, h);
             }
             if (h) sharers_expect_child(h);
             // Answered the peer's leave with its bytes unread: whoever
@@ -227,7 +252,7 @@ bool take_over(Stream &s, Sharers *sh) noexcept {
         fallback::sharers_disown(sh, fallback::own_pid());
         return false;
     }
-    transport::set_holder_counts(c, sharers_counts(sh));
+    hand_to_holders(c, sh);
     s.share.store(nullptr, std::memory_order_release);
     s.holders.store(sh, std::memory_order_release);
     s.engine = e;
@@ -286,7 +311,7 @@ void drop_share(Stream &s) noexcept {
 
 Sharers *left_holders(const Stream &s, Conn *c) noexcept {
     Sharers *h = s.holders.load(std::memory_order_acquire);
-    if (!h || !transport::has_holder_counts(c) || sharers_stuck(h) ||
+    if (!h || !transport::has_handoff(c) || sharers_stuck(h) ||
         transport::state_of(c) != ConnState::final ||
         transport::stats(c).reason.load(std::memory_order_relaxed) !=
             std::uint32_t(transport::Reason::shared))
@@ -298,7 +323,7 @@ bool rejoin_locked(Stream &s, Conn *c, Sharers *h) noexcept {
     // Its leave has added our offsets (the mark), and nobody else holds it.
     if (!sharers_left(h) || !sharers_alone(h, &s.share_check_ns)) return false;
     const std::uint64_t sent = sharers_sent(h), received = sharers_received(h);
-    const bool back = s.engine->rejoin_locked(c, sent, received);
+    const bool back = s.engine->take_back_locked(c, sent, received);
     s.holders.store(nullptr, std::memory_order_release);
     sharers_leave(h);
     s.forked = false;

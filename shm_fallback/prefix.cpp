@@ -58,7 +58,7 @@ Prefix *prefix_reserve(Conn *c) noexcept {
     if (!cap) return nullptr;
     Prefix *p = prefix_map(cap);
     if (!p) return nullptr;
-    transport::set_spill(c, transport::Spill{&p->len, p->bytes(), cap});
+    transport::set_handoff_room(c, transport::HandoffRoom{&p->len, p->bytes(), cap});
     return p;
 }
 

@@ -103,10 +103,11 @@ void Stream::leave_for_urgent() noexcept {
     // Not direct (yet): no upgrade from now on. An upgrade that finished
     // meanwhile leaves below.
     if (st != ConnState::direct && st != ConnState::leaving && st != ConnState::final) {
-        engine->hold(c, transport::Reason::oob);
+        engine->bar_upgrades(c, transport::Reason::oob);
         st = transport::state_of(c);
         // Held on TCP for good: say why (stats).
-        if (st == ConnState::kernel) transport::say_held(c, transport::Reason::oob, "oob (urgent data)");
+        if (st == ConnState::kernel)
+            transport::say_barred(c, transport::Reason::oob, "oob (urgent data)");
     }
     if (st != ConnState::direct && st != ConnState::leaving) return;
     // The leave ends our fabric stream and writes what we owe the kernel

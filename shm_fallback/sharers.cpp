@@ -42,13 +42,11 @@ inline constexpr std::uint64_t kOwnerSet = 2ull << 32;
 struct Sharers {
     std::atomic<std::uint32_t> used;
     std::atomic<std::uint32_t> stuck;  // more holders than entries: shared for good
-    // sent, received, left, blind: consecutive (sharers_counts hands them
-    // to the connection of the process that owns it).
     std::atomic<std::uint64_t> sent;
     std::atomic<std::uint64_t> received;
     std::atomic<std::uint64_t> left;  // its connection left the fabric, counts set
-    // A holder cannot read a prefix (an exec'd image: the owner's spill
-    // goes to memory only the fork tree maps).
+    // A holder cannot read a prefix (an exec'd image: what the owner would
+    // put there goes to memory only the fork tree maps).
     std::atomic<std::uint64_t> blind;
     std::atomic<std::uint64_t> owner;  // kOwnerPending or kOwnerSet | pid, or 0
     std::atomic<std::uint64_t> entry[kEntries];
@@ -266,7 +264,11 @@ std::uint64_t sharers_sent(const Sharers *sh) noexcept {
     return sh->sent.load(std::memory_order_acquire);
 }
 
-std::atomic<std::uint64_t> *sharers_counts(Sharers *sh) noexcept { return &sh->sent; }
+void sharers_hand_back(Sharers *sh, std::uint64_t sent, std::uint64_t received) noexcept {
+    sh->sent.fetch_add(sent, std::memory_order_acq_rel);
+    sh->received.fetch_add(received, std::memory_order_acq_rel);
+    sh->left.store(1, std::memory_order_release);
+}
 
 bool sharers_left(const Sharers *sh) noexcept {
     return sh->left.load(std::memory_order_acquire) != 0;
@@ -378,6 +380,10 @@ void sharers_disown(Sharers *sh, int pid) noexcept {
 }
 
 void sharers_blind(Sharers *sh) noexcept { sh->blind.store(1, std::memory_order_release); }
+
+bool sharers_is_blind(const Sharers *sh) noexcept {
+    return sh->blind.load(std::memory_order_acquire) != 0;
+}
 
 void sharers_rejoin(Sharers *sh) noexcept {
     if (sh->used.load(std::memory_order_acquire) && !sharers_hold(sh) && !put(sh, me()))

@@ -82,14 +82,14 @@ std::uint64_t sharers_received(const Sharers *sh) noexcept;
 
 // A socket that was direct at the fork: its owner's connection, when it
 // leaves the fabric because another holder uses it, adds its stream
-// offsets to the counts and marks them (transport::Conn::holder_counts
-// takes these four consecutive counters: sent, received, left, blind).
-// From then on the holders count as for a socket shared before its
-// upgrade. `blind` set: a holder cannot read what the owner would spill
-// into the fork tree's memory (sharers_blind), so the owner spills
-// nothing.
-std::atomic<std::uint64_t> *sharers_counts(Sharers *sh) noexcept;
+// offsets to the counts and marks them left (sharers_hand_back: the
+// connection's handoff, fork_protocol/share.cpp). From then on the
+// holders count as for a socket shared before its upgrade.
+void sharers_hand_back(Sharers *sh, std::uint64_t sent, std::uint64_t received) noexcept;
 bool sharers_left(const Sharers *sh) noexcept;
+// A holder cannot read what the owner would put into the fork tree's
+// memory (sharers_blind, below), so the owner puts nothing there.
+bool sharers_is_blind(const Sharers *sh) noexcept;
 
 // exec of a holder whose new image runs the library
 // (fork_protocol/handover.cpp): the arena is a memfd when it could be

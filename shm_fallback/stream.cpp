@@ -698,7 +698,7 @@ void Stream::last_close() noexcept {
         } else if (!alone && c && engine && transport::state_of(c) != ConnState::final) {
             // Taken over from holders that still hold it, and not direct
             // (yet): our kernel offsets go back into their counts.
-            (void)engine->give_to_holders(c);
+            (void)engine->hand_off(c, transport::Reason::shared);
         }
         // Took it over: the others may use it without asking us.
         sharers_disown(h, own_pid());
@@ -715,8 +715,8 @@ void Stream::last_close() noexcept {
 void Stream::destroy() noexcept {
     Conn *c = conn.exchange(nullptr, std::memory_order_acq_rel);
     if (c) {
-        // The spill buffer is the prefix's memory: gone with it.
-        transport::set_spill(c, transport::Spill{});
+        // The handoff's room is the prefix's memory: gone with it.
+        transport::set_handoff_room(c, transport::HandoffRoom{});
     }
     if (Prefix *p = prefix.exchange(nullptr, std::memory_order_acq_rel)) prefix_release(p);
     if (c) engine->detach(c);

@@ -40,7 +40,8 @@ void close_conn(const SocketSide &s, Conn *c, bool abort) noexcept {
     if (!c->is_direct()) {
         // Left the fabric: what is owed to the kernel goes before its close.
         std::lock_guard tx(c->tx_lock);
-        // Bounded, and not ended by a signal (the bytes are the holders').
+        // Bounded, and not ended by a signal (the bytes are the socket's
+        // other holders' too).
         const std::uint64_t until = monotonic_ns() + 1000000000ull;
         while (c->leave_under_way() &&
                engine->leave_flush_locked(c, true, until) == -EINTR && monotonic_ns() < until) {

@@ -44,9 +44,32 @@ struct PollerMask {
 
 inline constexpr std::uint64_t kNoOffset = ~std::uint64_t(0);
 
-// A buffer shared with the processes forked while a connection was
-// direct: `len` (bytes put in it) then `cap` bytes.
-struct Spill {
+// Who takes a connection's kernel stream over when it leaves the fabric,
+// supplied by the layer above (set_handoff) and called by the leave
+// (leave.cpp, handoff.cpp) only: a leave for `why` hands over the offsets
+// where the kernel socket takes the stream on, instead of this process
+// keeping them; a connection whose peer left, with its fabric part read,
+// goes final and hands its offsets over instead of waiting in kernel mode
+// for the peer again (rearm). Transport knows nothing of what is behind
+// `ctx`; the calls are made on a leave, never on the data path.
+struct HandoffOps {
+    // The reason of the leave that hands over (other leaves do not).
+    Reason why;
+    // The kernel socket carries the stream on from `sent` and `received`:
+    // taken over from these offsets.
+    void (*take)(void *ctx, std::uint64_t sent, std::uint64_t received) noexcept;
+    // take() has come already.
+    bool (*taken)(void *ctx) noexcept;
+    // Whoever takes over reads bytes put into the handoff's room
+    // (HandoffRoom) before the kernel's; false: nothing is put there, and
+    // the peer's unread bytes stay this process's to read.
+    bool (*reads_room)(void *ctx) noexcept;
+};
+
+// Room for the peer's unread fabric bytes, should this process hand the
+// connection over before reading them: `len` (bytes put in it) then `cap`
+// bytes, in memory whoever takes over reads.
+struct HandoffRoom {
     std::atomic<std::uint64_t> *len = nullptr;
     char *bytes = nullptr;
     std::uint64_t cap = 0;
@@ -151,22 +174,23 @@ PollerMask &pollers_of(Conn *c) noexcept;
 // (credits): an edge-triggered watcher knows something new came.
 void arrivals(const Conn *c, std::uint32_t &rx, std::uint32_t &tx) noexcept;
 
-// Sharing through fork (fork_protocol). The holders' counts our leave for
-// sharing adds to (shm_fallback/sharers.hpp).
-void set_holder_counts(Conn *c, std::atomic<std::uint64_t> *counts) noexcept;
-bool has_holder_counts(const Conn *c) noexcept;
+// The handoff of its leave (HandoffOps), until a take-back
+// (Engine::take_back_locked) forgets it; `ops` lives as long as the
+// library. has_handoff: one is set.
+void set_handoff(Conn *c, const HandoffOps *ops, void *ctx) noexcept;
+bool has_handoff(const Conn *c) noexcept;
 // Our receive ring's size (0: never direct).
 std::uint64_t ring_capacity(Conn *c) noexcept;
-// Where the peer's unread fabric bytes go if this process gives the
-// connection up before reading them (Spill{}: nowhere).
-void set_spill(Conn *c, const Spill &s) noexcept;
+// The handoff's room for the peer's unread fabric bytes (HandoffRoom{}:
+// none). Used once.
+void set_handoff_room(Conn *c, const HandoffRoom &r) noexcept;
 // The answering side of a finished leave, every fabric byte of the peer
-// in the ring: those bytes are copied into room(ctx, n) and taken (the
-// holders read them first); their count, 0 if none or not now.
+// in the ring: those bytes are copied into room(ctx, n) and taken (whoever
+// reads next reads them first); their count, 0 if none or not now.
 std::uint64_t hand_ring_out(Conn *c, char *(*room)(void *ctx, std::uint64_t n),
                             void *ctx) noexcept;
-// Held on the kernel for `why` (not direct, no upgrade from now on): the
-// reason goes in its counters, logged once, and no verdict is owed.
-void say_held(Conn *c, Reason why, const char *text) noexcept;
+// Upgrades barred for `why` while on the kernel (Engine::bar_upgrades):
+// the reason goes in its counters, logged once, and no verdict is owed.
+void say_barred(Conn *c, Reason why, const char *text) noexcept;
 
 }  // namespace sd::transport

@@ -97,14 +97,13 @@ struct Conn {
     std::atomic<std::uint64_t> entry_dev{0};
     // CLOCK_MONOTONIC once our entry was whole (0: not published).
     std::atomic<std::uint64_t> published_ns{0};
-    // Not direct yet at a fork: no upgrade either way from now on (a
-    // connection that was direct comes back after sharing instead: the
-    // holders' counts, leave.cpp).
-    std::atomic<bool> held{false};
+    // No upgrade either way from now on (Engine::bar_upgrades: the layer
+    // above's policy, for `barred_why`), until a take-back clears it.
+    std::atomic<bool> upgrades_barred{false};
     // On the kernel since attach with no word of the peer: once the
     // upgrade timeout has passed (or at close), verdict.cpp says why, once.
     std::atomic<bool> verdict_due{false};
-    std::atomic<std::uint32_t> held_why{0};  // Reason given to hold()
+    std::atomic<std::uint32_t> barred_why{0};  // Reason given to bar_upgrades()
     std::uint64_t born_ns = 0;
 
     // Peer; written before `state` becomes direct (release), then constant.
@@ -214,9 +213,9 @@ struct Conn {
     std::uint64_t back_off = kNoOffset;      // stream offset of back[0]
     // Receive side, under rx_lock: the peer's fabric stream ends here.
     std::uint64_t peer_end = kNoOffset;
-    // The peer left because its socket is shared: once the fabric part is
-    // read and owed bytes written, the connection waits in kernel mode for
-    // an upgrade again (its last holder's), instead of final
+    // The peer left for a reason after which its side may upgrade again
+    // (on_leave): once the fabric part is read and owed bytes written, the
+    // connection waits in kernel mode for that upgrade, instead of final
     // (leave_state.hpp). Moved by move_rearm only: wanted under rx_lock,
     // due under rx_lock, none with both locks; the flush pass reads it
     // without a lock (acquire).
@@ -226,16 +225,31 @@ struct Conn {
     // A send's next look at the page slot of a peer of another uid, which
     // costs a system call (tx_lock): at most once a millisecond.
     std::uint64_t close_look_ns = 0;
-    // Our socket is shared through fork (this process owns the
-    // connection): sent, received, left, blind of its holders' slot. A
-    // leave for sharing adds our offsets there, so that the last holder
-    // can return to direct mode; blind: a holder cannot read a spill
-    // (shm_fallback/sharers.hpp).
-    std::atomic<std::atomic<std::uint64_t> *> holder_counts{nullptr};
-    // Where the peer's unread fabric bytes go if this process must give
-    // the connection up before reading them, for its holders to read
-    // first (set at a fork while direct; rx_lock). Used once.
-    Spill spill;
+    // Who takes the kernel stream over when it leaves (conn.hpp:
+    // HandoffOps, set_handoff): the ops are stored before the context
+    // (release) and read after it (acquire); a null context: none.
+    std::atomic<const HandoffOps *> handoff_ops{nullptr};
+    std::atomic<void *> handoff_ctx{nullptr};
+    // Where the peer's unread fabric bytes go if this process hands the
+    // connection over before reading them (rx_lock). Used once.
+    HandoffRoom handoff_room;
+
+    // Its handoff (ops and context), or none (both null).
+    struct HandoffRef {
+        const HandoffOps *ops = nullptr;
+        void *ctx = nullptr;
+        explicit operator bool() const noexcept { return ctx != nullptr; }
+        bool taken() const noexcept { return ops->taken(ctx); }
+        bool reads_room() const noexcept { return ops->reads_room(ctx); }
+        void take(std::uint64_t sent, std::uint64_t received) const noexcept {
+            ops->take(ctx, sent, received);
+        }
+    };
+    HandoffRef handoff() const noexcept {
+        void *ctx = handoff_ctx.load(std::memory_order_acquire);
+        if (!ctx) return {};
+        return {handoff_ops.load(std::memory_order_relaxed), ctx};
+    }
 
     // Something arrived or changed: wakes its waiters and the pollers
     // whose interest set holds it; caller holds rx_lock.
@@ -311,7 +325,7 @@ struct Conn {
     void leave_forget() noexcept;
     bool move_give_back(GiveBack from, GiveBack to) noexcept;
     bool move_rearm(Rearm from, Rearm to) noexcept;
-    // Rearmed or handed to the holders: none.
+    // Rearmed or handed over (HandoffOps): none.
     void rearm_forget() noexcept;
     bool rearm_due() const noexcept { return rearm.load(std::memory_order_acquire) == Rearm::due; }
     // Returned bytes written, given up, or kernel mode again: none.

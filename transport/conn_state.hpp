@@ -50,12 +50,11 @@ inline constexpr Move<ConnState> kConnMoves[] = {
     // Our leave was sent, or the peer's came.
     {ConnState::direct, ConnState::leaving},
     // Every fabric byte of the peer is read and nothing is owed, or the
-    // peer died during our leave; handed to the holders of a socket
-    // shared through fork.
+    // peer died during our leave; handed over (a handoff is set).
     {ConnState::leaving, ConnState::final},
     // The peer left for sharing or an exec: kernel mode, awaiting its
-    // upgrade again; or the last holder of a socket shared through fork
-    // takes the connection back (rejoin).
+    // upgrade again; or a connection handed over is taken back
+    // (Engine::take_back_locked).
     {ConnState::leaving, ConnState::kernel},
     {ConnState::final, ConnState::kernel},
 };

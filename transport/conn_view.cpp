@@ -139,11 +139,12 @@ void arrivals(const Conn *c, std::uint32_t &rx, std::uint32_t &tx) noexcept {
     tx = c->tx_seq.load(std::memory_order_acquire);
 }
 
-void set_holder_counts(Conn *c, std::atomic<std::uint64_t> *counts) noexcept {
-    c->holder_counts.store(counts, std::memory_order_release);
+void set_handoff(Conn *c, const HandoffOps *ops, void *ctx) noexcept {
+    c->handoff_ops.store(ops, std::memory_order_relaxed);
+    c->handoff_ctx.store(ctx, std::memory_order_release);
 }
-bool has_holder_counts(const Conn *c) noexcept {
-    return c->holder_counts.load(std::memory_order_acquire) != nullptr;
+bool has_handoff(const Conn *c) noexcept {
+    return c->handoff_ctx.load(std::memory_order_acquire) != nullptr;
 }
 
 std::uint64_t ring_capacity(Conn *c) noexcept {
@@ -151,9 +152,9 @@ std::uint64_t ring_capacity(Conn *c) noexcept {
     return c->ring_cap;
 }
 
-void set_spill(Conn *c, const Spill &s) noexcept {
+void set_handoff_room(Conn *c, const HandoffRoom &r) noexcept {
     std::lock_guard rx(c->rx_lock);
-    c->spill = s;
+    c->handoff_room = r;
 }
 
 std::uint64_t hand_ring_out(Conn *c, char *(*room)(void *ctx, std::uint64_t n),
@@ -181,15 +182,15 @@ std::uint64_t hand_ring_out(Conn *c, char *(*room)(void *ctx, std::uint64_t n),
     c->rx_off += n;
     SD_LOG(info, "fd %d: %llu unread bytes of the peer's fabric stream go to the holders of the "
                  "socket, read first", c->stat->fd, (unsigned long long)n);
-    // Read to the peer's end now: final (or handed to the holders by the
-    // flush pass).
+    // Read to the peer's end now: final (or handed over by the flush
+    // pass).
     c->settle_left_locked();
     return n;
 }
 
-void say_held(Conn *c, Reason why, const char *text) noexcept {
+void say_barred(Conn *c, Reason why, const char *text) noexcept {
     if (c->state.load(std::memory_order_acquire) != ConnState::kernel ||
-        !c->held.load(std::memory_order_acquire))
+        !c->upgrades_barred.load(std::memory_order_acquire))
         return;
     c->stat->reason.store(std::uint32_t(why), std::memory_order_relaxed);
     c->verdict_due.store(false, std::memory_order_relaxed);

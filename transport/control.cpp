@@ -1,7 +1,7 @@
 // The control channel: each process with an engine listens on a Unix
 // SEQPACKET socket of its own (<registry>/ctl-<pid>), and its control
 // thread answers what peers ask there: an upgrade (handshake.cpp), a
-// holder's leave (hold.cpp), a kick to progress. Also the messages'
+// holder's leave request (handoff.cpp), a kick to progress. Also the messages'
 // sending and receiving (control.hpp).
 #include "control.hpp"
 #include "crossuser.hpp"

@@ -1,7 +1,8 @@
 // The control channel's messages: one SEQPACKET datagram each, on a Unix
 // socket per process (<registry>/ctl-<pid>), with the fds it passes.
 // Shared by the control thread (control.cpp), the upgrade handshake
-// (handshake.cpp) and the requests of a socket's other holders (hold.cpp).
+// (handshake.cpp) and the leave requests of a socket's other holders
+// (handoff.cpp).
 #pragma once
 #include "conn_impl.hpp"
 
@@ -14,9 +15,9 @@ namespace sd::transport {
 inline constexpr std::uint32_t kCtlMagic = 0x54434453;  // "SDCT"
 inline constexpr std::uint16_t kCtlVersion = 1;
 
-// request/reply: an upgrade (handshake.cpp). leave: a process that holds
-// one of our direct sockets (a fork child, or a vfork child about to exec)
-// asks us to move it back to the kernel; one fd (the socket, as proof);
+// request/reply: an upgrade (handshake.cpp). leave: another process that
+// holds one of our connections' sockets asks us to move it back to the
+// kernel (request_leave); one fd (the socket, as proof);
 // the reply's status says whether we did. kick: a peer waits for our
 // answer on the fabric (a cancelled advertisement, a leave) while none of
 // our threads may be in the library: the control thread progresses once;

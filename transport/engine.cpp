@@ -180,7 +180,7 @@ void Engine::flush_due_stages() noexcept {
             retry |= post_stage_locked(c, monotonic_ns() + 1000000) != 0;
         }
         c->tx_lock.unlock();
-        // Rearmed: the peer's last holder may have published already.
+        // Rearmed: the peer's side may have published again already.
         if (!may_initiate) {
             if (c->initiate_due.load(std::memory_order_acquire)) {
                 want_flush(c);  // the next pass, from a thread without the table lock

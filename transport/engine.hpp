@@ -136,11 +136,12 @@ bool builds_held() noexcept;
 // A receive ring of `cap` bytes, in a mapping of its own (ringmem.cpp).
 char *ring_alloc(std::uint32_t cap) noexcept;
 
-// Asks process `owner`, whose direct connection socket `fd` also is here
-// (inherited through fork), to move it back to the kernel (leave), because
-// of `why` (shared or exec). 0 when the kernel socket carries it all now;
-// -ESRCH (no such owner), -EIO (it could not), -ETIMEDOUT.
-int ask_owner_to_leave(pid_t owner, int fd, Reason why) noexcept;
+// Asks process `owner`, whose connection socket `fd` also is here, to
+// move it back to the kernel (leave, or its handoff's hand_off), because
+// of `why`, over the control channel (handoff.cpp). 0 when the kernel
+// socket carries it all now; -ESRCH (no such owner), -EIO (it could not),
+// -ECONNRESET (bytes were lost), -EAGAIN (ask again), -ETIMEDOUT.
+int request_leave(pid_t owner, int fd, Reason why) noexcept;
 // The registry entry of the connection end `t`, and writing it (whole,
 // through a temporary file and rename) (publish.cpp).
 void entry_path(char *out, std::size_t n, const Tuple &t) noexcept;
@@ -223,38 +224,41 @@ class Engine {
                  std::uint64_t received = 0) noexcept;
     // Last close: tell the peer, unpublish, free the slot.
     void detach(Conn *c) noexcept;
-    // fork is about to share the connection (not direct yet): no upgrade,
-    // ours or the peer's, from now on. Waits (bounded) for an upgrade
-    // request of ours in flight; one still under way after that is marked
-    // held too: it commits nothing, or leaves as soon as it is direct.
-    // `why`: what the peer is told (mark_kernel): shared, or exec.
-    void hold(Conn *c, Reason why = Reason::shared) noexcept;
+    // No upgrade, ours or the peer's, of a connection not direct from now
+    // on, until a take-back (handoff.cpp; the policy is the caller's: a
+    // fork, an exec, urgent data, a change of privileges). Waits (bounded)
+    // for an upgrade request of ours in flight; one still under way after
+    // that is marked too: it commits nothing, or leaves as soon as it is
+    // direct. `why`: what the peer is told (mark_kernel).
+    void bar_upgrades(Conn *c, Reason why) noexcept;
     // The mark alone, with conn_lock_ held (no wait for an upgrade).
-    void hold_locked(Conn *c, Reason why) noexcept;
-    // After hold(): waits (within the upgrade timeout) for an upgrade under
-    // way to end. True if it ended direct (then the caller makes it leave).
+    void bar_upgrades_locked(Conn *c, Reason why) noexcept;
+    // After bar_upgrades(): waits (within the upgrade timeout) for an
+    // upgrade under way to end. True if it ended direct (then the caller
+    // makes it leave).
     bool settle_upgrade(Conn *c) noexcept;
 
     // Leaving the fabric (leave.cpp): the connection goes back
     // to its kernel socket at stream offsets, for every process that holds
-    // the socket (shared after fork, exec). We end our fabric stream, wait
+    // the socket. We end our fabric stream, wait
     // (up to SDIRECT_LEAVE_TIMEOUT_MS) for the peer to end its own, return
     // it what we received and had not read, and read the kernel from then
-    // on. The caller holds conn_lock_ (`c` cannot be detached meanwhile)
-    // and no lock of `c`. 0 (on the kernel now), 1 (it was already),
-    // -ETIMEDOUT (the peer did not answer: the log says what changed), -EPIPE.
+    // on; a leave for its handoff's reason gives the handoff our offsets
+    // (HandoffOps::take). The caller holds conn_lock_ (`c` cannot be
+    // detached meanwhile) and no lock of `c`. 0 (on the kernel now), 1 (it
+    // was already), -ETIMEDOUT (the peer did not answer: the log says what
+    // changed), -EPIPE.
     int leave_locked(Conn *c, Reason why) noexcept;
     // The same for an application thread of ours (exec, posix_spawn).
     int leave(Conn *c, Reason why) noexcept;
-    // A connection taken over from other holders of its socket
-    // (holder_counts set) gives it back to them: direct, it leaves for
-    // sharing; otherwise it is held on the kernel (an upgrade under way is
-    // waited for) and its offsets are added to their counts. 0, or -errno
-    // as for leave.
-    int give_to_holders(Conn *c) noexcept;
+    // The connection goes to its handoff whatever its state: direct, it
+    // leaves for `why`; otherwise, with a handoff set, its upgrades are
+    // barred (an upgrade under way is waited for) and it goes final, its
+    // offsets handed over. 0, or -errno as for leave.
+    int hand_off(Conn *c, Reason why) noexcept;
     // The same with conn_lock_ held, without waiting: -EAGAIN while an
     // upgrade is under way or a call of ours holds the connection.
-    int give_to_holders_locked(Conn *c) noexcept;
+    int hand_off_locked(Conn *c, Reason why) noexcept;
     // A connection that is not direct stays on the kernel for good, for
     // `why` (retire.cpp): unpublished, no upgrade either way. One that left
     // for sharing no longer comes back.
@@ -286,12 +290,13 @@ class Engine {
     // staged ones, into the kernel socket, before anything new. Waits until
     // `deadline_ns` (0: no limit) when `blocking`. 0, -EAGAIN or -errno.
     int leave_flush_locked(Conn *c, bool blocking, std::uint64_t deadline_ns) noexcept;
-    // A connection of ours that left for sharing, and this process is its
-    // last holder (tx_lock held): kernel mode again at the holders' counts
-    // `sent` and `received`, waiting for the peer (rearmed when it saw our
-    // leave) to upgrade it with us. False when it cannot come back (either
-    // side half-closed, an error): it stays final.
-    bool rejoin_locked(Conn *c, std::uint64_t sent, std::uint64_t received) noexcept;
+    // Take-back of a connection that was handed over (final), at stream
+    // offsets `sent` and `received` the caller knows (tx_lock held): kernel
+    // mode again, its handoff forgotten and upgrades no longer barred,
+    // waiting for the peer (rearmed when it saw our leave) to upgrade it
+    // with us. False when it cannot come back (either side half-closed, an
+    // error): it stays final.
+    bool take_back_locked(Conn *c, std::uint64_t sent, std::uint64_t received) noexcept;
 
     // Progress the CQ if no other thread does (try-lock), or wait for it.
     // progress(): the completions taken (0 also when another thread had it).
@@ -509,17 +514,18 @@ class Engine {
     void complete_write(WriteOp *op, int state) noexcept;
     void send_leave_locked(Conn *c, bool first, Reason why) noexcept;
     int leave_work_locked(Conn *c) noexcept;
-    // The peer left for sharing and everything of the fabric is done here
+    // The peer left for a reason after which its side may upgrade again
+    // (on_leave) and everything of the fabric is done here
     // (tx_lock and rx_lock held): back to kernel mode, as a connection
     // before its upgrade (publish and try_initiate follow, unlocked).
     void rearm_locked(Conn *c) noexcept;
-    // Instead of rearming: the connection was forked while direct, so its
-    // holders take over from our offsets (final here). False if not forked.
-    bool hand_to_holders_locked(Conn *c) noexcept;
-    // The peer's unread fabric bytes into the connection's spill buffer,
-    // for the holders to read first; then final for this process, the
-    // offsets (past those bytes) handed to the holders. rx_lock held.
-    bool spill_to_holders_locked(Conn *c) noexcept;
+    // Instead of rearming: a handoff is set, so it takes over from our
+    // offsets (final here). False if none is set.
+    bool final_to_handoff_locked(Conn *c) noexcept;
+    // The peer's unread fabric bytes into the handoff's room, read first
+    // by whoever takes over; then final for this process, the offsets
+    // (past those bytes) handed over. rx_lock held.
+    bool unread_to_handoff_locked(Conn *c) noexcept;
     int write_owed_locked(Conn *c) noexcept;
     // The provider's RMA write or read of our iov (with `flags` too),
     // waited for as long as the peer lives. 0, -EIO, -EPIPE (a write whose
@@ -646,7 +652,8 @@ class Engine {
     int make_ring(Conn *c, bool offer) noexcept;
     std::uint64_t next_key_ = 1;
     void set_final(Conn *c, Reason r) noexcept;
-    // hold.cpp: a holder of one of our direct sockets asks us to leave.
+    // handoff.cpp: another process that holds one of our connections'
+    // sockets asks us to leave (request_leave).
     void handle_leave(int fd, pid_t pid, const Tuple &tuple, int proof, Reason why) noexcept;
     // verdict.cpp: our entry stays, marked: this end will not upgrade,
     // because of `r` (its peer reports peer_kernel). Replaces unpublish

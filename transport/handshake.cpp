@@ -149,7 +149,7 @@ bool Engine::acceptor_will_ask(const Conn *c, const Entry &e) noexcept {
 // on TCP: the responder that sees the socket close, or its own deadline
 // pass, shuts the socket down and then takes only a commit already queued.
 void Engine::try_initiate(Conn *c) noexcept {
-    if (c->held.load(std::memory_order_acquire)) return;
+    if (c->upgrades_barred.load(std::memory_order_acquire)) return;
     if (c->acceptor) {
         // Before the lookup, and seen before it (see acceptor_will_ask).
         c->stat->lookup_ns.store(monotonic_ns(), std::memory_order_relaxed);
@@ -361,7 +361,7 @@ void Engine::try_initiate(Conn *c) noexcept {
         // commit, gives up); nor does a connection that a refusal for good
         // made final meanwhile (a request of the peer's that we answered,
         // under this lock): no move from final to direct.
-        if (!retired() && !c->held.load(std::memory_order_acquire) &&
+        if (!retired() && !c->upgrades_barred.load(std::memory_order_acquire) &&
             c->state.load(std::memory_order_acquire) == ConnState::initiating &&
             send_commit(s, pid_)) {
             sys.close(s);
@@ -374,9 +374,9 @@ void Engine::try_initiate(Conn *c) noexcept {
             std::lock_guard rx(c->rx_lock);
             c->peer = nullptr;
         }
-        why = retired()                                   ? Reason::privilege
-              : c->held.load(std::memory_order_acquire) ? Reason(c->held_why.load())
-                                                        : Reason::timeout;
+        why = retired() ? Reason::privilege
+              : c->upgrades_barred.load(std::memory_order_acquire) ? Reason(c->barred_why.load())
+                                                                   : Reason::timeout;
     }
     if (s >= 0) sys.close(s);
     release_peer(peer);
@@ -474,7 +474,7 @@ void Engine::answer_upgrade(int fd, CtlMsg &req, int proof, int bell, int queue)
         if (queued && (open_to_uid(uid) != 0 || (my_proof = proof_dup(c->stat->fd, c->tuple)) < 0))
             return refuse(std::uint32_t(Reason::other_user));
         ConnState st = c->state.load();
-        if (c->held.load(std::memory_order_acquire) ||
+        if (c->upgrades_barred.load(std::memory_order_acquire) ||
             !(st == ConnState::kernel || (st == ConnState::initiating && !c->acceptor)))
             return refuse(kConflict);
         // Across users: the link to the initiator, its queue checked
@@ -566,12 +566,12 @@ void Engine::answer_upgrade(int fd, CtlMsg &req, int proof, int bell, int queue)
     }
     go_direct(c);
     SD_LOG_CONN(info, *c->stat, "upgraded to direct (responder, peer pid %d)", int(req.pid));
-    if (retired() || c->held.load(std::memory_order_acquire)) {
+    if (retired() || c->upgrades_barred.load(std::memory_order_acquire)) {
         // This process changed its privileges, or execs, or forked, while
-        // the commit was on its way (hold's wait for an upgrade under way
-        // is bounded): the initiator is direct already, so the connection
+        // the commit was on its way (bar_upgrades' wait for an upgrade
+        // under way is bounded): the initiator is direct already, so the connection
         // leaves at once, for good, as it would have had it been direct.
-        const Reason why = retired() ? Reason::privilege : Reason(c->held_why.load());
+        const Reason why = retired() ? Reason::privilege : Reason(c->barred_why.load());
         if (const int rc = leave_locked(c, why); rc < 0)
             SD_LOG(error, "fd %d: upgraded after a change of privileges, and it could not leave "
                           "the fabric: %s", c->stat->fd, std::strerror(-rc));

@@ -131,11 +131,10 @@ void Engine::on_leave(Conn *c, const MsgHeader &h) noexcept {
         (void)c->move_give_back(GiveBack::none, GiveBack::awaited);
         c->tx_owed.store(true, std::memory_order_release);
     }
-    // Left for sharing (not exec), with both directions open and not
-    // crossing a leave of ours: its last holder may come back, so we wait
-    // for it in kernel mode.
-    // Left for an exec whose new image runs the library (inherited): that
-    // image may upgrade it again, as the last holder would.
+    // Left for a reason after which the peer's side may upgrade again
+    // (shared: whichever process takes its socket over; inherited: an
+    // exec'd image that runs the library), with both directions open and
+    // not crossing a leave of ours: we wait for it in kernel mode.
     if ((why == std::uint32_t(Reason::shared) || why == std::uint32_t(Reason::inherited)) &&
         c->fin_off == kNoOffset &&
         !c->fin_sent(std::memory_order_relaxed) && !c->broken &&
@@ -207,50 +206,50 @@ int Engine::leave_work_locked(Conn *c) noexcept {
     std::lock_guard rx(c->rx_lock);
     if (!c->settle_left_locked()) c->wake_locked();
     if (c->rearm_due()) {
-        if (hand_to_holders_locked(c)) return 0;
+        if (final_to_handoff_locked(c)) return 0;
         rearm_locked(c);
         return 1;
     }
     return 0;
 }
 
-bool Engine::hand_to_holders_locked(Conn *c) noexcept {
-    // Forked while direct: a child may hold the socket, and this process
-    // may close its copy at any time (a forking server does at once). Were
-    // the connection rearmed here, in kernel mode under our offsets, the
-    // holders' slot would never learn where the kernel took over, and the
-    // last holder would attach from counts that start at zero: its switch
-    // would skip or repeat bytes. So the answering side hands over as a
-    // side that left first does: final, its offsets added for the holders
-    // (everything of the fabric is read and nothing is owed by now).
-    auto *k = c->holder_counts.load(std::memory_order_acquire);
-    if (!k) return false;
+bool Engine::final_to_handoff_locked(Conn *c) noexcept {
+    // A handoff is set: another process may take the socket over, and this
+    // process may close its copy at any time (a forking server does at
+    // once). Were the connection rearmed here, in kernel mode under our
+    // offsets, the handoff would never learn where the kernel took over,
+    // and whoever takes over would start from offsets of its own: its
+    // switch would skip or repeat bytes. So the answering side hands over
+    // as a side that left first does: final, its offsets given to the
+    // handoff (everything of the fabric is read and nothing is owed by
+    // now).
+    const Conn::HandoffRef h = c->handoff();
+    if (!h) return false;
     c->rearm_forget();
-    c->stat->reason.store(std::uint32_t(Reason::shared), std::memory_order_relaxed);
+    c->stat->reason.store(std::uint32_t(h.ops->why), std::memory_order_relaxed);
     c->stat->mode.store(std::uint32_t(Mode::kernel), std::memory_order_relaxed);
     c->move_to(ConnState::final);
-    k[0].fetch_add(c->tx_off, std::memory_order_acq_rel);
-    k[1].fetch_add(c->rx_off, std::memory_order_acq_rel);
-    k[2].store(1, std::memory_order_release);
+    h.take(c->tx_off, c->rx_off);
     c->wake_locked();
-    SD_LOG_CONN(info, *c->stat, "back to the kernel: shared (after its peer) at offsets %llu "
+    SD_LOG_CONN(info, *c->stat, "back to the kernel: %s (after its peer) at offsets %llu "
                                 "sent, %llu received; its holders go on from there",
-                (unsigned long long)c->tx_off, (unsigned long long)c->rx_off);
+                reason_name(h.ops->why), (unsigned long long)c->tx_off,
+                (unsigned long long)c->rx_off);
     return true;
 }
 
-bool Engine::spill_to_holders_locked(Conn *c) noexcept {
-    const Spill sp = c->spill;
+bool Engine::unread_to_handoff_locked(Conn *c) noexcept {
+    const HandoffRoom sp = c->handoff_room;
     const std::uint64_t n = c->ring_bytes();
     // Every fabric byte of the peer is here and nothing more comes on the
     // fabric: what the ring holds is exactly what precedes the kernel's.
-    // A holder that does not map the spill (an exec'd image: counts[3])
-    // would read the kernel's bytes past them: nothing is spilled, and the
-    // bytes stay this process's to read.
-    auto *k = c->holder_counts.load(std::memory_order_acquire);
+    // A handoff that does not read the room would read the kernel's bytes
+    // past them: nothing is put there, and the bytes stay this process's
+    // to read.
+    const Conn::HandoffRef h = c->handoff();
     if (!sp.len || !n || n > sp.cap || c->zc.active || c->peer_end == kNoOffset ||
         c->rx_expect() < c->peer_end || c->rx_off + n != c->peer_end ||
-        c->tx_owed.load(std::memory_order_acquire) || !k || k[3].load(std::memory_order_acquire))
+        c->tx_owed.load(std::memory_order_acquire) || !h || !h.reads_room())
         return false;
     for (std::uint64_t done = 0; done < n;) {
         const std::uint32_t at = std::uint32_t((c->ring_head + done) % c->ring_cap);
@@ -259,15 +258,15 @@ bool Engine::spill_to_holders_locked(Conn *c) noexcept {
         done += run;
     }
     sp.len->store(n, std::memory_order_release);
-    c->spill = Spill{};
+    c->handoff_room = HandoffRoom{};
     c->ring_head += n;
     c->rx_off += n;
     SD_LOG(info, "fd %d: %llu unread bytes of the peer's fabric stream go to the holders of the "
                  "socket, read first", c->stat->fd, (unsigned long long)n);
-    // Final here (or due to be rearmed, which it must not be: the holders
-    // go on from our offsets, past the bytes just moved).
+    // Final here (or due to be rearmed, which it must not be: the handoff
+    // goes on from our offsets, past the bytes just moved).
     (void)c->settle_left_locked();
-    return hand_to_holders_locked(c);
+    return final_to_handoff_locked(c);
 }
 
 bool Engine::peer_conn_closed(const Conn *c) const noexcept {
@@ -320,8 +319,9 @@ int Engine::write_owed_locked(Conn *c) noexcept {
 
 void Engine::rearm_locked(Conn *c) noexcept {
     // Everything of the fabric is over: the connection is as it was before
-    // its upgrade, at today's offsets (the last holder's attach brings the
-    // other end back; our old peer is released when a new one replaces it).
+    // its upgrade, at today's offsets (the peer's side attaches again, from
+    // whichever process holds its socket then; our old peer is released
+    // when a new one replaces it).
     c->rearm_forget();
     c->switch_off = c->fin_off = c->peer_end = kNoOffset;
     c->ring_head = c->ring_tail = 0;
@@ -363,7 +363,7 @@ void Engine::rearm_locked(Conn *c) noexcept {
                 (unsigned long long)c->tx_off, (unsigned long long)c->rx_off);
 }
 
-bool Engine::rejoin_locked(Conn *c, std::uint64_t sent, std::uint64_t received) noexcept {
+bool Engine::take_back_locked(Conn *c, std::uint64_t sent, std::uint64_t received) noexcept {
     std::lock_guard rx(c->rx_lock);
     if (c->state.load(std::memory_order_acquire) != ConnState::final || c->gone() ||
         c->fin_sent(std::memory_order_relaxed) || c->fin_off != kNoOffset ||
@@ -373,8 +373,8 @@ bool Engine::rejoin_locked(Conn *c, std::uint64_t sent, std::uint64_t received) 
     c->tx_off = sent;
     c->rx_off = received;
     c->leave_wanted.store(false, std::memory_order_release);
-    c->holder_counts.store(nullptr, std::memory_order_release);
-    c->held.store(false, std::memory_order_release);
+    c->handoff_ctx.store(nullptr, std::memory_order_release);
+    c->upgrades_barred.store(false, std::memory_order_release);
     rearm_locked(c);
     return true;
 }
@@ -441,7 +441,7 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
         // We answered the peer's leave already, keeping our unread bytes
         // to read them ourselves: too late to return them. What we owe
         // the kernel goes now; with everything read, the fabric part is
-        // over (handed to our forked holders, if any).
+        // over (handed over, if a handoff is set).
         c->leave_wanted.store(false, std::memory_order_release);
         (void)leave_flush_locked(c, true, deadline);
         tx.unlock();
@@ -450,7 +450,7 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
         const ConnState now = c->state.load(std::memory_order_acquire);
         if (now != ConnState::direct && now != ConnState::leaving) return 1;
         if (c->settle_left_locked()) return 1;  // nothing left unread
-        if (spill_to_holders_locked(c)) return 1;
+        if (unread_to_handoff_locked(c)) return 1;
         SD_LOG(error, "fd %d: the peer left the fabric first while bytes of it were unread "
                       "here; they can be read by this process only", fd);
         return -EBUSY;
@@ -577,8 +577,9 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
            (unsigned long long)c->tx_end.load(std::memory_order_relaxed), (unsigned long long)from, n, int(c->peer->pid));
     // Our staged bytes go into the kernel now, before another holder's.
     tx.lock();
-    // A signal does not end it: the holders need these bytes on the kernel
-    // before anything of theirs, and their counts after them.
+    // A signal does not end it: the socket's other holders need these
+    // bytes on the kernel before anything of theirs, and the handoff our
+    // offsets after them.
     int frc;
     do frc = leave_flush_locked(c, true, deadline);
     while (frc == -EINTR && monotonic_ns() < deadline);
@@ -587,13 +588,10 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
                       "holders' counts are not given", fd, std::strerror(frc < 0 ? -frc : EIO));
         return 0;
     }
-    // Shared through fork: the holders count from our offsets on, and the
-    // last of them may upgrade again (the peer waits for it, rearmed).
-    if (auto *k = c->holder_counts.load(std::memory_order_acquire); k && why == Reason::shared) {
-        k[0].fetch_add(c->tx_off, std::memory_order_acq_rel);
-        k[1].fetch_add(received, std::memory_order_acq_rel);
-        k[2].store(1, std::memory_order_release);
-    }
+    // A leave for the handoff's reason: it takes over from our offsets
+    // (and may upgrade again: the peer waits for it, rearmed).
+    if (const Conn::HandoffRef h = c->handoff(); h && why == h.ops->why)
+        h.take(c->tx_off, received);
     return 0;
 }
 
@@ -618,13 +616,13 @@ int Engine::hand_over_for_exec(Conn *c, std::uint64_t &tx, std::uint64_t &rx) no
         c->shut_wr_deferred.load(std::memory_order_acquire) || c->ring_bytes() ||
         c->fin_off != kNoOffset || c->fin_sent(std::memory_order_relaxed) ||
         c->reset_seen() ||
-        c->holder_counts.load(std::memory_order_acquire))
+        c->handoff_ctx.load(std::memory_order_acquire))
         return -EBUSY;
     if (st == ConnState::kernel) {
         // Waiting for the peer: unpublished without a mark (a mark would
         // tell the peer to give the upgrade up; the new image publishes).
-        c->held_why.store(std::uint32_t(Reason::inherited), std::memory_order_relaxed);
-        c->held.store(true, std::memory_order_release);
+        c->barred_why.store(std::uint32_t(Reason::inherited), std::memory_order_relaxed);
+        c->upgrades_barred.store(true, std::memory_order_release);
         c->verdict_due.store(false, std::memory_order_relaxed);
         c->move_to(ConnState::final);
         unpublish(c);

@@ -46,8 +46,8 @@ inline constexpr LeaveMove kLeaveMoves[] = {
     // here and not answered yet.
     {OurLeave::none, OurLeave::first},
     {OurLeave::owed, OurLeave::first},
-    // Kernel mode again (Engine::rearm_locked: rearmed, or rejoined by
-    // the last holder of a socket shared through fork); from owed when
+    // Kernel mode again (Engine::rearm_locked: rearmed, or taken back
+    // after a handoff); from owed when
     // the peer died before our answer went.
     {OurLeave::owed, OurLeave::none},
     {OurLeave::answered, OurLeave::none},
@@ -102,8 +102,8 @@ constexpr bool give_back_move_allowed(GiveBack from, GiveBack to) noexcept {
 
 // After the peer's leave for sharing (or for an exec that hands the
 // connection over): instead of final, kernel mode again once the fabric
-// part is over, awaiting an upgrade (its last holder's, or the new
-// image's).
+// part is over, awaiting an upgrade (from whichever process holds the
+// peer's socket then, or the new image).
 enum class Rearm : std::uint32_t {
     none,
     wanted,  // decided when the peer's leave came (under rx_lock)
@@ -122,10 +122,9 @@ inline constexpr RearmMove kRearmMoves[] = {
     {Rearm::none, Rearm::wanted},
     // Its fabric part read, nothing owed (Conn::settle_left_locked).
     {Rearm::wanted, Rearm::due},
-    // Rearmed (rearm_locked), or handed to the holders of a socket shared
-    // through fork instead (hand_to_holders_locked); from wanted when it
-    // went final another way (the peer died during the leave) and the
-    // last holder's rejoin rearms it.
+    // Rearmed (rearm_locked), or handed over instead
+    // (final_to_handoff_locked); from wanted when it went final another
+    // way (the peer died during the leave) and a take-back rearms it.
     {Rearm::due, Rearm::none},
     {Rearm::wanted, Rearm::none},
 };

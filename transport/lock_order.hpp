@@ -28,10 +28,11 @@
 //   pend      Stream::pend_lock     one socket's pending path: its kernel
 //                                   I/O counted before an attach, its ask
 //                                   and attach (the table lock under it),
-//                                   a fork's share; rejoin_locked takes the
+//                                   a fork's share; a take-back
+//                                   (take_back_locked) takes the
 //                                   connection's tx_lock under it, so a
-//                                   send that rejoins lets its tx_lock go
-//                                   and takes both in this order
+//                                   send that takes back lets its tx_lock
+//                                   go and takes both in this order
 //   flush     Engine::flush_lock_   the pass that sends due stages and
 //                                   starts due upgrades (taken by try_lock)
 //   table     Engine::conn_lock_    the connection table, peers, upgrades

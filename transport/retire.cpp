@@ -27,14 +27,15 @@ bool set_retired() noexcept {
 }
 
 void Engine::stay_on_kernel(Conn *c, Reason why) noexcept {
-    hold(c, why);  // waits for an upgrade request of ours in flight
+    bar_upgrades(c, why);  // waits for an upgrade request of ours in flight
     std::lock_guard lock(conn_lock_);
     const ConnState st = c->state.load(std::memory_order_acquire);
     if (st == ConnState::kernel) {
         set_final(c, why);
     } else if (st == ConnState::final &&
                c->stat->reason.load(std::memory_order_relaxed) == std::uint32_t(Reason::shared)) {
-        // Left for sharing: its holders would bring it back; not any more.
+        // Handed over for sharing: a take-back would bring it back; not
+        // any more.
         c->stat->reason.store(std::uint32_t(why), std::memory_order_relaxed);
     }
 }

@@ -235,11 +235,11 @@ void Engine::judge(Conn *c, bool at_end) noexcept {
         sys.close(fd);
         if (!ok) return;
         if (!e.kernel_why || e.kernel_why >= std::uint32_t(Reason::count_)) {
-            // The peer runs the library and waits. Held (shared through
-            // fork, handed over exec) before any upgrade, this connection
-            // never will; otherwise the upgrade may still come. Where no
+            // The peer runs the library and waits. Upgrades barred (the
+            // socket shared through fork, handed over an exec) before any
+            // upgrade, this connection never will; otherwise the upgrade may still come. Where no
             // peer ever showed up, that stays the reason (below).
-            if (!c->held.load(std::memory_order_acquire)) {
+            if (!c->upgrades_barred.load(std::memory_order_acquire)) {
                 // Closed (or its process ended) before the upgrade that
                 // was coming: a one-shot client, typically.
                 if (at_end && c->stat->reason.compare_exchange_strong(
@@ -250,7 +250,7 @@ void Engine::judge(Conn *c, bool at_end) noexcept {
                                 int(e.pid), unsigned((monotonic_ns() - c->born_ns) / 1000000));
                 return;
             }
-            const std::uint32_t why = c->held_why.load(std::memory_order_relaxed);
+            const std::uint32_t why = c->barred_why.load(std::memory_order_relaxed);
             if (c->stat->reason.compare_exchange_strong(expect, why))
                 SD_LOG_CONN(info, *c->stat, "stays on TCP: %s (%s)", reason_name(Reason(why)),
                             why == std::uint32_t(Reason::shared)

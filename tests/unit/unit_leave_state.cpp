@@ -2,7 +2,7 @@
 // peer's leave comes, sent first or as the answer, the peer's leave after
 // ours, kernel mode again; the bytes the peer returns awaited, complete,
 // written or given up; a rearm wanted, due, done; and a move outside any
-// of the tables stopping a checked build.
+// of the tables stopping a checked build; the handoff a leave calls.
 #include <catch2/catch.hpp>
 
 #include "unit_child.hpp"
@@ -184,4 +184,49 @@ TEST_CASE("a leave's move outside the table aborts a checked build", "[leave-sta
         c->move_rearm(Rearm::none, Rearm::due);
     });
     CHECK((WIFSIGNALED(due_unwanted) && WTERMSIG(due_unwanted) == SIGABRT));
+}
+
+namespace {
+
+struct Taker {
+    std::uint64_t sent = 0, received = 0;
+    bool took = false, reads = true;
+};
+
+const HandoffOps kTestHandoff = {
+    .why = Reason::shared,
+    .take = [](void *ctx, std::uint64_t sent, std::uint64_t received) noexcept {
+        auto *t = static_cast<Taker *>(ctx);
+        t->sent += sent;
+        t->received += received;
+        t->took = true;
+    },
+    .taken = [](void *ctx) noexcept { return static_cast<Taker *>(ctx)->took; },
+    .reads_room = [](void *ctx) noexcept { return static_cast<Taker *>(ctx)->reads; },
+};
+
+}  // namespace
+
+TEST_CASE("a connection's handoff: none until set, its calls reach the context, none once "
+          "its context is cleared",
+          "[leave-state]") {
+    auto c = std::make_unique<Conn>();
+    CHECK_FALSE(has_handoff(c.get()));
+    CHECK_FALSE(bool(c->handoff()));
+    Taker t;
+    set_handoff(c.get(), &kTestHandoff, &t);
+    CHECK(has_handoff(c.get()));
+    const Conn::HandoffRef h = c->handoff();
+    REQUIRE(bool(h));
+    CHECK(h.ops->why == Reason::shared);
+    CHECK_FALSE(h.taken());
+    CHECK(h.reads_room());
+    h.take(5, 7);
+    CHECK(h.taken());
+    CHECK(t.sent == 5);
+    CHECK(t.received == 7);
+    // A take-back forgets it (take_back_locked clears the context).
+    c->handoff_ctx.store(nullptr);
+    CHECK_FALSE(has_handoff(c.get()));
+    CHECK_FALSE(bool(c->handoff()));
 }

@@ -80,13 +80,13 @@ TEST_CASE("a new slot is held by its opener alone, with the bytes so far", "[sha
     sharers_count(sh, false, 7);
     CHECK(sharers_sent(sh) == 105);
     CHECK(sharers_received(sh) == 207);
-    // The connection's three counters: sent, received, left.
-    std::atomic<std::uint64_t> *k = sharers_counts(sh);
-    CHECK(k[0].load() == 105);
-    CHECK(k[1].load() == 207);
+    // The connection's leave adds its offsets and marks them left.
     CHECK_FALSE(sharers_left(sh));
-    k[2].store(1);
+    sharers_hand_back(sh, 10, 20);
+    CHECK(sharers_sent(sh) == 115);
+    CHECK(sharers_received(sh) == 227);
     CHECK(sharers_left(sh));
+    CHECK_FALSE(sharers_is_blind(sh));
     CHECK_FALSE(sharers_stuck(sh));
     int fd = -1;
     std::uint32_t index = 0;

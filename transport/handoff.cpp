@@ -1,8 +1,11 @@
-// A socket that another process holds too (fork, exec): holding its
-// upgrade back (hold, settle_upgrade), and the control channel's leave
-// request, by which a holder asks the owner of a direct socket to move it
-// back to the kernel (ask_owner_to_leave, answered by handle_leave; the
-// leave itself is leave.cpp).
+// The leave's entries for the layers above, named for the mechanism, not
+// for why they are used: barring upgrades from now on (bar_upgrades,
+// settle_upgrade); a connection handed to its handoff (conn.hpp:
+// HandoffOps) whatever its state (hand_off); and the control channel's
+// leave request, by which another process that holds the socket asks the
+// process whose connection it is to move it back to the kernel
+// (request_leave, answered by handle_leave). The leave itself is
+// leave.cpp.
 #include "conn_impl.hpp"
 #include "control.hpp"
 #include "engine.hpp"
@@ -24,22 +27,22 @@
 
 namespace sd::transport {
 
-void Engine::hold(Conn *c, Reason why) noexcept {
+void Engine::bar_upgrades(Conn *c, Reason why) noexcept {
     (void)wait_until({.nap_ns = 1000000, .max_naps = 200}, 0, [c] {
         return c->state.load() != ConnState::initiating && c->state.load() != ConnState::committing;
     });
     std::lock_guard lock(conn_lock_);
-    hold_locked(c, why);
+    bar_upgrades_locked(c, why);
 }
 
-void Engine::hold_locked(Conn *c, Reason why) noexcept {
+void Engine::bar_upgrades_locked(Conn *c, Reason why) noexcept {
     ConnState st = c->state.load();
     if (st == ConnState::direct || st == ConnState::leaving) return;
-    c->held_why.store(std::uint32_t(why), std::memory_order_relaxed);
-    c->held.store(true, std::memory_order_release);
+    c->barred_why.store(std::uint32_t(why), std::memory_order_relaxed);
+    c->upgrades_barred.store(true, std::memory_order_release);
     // An upgrade still under way sees the mark where it ends (both under
     // conn_lock_): an initiator sends no commit, a responder whose commit
-    // came leaves at once. Before, it went direct after the hold, and an
+    // came leaves at once. Before, it went direct after the mark, and an
     // exec or a fork child then used the kernel socket while the peer
     // wrote into this process's ring (EFAULT after the exec: EIO).
     if (st == ConnState::initiating || st == ConnState::committing) return;
@@ -59,39 +62,39 @@ bool Engine::settle_upgrade(Conn *c) noexcept {
     return w == Waited::ready && (st == ConnState::direct || st == ConnState::leaving);
 }
 
-int Engine::give_to_holders_locked(Conn *c) noexcept {
+int Engine::hand_off_locked(Conn *c, Reason why) noexcept {
     const ConnState st = c->state.load(std::memory_order_acquire);
     if (st == ConnState::direct || st == ConnState::leaving) {
-        const int rc = leave_locked(c, Reason::shared);
+        const int rc = leave_locked(c, why);
         return rc < 0 ? rc : 0;
     }
-    auto *k = c->holder_counts.load(std::memory_order_acquire);
-    // Handed already (its leave added the offsets), or not ours to hand.
-    if (!k || (st == ConnState::final && k[2].load(std::memory_order_acquire))) return 0;
+    const Conn::HandoffRef h = c->handoff();
+    // Handed already (its leave gave the offsets), or nobody to hand to.
+    if (!h || (st == ConnState::final && h.taken())) return 0;
     // No upgrade from now on: one under way sees the mark where it ends
-    // (it ends on the kernel, or goes direct and leaves for sharing).
-    hold_locked(c, Reason::shared);
+    // (it ends on the kernel, or goes direct and leaves for `why`).
+    bar_upgrades_locked(c, why);
     if (st == ConnState::initiating || st == ConnState::committing) return -EAGAIN;
     // A call of ours on the kernel holds it (a blocking send): later.
     std::unique_lock tx(c->tx_lock, std::try_to_lock);
     if (!tx.owns_lock()) return -EAGAIN;
     std::unique_lock rx(c->rx_lock, std::try_to_lock);
     if (!rx.owns_lock()) return -EAGAIN;
-    return hand_to_holders_locked(c) ? 0 : -EIO;
+    return final_to_handoff_locked(c) ? 0 : -EIO;
 }
 
-int Engine::give_to_holders(Conn *c) noexcept {
+int Engine::hand_off(Conn *c, Reason why) noexcept {
     const std::uint64_t deadline =
         monotonic_ns() + (std::uint64_t(settings().upgrade_timeout_ms) + 1000) * 1000000ull;
     int rc = -EAGAIN;
     const Waited w = wait_until({.nap_ns = 1000000}, deadline, [&] {
         std::lock_guard lock(conn_lock_);
-        return (rc = give_to_holders_locked(c)) != -EAGAIN;
+        return (rc = hand_off_locked(c, why)) != -EAGAIN;
     });
     return w == Waited::ready ? rc : -ETIMEDOUT;
 }
 
-int ask_owner_to_leave(pid_t owner, int fd, Reason why) noexcept {
+int request_leave(pid_t owner, int fd, Reason why) noexcept {
     Guard guard;
     CtlMsg req = reply_to(getpid(), CtlType::leave);
     req.status = std::uint32_t(why);
@@ -172,13 +175,14 @@ void Engine::handle_leave(int fd, pid_t pid, const Tuple &tuple, int proof, Reas
     } else {
         std::lock_guard lock(conn_lock_);
         Conn *c = find_tuple(tuple);
-        // Taken over from holders of the socket and not direct (yet):
-        // held on the kernel, its offsets back in their counts; or, while
-        // that cannot be done at once, the holder asks again.
+        // Not direct (yet), with a handoff: upgrades barred, its offsets
+        // handed over; or, while that cannot be done at once, the asking
+        // process asks again.
         const ConnState st = c ? c->state.load(std::memory_order_acquire) : ConnState::final;
+        const Conn::HandoffRef h = c ? c->handoff() : Conn::HandoffRef{};
         if (c && st != ConnState::direct && st != ConnState::leaving && st != ConnState::final &&
-            c->holder_counts.load(std::memory_order_acquire)) {
-            const int rc = give_to_holders_locked(c);
+            h) {
+            const int rc = hand_off_locked(c, h.ops->why);
             if (rc == -EAGAIN) rep.status = kLeaveAgain;
             else if (rc < 0) rep.status = std::uint32_t(Reason::timeout);
             c = nullptr;
@@ -189,7 +193,7 @@ void Engine::handle_leave(int fd, pid_t pid, const Tuple &tuple, int proof, Reas
                 SD_LOG(error, "fd %d: pid %d asked us to leave the fabric (%s) and we could not: "
                               "%s", c->stat->fd, int(pid), reason_name(why), std::strerror(-rc));
                 // Bytes of the connection were lost here (its peer died
-                // before they were read): a reset for the asking holder.
+                // before they were read): a reset for the asking process.
                 rep.status = std::uint32_t(rc == -ECONNRESET ? Reason::disconnect : Reason::timeout);
             }
         }
