@@ -232,7 +232,7 @@ bool Engine::final_to_handoff_locked(Conn *c) noexcept {
     h.take(c->tx_off, c->rx_off);
     c->wake_locked();
     SD_LOG_CONN(info, *c->stat, "back to the kernel: %s (after its peer) at offsets %llu "
-                                "sent, %llu received; its holders go on from there",
+                                "sent, %llu received; its handoff goes on from there",
                 reason_name(h.ops->why), (unsigned long long)c->tx_off,
                 (unsigned long long)c->rx_off);
     return true;
@@ -540,7 +540,7 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
             const bool lost = n != 0 || zc_unread;
             SD_LOG(error, "fd %d: peer pid %d died without answering our leave (%s)%s", fd,
                    c->peer ? int(c->peer->pid) : 0, reason_name(why),
-                   lost ? ", with bytes of it unread here: lost for the other holders" : "");
+                   lost ? ", with bytes of it unread here: lost for whoever the socket goes to" : "");
             return lost ? -ECONNRESET : 0;
         }
         SD_LOG(debug, "fd %d: leave (%s) after the peer's close or a broken stream", fd,
@@ -584,8 +584,8 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
     do frc = leave_flush_locked(c, true, deadline);
     while (frc == -EINTR && monotonic_ns() < deadline);
     if (frc != 0) {
-        SD_LOG(error, "fd %d: writing what we owe the kernel after our leave failed: %s; the "
-                      "holders' counts are not given", fd, std::strerror(frc < 0 ? -frc : EIO));
+        SD_LOG(error, "fd %d: writing what we owe the kernel after our leave failed: %s; its "
+                      "handoff is not given the offsets", fd, std::strerror(frc < 0 ? -frc : EIO));
         return 0;
     }
     // A leave for the handoff's reason: it takes over from our offsets
