@@ -67,6 +67,15 @@ void hand_to_holders(Conn *c, Sharers *h) noexcept {
     transport::set_handoff(c, &kHoldersHandoff, h);
 }
 
+// The registry's entry that says the socket is shared, so that a peer
+// asking for its upgrade learns why no holder makes one: once per socket
+// (share_marked), at a fork or at a holder's I/O after it; the holder
+// left last replaces it, or the last close removes it.
+void mark_shared(Stream &s) noexcept {
+    if (std::exchange(s.share_marked, true)) return;
+    transport::mark_unattached(s.kfd(), transport::Reason::shared, &s.mark);
+}
+
 }  // namespace
 
 void fork_prepare(Stream &s, unsigned mark) noexcept {
@@ -154,8 +163,7 @@ void fork_prepare(Stream &s, unsigned mark) noexcept {
     }
     Sharers *sh = s.share.load(std::memory_order_relaxed);
     // The last holder's entry replaces ours.
-    if (!sh && peer_may_ask && !std::exchange(s.share_marked, true))
-        transport::mark_unattached(s.kfd(), transport::Reason::shared, &s.mark);
+    if (!sh && peer_may_ask) mark_shared(s);
     if (!sh && !(sh = sharers_open(s.pre_tx, s.pre_rx))) return;
     s.share.store(sh, std::memory_order_release);
     sharers_expect_child(sh);
@@ -268,14 +276,12 @@ bool take_over(Stream &s, Sharers *sh) noexcept {
 
 // Still shared after SDIRECT_UPGRADE_AFTER_MS, at a holder's I/O: the peer
 // may be asking for an upgrade that no holder makes; an entry of ours
-// tells it why (once per socket; the holder left last replaces it, or the
-// last close removes it).
+// tells it why (mark_shared).
 void mark_while_shared(Stream &s) noexcept {
     if (s.share_marked || s.for_good.load(std::memory_order_acquire)) return;
     const std::uint64_t after = std::uint64_t(transport::settings().upgrade_after_ms) * 1000000ull;
     if (transport::monotonic_ns() < s.take_ns + after) return;
-    s.share_marked = true;
-    transport::mark_unattached(s.kfd(), transport::Reason::shared, &s.mark);
+    mark_shared(s);
 }
 
 }  // namespace

@@ -4,31 +4,23 @@
 
 namespace sd::fallback {
 
-#ifdef SDIRECT_LOCK_CHECK
 namespace {
 
-[[noreturn]] void violation(const char *from, Phase to) noexcept {
-    transport::move_refused("a socket's phase", from, phase_name(to));
-}
+constexpr const char *kWhat = "a socket's phase";
 
 }  // namespace
-#endif
 
 bool Stream::move(Phase from, Phase to) noexcept {
-#ifdef SDIRECT_LOCK_CHECK
-    if (!phase_move_allowed(from, to)) violation(phase_name(from), to);
-#endif
-    return phase.compare_exchange_strong(from, to);
+    return transport::move_word(phase, kPhaseMoves, kPhaseNames, kWhat, from, to);
 }
 
 void Stream::move_to(Phase to) noexcept {
-    Phase p = phase.load(std::memory_order_acquire);
-    while (p != to && !move(p, to)) p = phase.load(std::memory_order_acquire);
+    transport::move_word_to(phase, to, [this](Phase from, Phase p) { return move(from, p); });
 }
 
 void Stream::reset_to(Phase to) noexcept {
 #ifdef SDIRECT_LOCK_CHECK
-    if (!phase_reset_allowed(to)) violation("any phase", to);
+    if (!phase_reset_allowed(to)) transport::move_refused(kWhat, "any phase", phase_name(to));
 #endif
     phase.store(to);
 }

@@ -169,7 +169,8 @@ class Stream {
     // fork child with the rest; one for sharing is removed by the last
     // holder's close, or when the holder left alone goes on (adopt_share).
     transport::EntryMark mark;
-    // That entry was written (or tried) for the sharing: once per socket.
+    // That entry was written (or tried) for the sharing: once per socket
+    // (forking::mark_shared).
     bool share_marked = false;
     std::atomic<Sharers *> share{nullptr};
     std::uint64_t share_check_ns = 0;  // next look at other holders' lives

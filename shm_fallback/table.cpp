@@ -66,6 +66,14 @@ struct alignas(128) ForkState {
 };
 static_assert(sizeof(ForkState) == 128);
 ForkState forks;
+
+// Code of ours may run in a process other than self_pid's (ForkState's
+// under_way, unhandled): only then do foreign_process() and own_pid() ask
+// the kernel.
+inline bool may_run_elsewhere() noexcept {
+    return forks.unhandled.load(std::memory_order_relaxed) ||
+           forks.under_way.load(std::memory_order_relaxed);
+}
 Stream *free_list = nullptr;
 
 Stream *pool_get() noexcept {
@@ -212,20 +220,14 @@ void note_unhandled_child() noexcept {
 }
 
 bool foreign_process() noexcept {
-    if (!forks.unhandled.load(std::memory_order_relaxed) &&
-        !forks.under_way.load(std::memory_order_relaxed))
-        return false;
-    return int(getpid()) != forks.self_pid;
+    return may_run_elsewhere() && int(getpid()) != forks.self_pid;
 }
 int table_pid() noexcept { return forks.self_pid; }
 
 SD_CHILD_PATH std::uint64_t table_fork_ns() noexcept { return forks.at_ns; }
 
 int own_pid() noexcept {
-    if (forks.self_pid && !forks.unhandled.load(std::memory_order_relaxed) &&
-        !forks.under_way.load(std::memory_order_relaxed))
-        return forks.self_pid;
-    return int(getpid());
+    return forks.self_pid && !may_run_elsewhere() ? forks.self_pid : int(getpid());
 }
 
 // Read with getdents64 into the stack (a vfork child must not allocate).

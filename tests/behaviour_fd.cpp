@@ -26,14 +26,7 @@ std::vector<std::string> kernel_reference(const char *name, const char *driver,
                                           const std::string &prefix) {
     Scratch scratch;
     PairSpec spec = scenario(name, driver);
-    Pair pair = start_pair(scratch, spec, Placement{false, false}, "reference");
-    REQUIRE(pair.port != 0);
-    wait_exit(pair.client, 60);
-    wait_exit(pair.server, 60);
-    INFO(describe(pair.server));
-    INFO(describe(pair.client));
-    REQUIRE(exited_with(pair.client, 0));
-    REQUIRE(exited_with(pair.server, 0));
+    Pair pair = run_pair_once(scratch, spec, Placement{false, false}, "reference");
     return lines_with(driver_of(pair, driver), prefix);
 }
 

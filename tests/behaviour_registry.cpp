@@ -141,6 +141,33 @@ void plant_entry(const std::string &path, pid_t pid) {
     std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char *>(&e), sizeof e);
 }
 
+// The connections' entries in registry `reg` (names "c-...").
+std::vector<std::string> conn_entries(const std::string &reg) {
+    std::vector<std::string> left;
+    for (const std::string &n : dir_entries(reg))
+        if (n.rfind("c-", 0) == 0) left.push_back(n);
+    return left;
+}
+
+// A forking server (a child per connection serves it, the server closes
+// its copy at once) and its client, both preloaded: 20 short connections
+// that end before they earn their upgrade (5 s here), run to their end.
+Pair run_forking_server(const Scratch &scratch, const std::string &tag) {
+    PairSpec spec;
+    spec.args = {"--scenario", "pingpong", "--rounds", "3", "--conns", "20"};
+    spec.server_args = {"--fork-serve", "1"};
+    spec.env = {"SDIRECT_UPGRADE_AFTER_MS=5000"};
+    spec.check_modes = false;
+    Pair pair = run_pair_once(scratch, spec, placements()[0], tag);
+    // Every connection stayed on TCP, as the case needs: none asked for
+    // an upgrade, so neither end built an engine (no statistics at all).
+    for (const Proc *p : {&pair.client, &pair.server}) {
+        INFO("statistics:\n" << read_text(p->stats));
+        CHECK(conn_stats(*p).empty());
+    }
+    return pair;
+}
+
 bool is_ours_0700(const std::string &dir) {
     struct stat st;
     return lstat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == getuid() &&
@@ -238,9 +265,7 @@ TEST_CASE("registry entries of dead processes are removed when an engine starts"
     wait_exit(p, 60);
     INFO(describe(p));
     REQUIRE(exited_with(p, 0));
-    std::vector<std::string> left;
-    for (const std::string &n : dir_entries(reg))
-        if (n.rfind("c-", 0) == 0) left.push_back(n);
+    const std::vector<std::string> left = conn_entries(reg);
     INFO("entries left: " << left.size() << (left.empty() ? "" : ", first " + left[0]));
     REQUIRE(left.size() == 1);
     CHECK(reg + "/" + left[0] == live);
@@ -318,35 +343,17 @@ TEST_CASE("a forking server that lives on leaves no registry entry behind for co
         return;
     }
     // A child per connection serves it (a short exchange: the connection
-    // ends before it earns its upgrade, 5 s here) while the
-    // server closes its copy at once: each fork wrote the entry that says
-    // the socket is shared, and nothing removed it until the server ended
-    // (a postmaster with pgbench -C: one per connection).
-    PairSpec spec;
-    spec.args = {"--scenario", "pingpong", "--rounds", "3", "--conns", "20"};
-    spec.server_args = {"--fork-serve", "1"};
-    spec.env = {"SDIRECT_UPGRADE_AFTER_MS=5000"};
-    spec.check_modes = false;
+    // ends before it earns its upgrade) while the server closes its copy
+    // at once: each fork wrote the entry that says the socket is shared,
+    // and nothing removed it until the server ended (a postmaster with
+    // pgbench -C: one per connection).
     Scratch scratch;
-    Pair pair = start_pair(scratch, spec, placements()[0], "forking");
-    REQUIRE(pair.port != 0);
-    wait_exit(pair.client, 60);
-    wait_exit(pair.server, 60);
+    const Pair pair = run_forking_server(scratch, "forking");
+    // Nothing has swept the registry since (no engine started after them).
+    const std::vector<std::string> left = conn_entries(scratch.registry());
+    INFO("entries left: " << left.size() << (left.empty() ? "" : ", first " + left[0]));
     INFO(describe(pair.server));
     INFO(describe(pair.client));
-    REQUIRE(exited_with(pair.client, 0));
-    REQUIRE(exited_with(pair.server, 0));
-    // Nothing has swept the registry since (no engine started after them).
-    std::vector<std::string> left;
-    for (const std::string &n : dir_entries(scratch.registry()))
-        if (n.rfind("c-", 0) == 0) left.push_back(n);
-    INFO("entries left: " << left.size() << (left.empty() ? "" : ", first " + left[0]));
-    // Every connection stayed on TCP, as the case needs: none asked for
-    // an upgrade, so neither end built an engine (no statistics at all).
-    for (const Proc *p : {&pair.client, &pair.server}) {
-        INFO("statistics:\n" << read_text(p->stats));
-        CHECK(conn_stats(*p).empty());
-    }
     // At most the last connection's, whose child may still be closing
     // (both holders closing at once may each see the other).
     CHECK(left.size() <= 2);
@@ -364,28 +371,12 @@ TEST_CASE("a forking server whose children serve short connections writes no reg
     // (the connection has earned its time); a child alone once its parent
     // closed would only remove it. Each fork wrote one, and each child's
     // first I/O removed it: nine system calls per connection.
-    PairSpec spec;
-    spec.args = {"--scenario", "pingpong", "--rounds", "3", "--conns", "20"};
-    spec.server_args = {"--fork-serve", "1"};
-    spec.env = {"SDIRECT_UPGRADE_AFTER_MS=5000"};
-    spec.check_modes = false;
     Scratch scratch;
     const int watch = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
     REQUIRE(watch >= 0);
     REQUIRE(inotify_add_watch(watch, scratch.registry().c_str(),
                               IN_CREATE | IN_MOVED_TO | IN_DELETE) >= 0);
-    Pair pair = start_pair(scratch, spec, placements()[0], "forking-quiet");
-    REQUIRE(pair.port != 0);
-    wait_exit(pair.client, 60);
-    wait_exit(pair.server, 60);
-    INFO(describe(pair.server));
-    INFO(describe(pair.client));
-    REQUIRE(exited_with(pair.client, 0));
-    REQUIRE(exited_with(pair.server, 0));
-    for (const Proc *p : {&pair.client, &pair.server}) {
-        INFO("statistics:\n" << read_text(p->stats));
-        CHECK(conn_stats(*p).empty());  // all on TCP, no engine: the case's premise
-    }
+    run_forking_server(scratch, "forking-quiet");
     std::vector<std::string> names;
     alignas(inotify_event) char buf[8192];
     for (ssize_t n; (n = read(watch, buf, sizeof buf)) > 0;)

@@ -120,13 +120,8 @@ TEST_CASE("each upgrade and each fallback to TCP is one info line naming both en
         PairSpec spec;
         spec.args = {"--scenario", "pingpong", "--rounds", "200"};
         spec.env = {"SDIRECT_LOG=info", "SDIRECT_LOG_FILE=" + log};
-        Pair pair = start_pair(scratch, spec, pl, "log");
         INFO("placement: " << pl.label());
-        REQUIRE(pair.port != 0);
-        wait_exit(pair.client, 60);
-        wait_exit(pair.server, 60);
-        REQUIRE(exited_with(pair.client, 0));
-        REQUIRE(exited_with(pair.server, 0));
+        Pair pair = run_pair_once(scratch, spec, pl, "log");
         const std::string text = read_text(log);
         for (bool server : {true, false}) {
             const Proc &p = server ? pair.server : pair.client;

@@ -526,6 +526,19 @@ Pair start_pair(const Scratch &scratch, const PairSpec &spec, const Placement &p
     return pair;
 }
 
+Pair run_pair_once(const Scratch &scratch, const PairSpec &spec, const Placement &pl,
+                   const std::string &tag) {
+    Pair pair = start_pair(scratch, spec, pl, tag);
+    REQUIRE(pair.port != 0);
+    wait_exit(pair.client, spec.timeout);
+    wait_exit(pair.server, spec.timeout);
+    INFO(describe(pair.server));
+    INFO(describe(pair.client));
+    REQUIRE(exited_with(pair.client, 0));
+    REQUIRE(exited_with(pair.server, 0));
+    return pair;
+}
+
 bool run_pair(const PairSpec &spec, const std::function<void(Pair &, const Placement &)> &extra) {
     const auto pls = placements();
     if (pls.empty()) return false;

@@ -179,6 +179,11 @@ std::vector<std::string> dir_entries(const std::string &dir);
 std::string settle_ms();
 Pair start_pair(const Scratch &scratch, const PairSpec &spec, const Placement &pl,
                 const std::string &tag);
+// start_pair for one placement, run to its end: the server's port is
+// required, the client then the server waited for (spec.timeout each),
+// and both must have exited 0 (described on failure).
+Pair run_pair_once(const Scratch &scratch, const PairSpec &spec, const Placement &pl,
+                   const std::string &tag);
 
 // Runs the scenario once per placement; both ends must exit 0 and report
 // the expected modes; `extra` adds checks. False if it was skipped.

@@ -4,21 +4,14 @@
 
 namespace sd::transport {
 
-#ifdef SDIRECT_LOCK_CHECK
 namespace {
 
-[[noreturn]] void violation(ConnState from, ConnState to) noexcept {
-    move_refused("a connection's state", conn_state_name(from), conn_state_name(to));
-}
+constexpr const char *kWhat = "a connection's state";
 
 }  // namespace
-#endif
 
 bool Conn::move(ConnState from, ConnState to) noexcept {
-#ifdef SDIRECT_LOCK_CHECK
-    if (!conn_move_allowed(from, to)) violation(from, to);
-#endif
-    return state.compare_exchange_strong(from, to);
+    return move_word(state, kConnMoves, kConnStateNames, kWhat, from, to);
 }
 
 void Conn::move_to(ConnState to) noexcept {
@@ -28,9 +21,7 @@ void Conn::move_to(ConnState to) noexcept {
     // `to` may count on everything written before it.
     ConnState s = state.load(std::memory_order_relaxed);
     do {
-#ifdef SDIRECT_LOCK_CHECK
-        if (s != to && !conn_move_allowed(s, to)) violation(s, to);
-#endif
+        if (s != to) check_move(kConnMoves, kConnStateNames, kWhat, s, to);
     } while (!state.compare_exchange_weak(s, to));
 }
 

@@ -7,7 +7,11 @@
 // docs/ARCHITECTURE.md ("The ends of the streams").
 #pragma once
 
+#include "moves.hpp"
+
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
 
 namespace sd::transport {
 
@@ -31,14 +35,7 @@ enum class FinIn : std::uint32_t {
     kicked,
 };
 
-struct FinOutMove {
-    FinOut from, to;
-};
-struct FinInMove {
-    FinIn from, to;
-};
-
-inline constexpr FinOutMove kFinOutMoves[] = {
+inline constexpr Move<FinOut> kFinOutMoves[] = {
     // shutdown(SHUT_WR) on the fabric; the detach of a broken connection.
     {FinOut::open, FinOut::fin},
     // close (or detach) without a shutdown before it.
@@ -47,7 +44,7 @@ inline constexpr FinOutMove kFinOutMoves[] = {
     {FinOut::fin, FinOut::closed},
 };
 
-inline constexpr FinInMove kFinInMoves[] = {
+inline constexpr Move<FinIn> kFinInMoves[] = {
     // Its FIN or CLOSE message (deliver.cpp).
     {FinIn::open, FinIn::came},
     // Our first send after it (Engine::sent_past_fin_locked).
@@ -55,18 +52,19 @@ inline constexpr FinInMove kFinInMoves[] = {
 };
 
 constexpr bool fin_out_move_allowed(FinOut from, FinOut to) noexcept {
-    for (const FinOutMove &m : kFinOutMoves)
-        if (m.from == from && m.to == to) return true;
-    return false;
+    return move_allowed(kFinOutMoves, from, to);
 }
 constexpr bool fin_in_move_allowed(FinIn from, FinIn to) noexcept {
-    for (const FinInMove &m : kFinInMoves)
-        if (m.from == from && m.to == to) return true;
-    return false;
+    return move_allowed(kFinInMoves, from, to);
 }
 
-// For messages: "open", "fin", "closed"; "open", "came", "kicked".
-const char *fin_out_name(FinOut s) noexcept;
-const char *fin_in_name(FinIn s) noexcept;
+// For messages: "open", "fin", "closed"; "open", "came", "kicked" (in the
+// enums' order).
+inline constexpr const char *kFinOutNames[] = {"open", "fin", "closed"};
+inline constexpr const char *kFinInNames[] = {"open", "came", "kicked"};
+static_assert(std::size(kFinOutNames) == std::size_t(FinOut::closed) + 1);
+static_assert(std::size(kFinInNames) == std::size_t(FinIn::kicked) + 1);
+constexpr const char *fin_out_name(FinOut s) noexcept { return state_name(kFinOutNames, s); }
+constexpr const char *fin_in_name(FinIn s) noexcept { return state_name(kFinInNames, s); }
 
 }  // namespace sd::transport

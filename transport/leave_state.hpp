@@ -11,7 +11,11 @@
 // docs/ARCHITECTURE.md ("Leaving the fabric").
 #pragma once
 
+#include "moves.hpp"
+
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
 
 namespace sd::transport {
 
@@ -32,11 +36,7 @@ enum class OurLeave : std::uint32_t {
     first_answered,
 };
 
-struct LeaveMove {
-    OurLeave from, to;
-};
-
-inline constexpr LeaveMove kLeaveMoves[] = {
+inline constexpr Move<OurLeave> kLeaveMoves[] = {
     // The peer's leave came (Engine::on_leave).
     {OurLeave::none, OurLeave::owed},
     {OurLeave::first, OurLeave::first_answered},
@@ -56,9 +56,7 @@ inline constexpr LeaveMove kLeaveMoves[] = {
 };
 
 constexpr bool leave_move_allowed(OurLeave from, OurLeave to) noexcept {
-    for (const LeaveMove &m : kLeaveMoves)
-        if (m.from == from && m.to == to) return true;
-    return false;
+    return move_allowed(kLeaveMoves, from, to);
 }
 
 constexpr bool leave_sent(OurLeave s) noexcept {
@@ -78,11 +76,7 @@ enum class GiveBack : std::uint32_t {
     complete,  // the last piece came (the bytes are in Conn::back)
 };
 
-struct GiveBackMove {
-    GiveBack from, to;
-};
-
-inline constexpr GiveBackMove kGiveBackMoves[] = {
+inline constexpr Move<GiveBack> kGiveBackMoves[] = {
     // The peer's leave came, flagged first (Engine::on_leave).
     {GiveBack::none, GiveBack::awaited},
     // Its last give_back message (Engine::on_give_back).
@@ -95,9 +89,7 @@ inline constexpr GiveBackMove kGiveBackMoves[] = {
 };
 
 constexpr bool give_back_move_allowed(GiveBack from, GiveBack to) noexcept {
-    for (const GiveBackMove &m : kGiveBackMoves)
-        if (m.from == from && m.to == to) return true;
-    return false;
+    return move_allowed(kGiveBackMoves, from, to);
 }
 
 // After the peer's leave for sharing (or for an exec that hands the
@@ -112,11 +104,7 @@ enum class Rearm : std::uint32_t {
     due,
 };
 
-struct RearmMove {
-    Rearm from, to;
-};
-
-inline constexpr RearmMove kRearmMoves[] = {
+inline constexpr Move<Rearm> kRearmMoves[] = {
     // The peer left for sharing or an exec, both directions open, not
     // crossing a leave of ours (Engine::on_leave).
     {Rearm::none, Rearm::wanted},
@@ -130,15 +118,20 @@ inline constexpr RearmMove kRearmMoves[] = {
 };
 
 constexpr bool rearm_move_allowed(Rearm from, Rearm to) noexcept {
-    for (const RearmMove &m : kRearmMoves)
-        if (m.from == from && m.to == to) return true;
-    return false;
+    return move_allowed(kRearmMoves, from, to);
 }
 
 // For messages: "none", "owed" ...; "none", "awaited", "complete";
-// "none", "wanted", "due".
-const char *our_leave_name(OurLeave s) noexcept;
-const char *give_back_name(GiveBack s) noexcept;
-const char *rearm_name(Rearm s) noexcept;
+// "none", "wanted", "due" (in the enums' order).
+inline constexpr const char *kOurLeaveNames[] = {"none", "owed", "answered", "first",
+                                                 "first_answered"};
+inline constexpr const char *kGiveBackNames[] = {"none", "awaited", "complete"};
+inline constexpr const char *kRearmNames[] = {"none", "wanted", "due"};
+static_assert(std::size(kOurLeaveNames) == std::size_t(OurLeave::first_answered) + 1);
+static_assert(std::size(kGiveBackNames) == std::size_t(GiveBack::complete) + 1);
+static_assert(std::size(kRearmNames) == std::size_t(Rearm::due) + 1);
+constexpr const char *our_leave_name(OurLeave s) noexcept { return state_name(kOurLeaveNames, s); }
+constexpr const char *give_back_name(GiveBack s) noexcept { return state_name(kGiveBackNames, s); }
+constexpr const char *rearm_name(Rearm s) noexcept { return state_name(kRearmNames, s); }
 
 }  // namespace sd::transport

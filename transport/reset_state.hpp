@@ -4,11 +4,15 @@
 // reported. One word, changed only by Conn::move_reset (a compare-exchange
 // from the state the caller saw, each a move of the table below) and the
 // Conn functions built on it (reset_comes, reset_after_fin, reset_told,
-// take_reset: conn_state.cpp); the same table is in docs/ARCHITECTURE.md
+// take_reset: reset_state.cpp); the same table is in docs/ARCHITECTURE.md
 // ("Resets").
 #pragma once
 
+#include "moves.hpp"
+
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
 
 namespace sd::transport {
 
@@ -26,11 +30,7 @@ enum class ResetState : std::uint32_t {
     reported,
 };
 
-struct ResetMove {
-    ResetState from, to;
-};
-
-inline constexpr ResetMove kResetMoves[] = {
+inline constexpr Move<ResetState> kResetMoves[] = {
     // The peer's CLOSE with kCloseReset, its death with our bytes unread,
     // the companion's ECONNRESET, bytes after our SHUT_RDWR.
     {ResetState::none, ResetState::unreported},
@@ -48,9 +48,7 @@ inline constexpr ResetMove kResetMoves[] = {
 };
 
 constexpr bool reset_move_allowed(ResetState from, ResetState to) noexcept {
-    for (const ResetMove &m : kResetMoves)
-        if (m.from == from && m.to == to) return true;
-    return false;
+    return move_allowed(kResetMoves, from, to);
 }
 
 // Come and not reported yet.
@@ -58,7 +56,12 @@ constexpr bool reset_unreported(ResetState s) noexcept {
     return s == ResetState::unreported || s == ResetState::unreported_after_fin;
 }
 
-// For messages: "none", "unreported" ...
-const char *reset_state_name(ResetState s) noexcept;
+// For messages: "none", "unreported" ... (in ResetState's order).
+inline constexpr const char *kResetStateNames[] = {"none", "unreported", "unreported_after_fin",
+                                                   "reported"};
+static_assert(std::size(kResetStateNames) == std::size_t(ResetState::reported) + 1);
+constexpr const char *reset_state_name(ResetState s) noexcept {
+    return state_name(kResetStateNames, s);
+}
 
 }  // namespace sd::transport

@@ -20,3 +20,7 @@ int in_child(F body) {
     waitpid(pid, &st, 0);
     return st;
 }
+
+// in_child's status: the body returned, or it aborted.
+inline bool exited_cleanly(int st) { return WIFEXITED(st) && WEXITSTATUS(st) == 0; }
+inline bool aborted(int st) { return WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT; }

@@ -8,68 +8,64 @@
 #include "unit_child.hpp"
 
 #include "transport/conn_impl.hpp"
-#include "transport/lock_order.hpp"
+#include "unit_moves.hpp"
 
-#include <csignal>
-#include <iterator>
 #include <memory>
-#include <sys/wait.h>
-#include <unistd.h>
 
 using namespace sd::transport;
 
 namespace {
 
-constexpr ConnState kAll[] = {ConnState::kernel, ConnState::initiating, ConnState::committing,
-                              ConnState::direct, ConnState::leaving,    ConnState::final};
+constexpr auto kAll = all_states<ConnState>(kConnStateNames);
 
 }  // namespace
 
 TEST_CASE("an upgrade moves through the table: request, answer, commit, leave", "[conn-state]") {
-    static_assert(conn_move_allowed(ConnState::kernel, ConnState::initiating));
-    static_assert(conn_move_allowed(ConnState::kernel, ConnState::committing));
-    static_assert(conn_move_allowed(ConnState::initiating, ConnState::direct));
-    static_assert(conn_move_allowed(ConnState::committing, ConnState::direct));
-    static_assert(conn_move_allowed(ConnState::direct, ConnState::leaving));
-    static_assert(conn_move_allowed(ConnState::leaving, ConnState::final));
-    // Crossed requests: the accepting side's wins, the connecting side's
-    // yields.
-    CHECK(conn_move_allowed(ConnState::initiating, ConnState::committing));
-    CHECK(conn_move_allowed(ConnState::initiating, ConnState::kernel));
-    // On TCP for good from any state before the upgrade is done.
-    CHECK(conn_move_allowed(ConnState::kernel, ConnState::final));
-    CHECK(conn_move_allowed(ConnState::initiating, ConnState::final));
-    CHECK(conn_move_allowed(ConnState::committing, ConnState::final));
-    // Back in kernel mode after a leave for sharing or exec, or a rejoin
-    // by the last holder of a socket shared through fork.
-    CHECK(conn_move_allowed(ConnState::leaving, ConnState::kernel));
-    CHECK(conn_move_allowed(ConnState::final, ConnState::kernel));
+    check_table(kConnMoves, kConnStateNames,
+                {{ConnState::kernel, ConnState::initiating},
+                 {ConnState::kernel, ConnState::committing},
+                 {ConnState::initiating, ConnState::direct},
+                 {ConnState::committing, ConnState::direct},
+                 {ConnState::direct, ConnState::leaving},
+                 {ConnState::leaving, ConnState::final},
+                 // Crossed requests: the accepting side's wins, the
+                 // connecting side's yields.
+                 {ConnState::initiating, ConnState::committing},
+                 {ConnState::initiating, ConnState::kernel},
+                 // On TCP for good from any state before the upgrade is
+                 // done.
+                 {ConnState::kernel, ConnState::final},
+                 {ConnState::initiating, ConnState::final},
+                 {ConnState::committing, ConnState::final},
+                 // Back in kernel mode after a leave for sharing or exec,
+                 // or a rejoin by the last holder of a socket shared
+                 // through fork.
+                 {ConnState::leaving, ConnState::kernel},
+                 {ConnState::final, ConnState::kernel}},
+                {});
 }
 
 TEST_CASE("no connection goes direct or leaving but through the handshake, nor final from direct",
           "[conn-state]") {
     for (ConnState s : kAll) {
-        CHECK_FALSE(conn_move_allowed(s, s));
         if (s != ConnState::direct) CHECK_FALSE(conn_move_allowed(s, ConnState::leaving));
         if (s != ConnState::initiating && s != ConnState::committing)
             CHECK_FALSE(conn_move_allowed(s, ConnState::direct));
         // Only our own request (from kernel) is ever in flight.
         if (s != ConnState::kernel) CHECK_FALSE(conn_move_allowed(s, ConnState::initiating));
     }
-    // A direct connection reaches the kernel only by leaving.
-    CHECK_FALSE(conn_move_allowed(ConnState::direct, ConnState::final));
-    CHECK_FALSE(conn_move_allowed(ConnState::direct, ConnState::kernel));
-    CHECK_FALSE(conn_move_allowed(ConnState::direct, ConnState::committing));
-    // A commit we wait for ends direct or on TCP, never back to kernel.
-    CHECK_FALSE(conn_move_allowed(ConnState::committing, ConnState::kernel));
-    CHECK_FALSE(conn_move_allowed(ConnState::committing, ConnState::initiating));
     // A final connection comes back to kernel mode only.
     for (ConnState s : kAll)
         if (s != ConnState::kernel) CHECK_FALSE(conn_move_allowed(ConnState::final, s));
-    int moves = 0;
-    for (ConnState from : kAll)
-        for (ConnState to : kAll) moves += conn_move_allowed(from, to);
-    CHECK(moves == int(std::size(kConnMoves)));  // no pair listed twice
+    check_table(kConnMoves, kConnStateNames, {},
+                // A direct connection reaches the kernel only by leaving.
+                {{ConnState::direct, ConnState::final},
+                 {ConnState::direct, ConnState::kernel},
+                 {ConnState::direct, ConnState::committing},
+                 // A commit we wait for ends direct or on TCP, never back
+                 // to kernel.
+                 {ConnState::committing, ConnState::kernel},
+                 {ConnState::committing, ConnState::initiating}});
 }
 
 TEST_CASE("a connection's move happens only from the state the caller saw; move_to from any",
@@ -125,34 +121,26 @@ TEST_CASE("every connection state is exactly one of upgrading, direct, leaving a
 }
 
 TEST_CASE("a connection's move outside the table aborts a checked build", "[conn-state]") {
-    const int allowed = in_child([] {
+    CHECK(exited_cleanly(in_child([] {
         auto c = std::make_unique<Conn>();
         c->move(ConnState::kernel, ConnState::initiating);
         c->move_to(ConnState::final);
-    });
-    CHECK((WIFEXITED(allowed) && WEXITSTATUS(allowed) == 0));
-    // Debug and sanitizer builds (SDIRECT_LOCK_CHECK) check states as they
-    // check the lock order.
-    if (!sd::transport::lock_order::checked()) {
-        WARN("SKIPPED: this build does not check moves (release)");
-        return;
-    }
-    const int skips_the_handshake = in_child([] {
+    })));
+    if (!moves_checked()) return;
+    // Direct without the handshake.
+    CHECK(aborted(in_child([] {
         auto c = std::make_unique<Conn>();
         c->move(ConnState::kernel, ConnState::direct);
-    });
-    CHECK((WIFSIGNALED(skips_the_handshake) && WTERMSIG(skips_the_handshake) == SIGABRT));
+    })));
     // Checked before the compare-exchange, whatever the state really is.
-    const int wrong_from = in_child([] {
+    CHECK(aborted(in_child([] {
         auto c = std::make_unique<Conn>();
         c->move(ConnState::final, ConnState::direct);
-    });
-    CHECK((WIFSIGNALED(wrong_from) && WTERMSIG(wrong_from) == SIGABRT));
-    const int direct_to_final = in_child([] {
+    })));
+    CHECK(aborted(in_child([] {
         auto c = std::make_unique<Conn>();
         c->move_to(ConnState::committing);
         c->move_to(ConnState::direct);
         c->move_to(ConnState::final);  // a direct connection must leave first
-    });
-    CHECK((WIFSIGNALED(direct_to_final) && WTERMSIG(direct_to_final) == SIGABRT));
+    })));
 }

@@ -8,32 +8,33 @@
 #include "unit_child.hpp"
 
 #include "transport/conn_impl.hpp"
-#include "transport/lock_order.hpp"
+#include "unit_moves.hpp"
 
-#include <csignal>
-#include <iterator>
 #include <memory>
-#include <sys/wait.h>
 
 using namespace sd::transport;
 
 namespace {
 
-constexpr OurLeave kAll[] = {OurLeave::none, OurLeave::owed, OurLeave::answered, OurLeave::first,
-                             OurLeave::first_answered};
+constexpr auto kAll = all_states<OurLeave>(kOurLeaveNames);
 
 }  // namespace
 
 TEST_CASE("our leave is owed, sent first or as the answer, and forgotten in kernel mode",
           "[leave-state]") {
-    static_assert(leave_move_allowed(OurLeave::none, OurLeave::owed));
-    static_assert(leave_move_allowed(OurLeave::owed, OurLeave::answered));
-    static_assert(leave_move_allowed(OurLeave::none, OurLeave::first));
-    static_assert(leave_move_allowed(OurLeave::first, OurLeave::first_answered));
-    // Crossing: we leave with the peer's leave here and not answered.
-    CHECK(leave_move_allowed(OurLeave::owed, OurLeave::first));
+    check_table(kLeaveMoves, kOurLeaveNames,
+                {{OurLeave::none, OurLeave::owed},
+                 {OurLeave::owed, OurLeave::answered},
+                 {OurLeave::none, OurLeave::first},
+                 {OurLeave::first, OurLeave::first_answered},
+                 // Crossing: we leave with the peer's leave here and not
+                 // answered.
+                 {OurLeave::owed, OurLeave::first}},
+                // An answer answers a leave that came.
+                {{OurLeave::none, OurLeave::answered},
+                 {OurLeave::none, OurLeave::first_answered},
+                 {OurLeave::answered, OurLeave::first_answered}});
     for (OurLeave s : kAll) {
-        CHECK_FALSE(leave_move_allowed(s, s));
         // Once sent, ours is never owed again, nor sent the other way.
         if (leave_sent(s)) {
             CHECK_FALSE(leave_move_allowed(s, OurLeave::owed));
@@ -42,14 +43,6 @@ TEST_CASE("our leave is owed, sent first or as the answer, and forgotten in kern
         }
         if (s != OurLeave::none) CHECK(leave_move_allowed(s, OurLeave::none));
     }
-    // An answer answers a leave that came.
-    CHECK_FALSE(leave_move_allowed(OurLeave::none, OurLeave::answered));
-    CHECK_FALSE(leave_move_allowed(OurLeave::none, OurLeave::first_answered));
-    CHECK_FALSE(leave_move_allowed(OurLeave::answered, OurLeave::first_answered));
-    int moves = 0;
-    for (OurLeave from : kAll)
-        for (OurLeave to : kAll) moves += leave_move_allowed(from, to);
-    CHECK(moves == int(std::size(kLeaveMoves)));
 }
 
 TEST_CASE("sent, first and due as the leave's code reads them", "[leave-state]") {
@@ -102,18 +95,13 @@ TEST_CASE("the peer's leave before ours, after ours, and crossing it", "[leave-s
 }
 
 TEST_CASE("returned bytes are awaited, complete, then written or given up", "[leave-state]") {
-    static_assert(give_back_move_allowed(GiveBack::none, GiveBack::awaited));
-    static_assert(give_back_move_allowed(GiveBack::awaited, GiveBack::complete));
-    CHECK(give_back_move_allowed(GiveBack::complete, GiveBack::none));
-    CHECK(give_back_move_allowed(GiveBack::awaited, GiveBack::none));  // the peer died
-    // Complete only once awaited; never awaited again once here.
-    CHECK_FALSE(give_back_move_allowed(GiveBack::none, GiveBack::complete));
-    CHECK_FALSE(give_back_move_allowed(GiveBack::complete, GiveBack::awaited));
-    constexpr GiveBack all[] = {GiveBack::none, GiveBack::awaited, GiveBack::complete};
-    int moves = 0;
-    for (GiveBack from : all)
-        for (GiveBack to : all) moves += give_back_move_allowed(from, to);
-    CHECK(moves == int(std::size(kGiveBackMoves)));
+    check_table(kGiveBackMoves, kGiveBackNames,
+                {{GiveBack::none, GiveBack::awaited},
+                 {GiveBack::awaited, GiveBack::complete},
+                 {GiveBack::complete, GiveBack::none},
+                 {GiveBack::awaited, GiveBack::none}},  // the peer died
+                // Complete only once awaited; never awaited again once here.
+                {{GiveBack::none, GiveBack::complete}, {GiveBack::complete, GiveBack::awaited}});
 
     auto c = std::make_unique<Conn>();
     CHECK(c->move_give_back(GiveBack::none, GiveBack::awaited));
@@ -129,17 +117,13 @@ TEST_CASE("returned bytes are awaited, complete, then written or given up", "[le
 
 TEST_CASE("a rearm is wanted at the peer's leave, due once its fabric part is over, then done",
           "[leave-state]") {
-    static_assert(rearm_move_allowed(Rearm::none, Rearm::wanted));
-    static_assert(rearm_move_allowed(Rearm::wanted, Rearm::due));
-    static_assert(rearm_move_allowed(Rearm::due, Rearm::none));
-    CHECK(rearm_move_allowed(Rearm::wanted, Rearm::none));
-    CHECK_FALSE(rearm_move_allowed(Rearm::none, Rearm::due));  // due only once wanted
-    CHECK_FALSE(rearm_move_allowed(Rearm::due, Rearm::wanted));
-    constexpr Rearm all[] = {Rearm::none, Rearm::wanted, Rearm::due};
-    int moves = 0;
-    for (Rearm from : all)
-        for (Rearm to : all) moves += rearm_move_allowed(from, to);
-    CHECK(moves == int(std::size(kRearmMoves)));
+    check_table(kRearmMoves, kRearmNames,
+                {{Rearm::none, Rearm::wanted},
+                 {Rearm::wanted, Rearm::due},
+                 {Rearm::due, Rearm::none},
+                 {Rearm::wanted, Rearm::none}},
+                {{Rearm::none, Rearm::due},  // due only once wanted
+                 {Rearm::due, Rearm::wanted}});
 
     auto c = std::make_unique<Conn>();
     CHECK(c->move_rearm(Rearm::none, Rearm::wanted));
@@ -153,37 +137,32 @@ TEST_CASE("a rearm is wanted at the peer's leave, due once its fabric part is ov
 }
 
 TEST_CASE("a leave's move outside the table aborts a checked build", "[leave-state]") {
-    const int allowed = in_child([] {
+    CHECK(exited_cleanly(in_child([] {
         auto c = std::make_unique<Conn>();
         c->peer_left();
         c->leave_goes(false);
         c->leave_forget();
-    });
-    CHECK((WIFEXITED(allowed) && WEXITSTATUS(allowed) == 0));
-    if (!sd::transport::lock_order::checked()) {
-        WARN("SKIPPED: this build does not check moves (release)");
-        return;
-    }
-    const int answer_unasked = in_child([] {
+    })));
+    if (!moves_checked()) return;
+    CHECK(aborted(in_child([] {
         auto c = std::make_unique<Conn>();
         c->leave_goes(false);  // nothing to answer
-    });
-    CHECK((WIFSIGNALED(answer_unasked) && WTERMSIG(answer_unasked) == SIGABRT));
-    const int owed_again = in_child([] {
+    })));
+    // Owed again once sent.
+    CHECK(aborted(in_child([] {
         auto c = std::make_unique<Conn>();
         c->move_leave(OurLeave::answered, OurLeave::owed);
-    });
-    CHECK((WIFSIGNALED(owed_again) && WTERMSIG(owed_again) == SIGABRT));
-    const int complete_unawaited = in_child([] {
+    })));
+    // Returned bytes complete that were never awaited.
+    CHECK(aborted(in_child([] {
         auto c = std::make_unique<Conn>();
         c->move_give_back(GiveBack::none, GiveBack::complete);
-    });
-    CHECK((WIFSIGNALED(complete_unawaited) && WTERMSIG(complete_unawaited) == SIGABRT));
-    const int due_unwanted = in_child([] {
+    })));
+    // A rearm due that was never wanted.
+    CHECK(aborted(in_child([] {
         auto c = std::make_unique<Conn>();
         c->move_rearm(Rearm::none, Rearm::due);
-    });
-    CHECK((WIFSIGNALED(due_unwanted) && WTERMSIG(due_unwanted) == SIGABRT));
+    })));
 }
 
 namespace {
