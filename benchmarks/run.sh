@@ -9,7 +9,12 @@
 # Every measurement is repeated BENCH_REPEATS times (default 5); the table
 # shows the median of the repeats. Latency is one-way (RTT/2), the mean over
 # one run's iterations (fi_pingpong's usec/xfer is that same statistic);
-# the per-run median latencies of sd_pingpong go to the TSV as well.
+# the per-run median latencies of sd_pingpong go to the TSV as well. Each
+# sd_pingpong ping-pong, kernel and sdirect alike, first warms up for
+# BENCH_WARMUP_MS (200) untimed: the figure is the long connection's
+# steady state, past its start (the upgrade, the first touch of its
+# queues' pages, the scheduler's first placement of the two processes).
+# fi_pingpong spins from its start and takes its own warm-up.
 # Bandwidth is 10^6 B/s: sd_pingpong's stream mode (K messages one way, one
 # ack); fi_pingpong has no stream mode, so its column in stream rows is its
 # ping-pong bandwidth (size / one-way latency), not a streaming figure.
@@ -35,7 +40,9 @@
 # 0 skips sdirect-tune), BENCH_NETPIPE (1, quick 0; 0 skips netpipe.sh,
 # NPtcp's full curve), BENCH_APP_LIST (apps.sh's arguments: which programs;
 # default all), BENCH_APPS (1; 0 skips apps.sh, whose own settings
-# are listed there), BENCH_OUT (the run's folder; default a new one).
+# are listed there), BENCH_OUT (the run's folder; default a new one),
+# BENCH_WARMUP_MS (200; 0: sd_pingpong's own warm-up, a tenth of the
+# iterations up to 1000).
 set -uo pipefail
 
 me=run.sh
@@ -109,7 +116,9 @@ field() { tr ' ' '\n' <<<"$1" | awk -F= -v k="$2" '$1 == k { print $2; exit }'; 
 # output line, empty on failure) and appends the connection modes seen by
 # the library to $tmp/modes.
 measure_pp() {
-    local how="$1" mode="$2" size="$3" iters="$4" pre=()
+    local how="$1" mode="$2" size="$3" iters="$4" pre=() warm=()
+    [[ "$mode" == pingpong && "${BENCH_WARMUP_MS:-200}" != 0 ]] &&
+        warm=(--warmup-ms "${BENCH_WARMUP_MS:-200}")
     next_port
     line=""
     rm -f "$tmp/srv.stats" "$tmp/cli.stats"
@@ -126,7 +135,7 @@ measure_pp() {
     local out
     out="$(SDIRECT_STATS_FILE="$tmp/cli.stats" timeout "$run_limit" "${cli_pin[@]}" "${pre[@]}" \
         "$pp" client 127.0.0.1 "$port" --size "$size" --iters "$iters" --mode "$mode" \
-        2>"$tmp/cli.err")"
+        "${warm[@]}" 2>"$tmp/cli.err")"
     local rc=$?
     if ((rc != 0)); then reap_server 0; else reap_server; fi
     if ((rc != 0)) || [[ "$out" != size=* ]]; then

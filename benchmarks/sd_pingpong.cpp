@@ -3,12 +3,16 @@
 //
 //   sd_pingpong server PORT [--count C] [--bind ADDR] [--timeout S]
 //   sd_pingpong client HOST PORT --size N --iters K --mode pingpong|stream
-//               [--warmup W] [--timeout S]
+//               [--warmup W] [--warmup-ms T] [--timeout S]
 //
 // The client opens with a fixed 24-byte request (below) so the server needs
 // no options of its own. pingpong: K round trips of N bytes each way, one
 // clock_gettime(CLOCK_MONOTONIC) pair per round trip, latency = RTT / 2.
 // stream: K messages of N bytes one way, then a 1-byte ack; MB/s = 10^6 B/s.
+// Before them, W round trips (messages) of warm-up, untimed (default: K/10,
+// at most 1000); pingpong with --warmup-ms: at least W, and for at least T
+// ms (the steady state of a long connection: past the connection's own
+// start, the upgrade and the scheduler's placement of the two processes).
 //
 // Output (client, one line on stdout):
 //   size=N mode=pingpong iters=K lat_us_median=.. lat_us_mean=.. lat_us_min=.. mbps=..
@@ -38,6 +42,8 @@ namespace {
 
 // Request, client -> server, little-endian host order:
 //   0 magic u32 | 4 mode u32 | 8 size u64 | 16 iters u32 | 20 warmup u32
+// warmup kOpenWarmup (pingpong): the warm-up's messages start with
+// kWarmByte, and the first message that does not is the first timed one.
 struct Request {
     std::uint32_t magic;
     std::uint32_t mode;
@@ -50,6 +56,8 @@ static_assert(sizeof(Request) == 24);
 constexpr std::uint32_t kMagic = 0x53445050;  // "SDPP"
 constexpr std::uint64_t kMaxSize = 1ull << 30;
 constexpr std::uint32_t kMaxIters = 100'000'000;
+constexpr std::uint32_t kOpenWarmup = 0xffffffff;
+constexpr char kWarmByte = 'w';
 enum Mode : std::uint32_t { pingpong = 0, stream = 1 };
 
 [[noreturn]] void die(const char *what) {
@@ -112,7 +120,7 @@ bool parse_u64(const char *text, std::uint64_t max, std::uint64_t &out) {
 void usage() {
     std::fputs("usage: sd_pingpong server PORT [--count C] [--bind ADDR] [--timeout S]\n"
                "       sd_pingpong client HOST PORT --size N --iters K --mode pingpong|stream\n"
-               "                   [--warmup W] [--timeout S]\n",
+               "                   [--warmup W] [--warmup-ms T] [--timeout S]\n",
                stderr);
     std::exit(2);
 }
@@ -132,12 +140,25 @@ void serve(int fd) {
     Request rq{};
     read_all(fd, reinterpret_cast<char *>(&rq), sizeof rq);
     if (rq.magic != kMagic || rq.mode > stream || rq.size == 0 || rq.size > kMaxSize ||
-        rq.iters > kMaxIters || rq.warmup > kMaxIters)
+        rq.iters > kMaxIters || (rq.warmup > kMaxIters && rq.warmup != kOpenWarmup) ||
+        (rq.warmup == kOpenWarmup && (rq.mode != pingpong || rq.iters == 0)))
         fail("bad request");
     std::vector<char> buf(rq.size, 's');
     char ack = 'a';
     if (rq.mode == pingpong) {
-        for (std::uint64_t i = 0; i < std::uint64_t(rq.warmup) + rq.iters; ++i) {
+        std::uint64_t left = rq.iters;
+        if (rq.warmup == kOpenWarmup) {
+            // Echoed as they come; the first timed message ends the warm-up.
+            for (;;) {
+                read_all(fd, buf.data(), buf.size());
+                write_all(fd, buf.data(), buf.size());
+                if (buf[0] != kWarmByte) break;
+            }
+            --left;
+        } else {
+            left += rq.warmup;
+        }
+        for (std::uint64_t i = 0; i < left; ++i) {
             read_all(fd, buf.data(), buf.size());
             write_all(fd, buf.data(), buf.size());
         }
@@ -222,13 +243,14 @@ int run_client(int argc, char **argv) {
     if (argc < 4) usage();
     const char *host = argv[2];
     const char *port = argv[3];
-    std::uint64_t size = 0, iters = 0, warmup = ~0ull;
+    std::uint64_t size = 0, iters = 0, warmup = ~0ull, warmup_ms = 0;
     int mode = -1;
     for (int i = 4; i < argc; ++i) {
         std::string_view a = argv[i];
         if (a == "--size") size = number(argc, argv, i, kMaxSize);
         else if (a == "--iters") iters = number(argc, argv, i, kMaxIters);
         else if (a == "--warmup") warmup = number(argc, argv, i, kMaxIters);
+        else if (a == "--warmup-ms") warmup_ms = number(argc, argv, i, 600'000);
         else if (a == "--timeout") alarm(unsigned(number(argc, argv, i, 86400)));
         else if (a == "--mode" && i + 1 < argc) {
             std::string_view m = argv[++i];
@@ -242,15 +264,29 @@ int run_client(int argc, char **argv) {
 
     int fd = connect_to(host, port);
     nodelay(fd);
-    Request rq{kMagic, std::uint32_t(mode), size, std::uint32_t(iters), std::uint32_t(warmup)};
+    if (warmup_ms && mode != pingpong) usage();
+    Request rq{kMagic, std::uint32_t(mode), size, std::uint32_t(iters),
+               warmup_ms ? kOpenWarmup : std::uint32_t(warmup)};
     write_all(fd, reinterpret_cast<const char *>(&rq), sizeof rq);
 
     std::vector<char> buf(size, 'c');
     char ack = 0;
     if (mode == pingpong) {
-        for (std::uint64_t i = 0; i < warmup; ++i) {
-            write_all(fd, buf.data(), size);
-            read_all(fd, buf.data(), size);
+        std::uint64_t warmed = 0;
+        if (warmup_ms) {
+            // The server echoes until a message does not start with kWarmByte.
+            const double until = now_us() + double(warmup_ms) * 1000;
+            for (; warmed < warmup || now_us() < until; ++warmed) {
+                buf[0] = kWarmByte;
+                write_all(fd, buf.data(), size);
+                read_all(fd, buf.data(), size);
+            }
+            buf[0] = 'c';
+        } else {
+            for (; warmed < warmup; ++warmed) {
+                write_all(fd, buf.data(), size);
+                read_all(fd, buf.data(), size);
+            }
         }
         std::vector<double> lat(iters);
         for (std::uint64_t i = 0; i < iters; ++i) {
@@ -266,9 +302,9 @@ int run_client(int argc, char **argv) {
         std::nth_element(lat.begin(), lat.begin() + lat.size() / 2, lat.end());
         double median = lat[lat.size() / 2];
         std::printf("size=%llu mode=pingpong iters=%llu lat_us_median=%.3f lat_us_mean=%.3f "
-                    "lat_us_min=%.3f mbps=%.2f\n",
+                    "lat_us_min=%.3f mbps=%.2f warmup=%llu\n",
                     (unsigned long long)size, (unsigned long long)iters, median, mean, min,
-                    double(size) / mean);
+                    double(size) / mean, (unsigned long long)warmed);
     } else {
         for (std::uint64_t i = 0; i < warmup; ++i) write_all(fd, buf.data(), size);
         read_all(fd, &ack, 1);
