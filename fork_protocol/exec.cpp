@@ -42,7 +42,7 @@ ExecEnv::~ExecEnv() {
 }
 
 ExecGate::ExecGate() noexcept
-    : closed_(!transport::guarded() && transport::Engine::close_provider_for_exec()) {}
+    : closed_(!transport::guarded() && transport::Engine::close_provider()) {}
 
 ExecGate::~ExecGate() {
     if (closed_) transport::Engine::reopen_provider();

@@ -235,7 +235,7 @@ bool hand_over_for_exec(Stream &s, std::uint64_t &tx, std::uint64_t &rx, int &sl
         }
     }
     transport::Conn *c = s.conn.load(std::memory_order_acquire);
-    return s.engine && s.engine->hand_over_for_exec(c, tx, rx) == 0;
+    return s.engine && s.engine->hand_on(c, tx, rx) == 0;
 }
 
 // SDIRECT_EXEC_STDIO as the new image will read it (from `envp`; on

@@ -263,14 +263,15 @@ class Engine {
     // `why` (retire.cpp): unpublished, no upgrade either way. One that left
     // for sharing no longer comes back.
     void stay_on_kernel(Conn *c, Reason why) noexcept;
-    // An exec in place of a program that runs the library (leave.cpp): the
-    // connection goes back to its kernel socket for this image (a direct
+    // Another program takes the connection's kernel socket over from our
+    // offsets (leave.cpp; an exec in place of a program that runs the
+    // library): the connection goes back to its kernel socket (a direct
     // one leaves for the reason `inherited`, which rearms the peer; one in
     // kernel mode is unpublished without a mark), and `tx`/`rx` are the
-    // stream offsets where the new image goes on. -EBUSY when it cannot be
-    // handed over (an upgrade under way, bytes still owed, half-closed),
-    // or the leave's error.
-    int hand_over_for_exec(Conn *c, std::uint64_t &tx, std::uint64_t &rx) noexcept;
+    // stream offsets where the successor goes on. -EBUSY when it cannot be
+    // handed on (an upgrade under way, bytes still owed, half-closed), or
+    // the leave's error.
+    int hand_on(Conn *c, std::uint64_t &tx, std::uint64_t &rx) noexcept;
     // Waits (bounded by the upgrade timeout) while an upgrade of `c` is
     // under way, ours or the peer's, so that it ends direct or on TCP.
     void await_upgrade(const Conn *c) noexcept;
@@ -449,10 +450,10 @@ class Engine {
     int doorbell() const noexcept { return doorbell_; }
     ProcPage *page() const noexcept { return page_; }
     bool fabric_ok() const noexcept { return fabric_ok_; }
-    // exec replaces the process image and ends its other threads wherever
-    // they are: none may be inside the provider then (regionlock.hpp).
-    // True if the gate was closed: reopen_provider() if exec returns.
-    static bool close_provider_for_exec() noexcept;
+    // No thread enters the provider until reopen_provider() (regionlock.hpp):
+    // before a call that ends the process's other threads wherever they
+    // are (an exec replaces the image). True if the gate was closed.
+    static bool close_provider() noexcept;
     static void reopen_provider() noexcept;
     // The fabric, and our region not left locked by a dead process.
     bool fabric_usable() const noexcept { return fabric_ok_ && !own_region_.wedged(); }

@@ -251,7 +251,7 @@ void Engine::resume_after_fork() noexcept {
     if (parked_for_fork) std::exchange(parked_for_fork, nullptr)->control_busy_.unlock();
 }
 
-bool Engine::close_provider_for_exec() noexcept {
+bool Engine::close_provider() noexcept {
     // No engine, or a vfork child's exec (it shares its parent's memory,
     // and with it the parent's gate): nothing to close.
     Engine *e = current();

@@ -595,7 +595,7 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
     return 0;
 }
 
-int Engine::hand_over_for_exec(Conn *c, std::uint64_t &tx, std::uint64_t &rx) noexcept {
+int Engine::hand_on(Conn *c, std::uint64_t &tx, std::uint64_t &rx) noexcept {
     ConnState st = c->state.load(std::memory_order_acquire);
     if (st == ConnState::direct || st == ConnState::leaving)
         if (int rc = leave(c, Reason::inherited); rc < 0) return rc;
