@@ -195,6 +195,32 @@ void Stream::connected(bool accepted) noexcept {
 // a call of ours (it is in no registry), so a blocking recv is the
 // kernel's own, one system call as without the library, and holds the
 // ask back until it returns (kernel_waiters).
+namespace {
+
+// A pending connection's kernel I/O that would block (pending_io): the
+// kernel socket ready, or one sleep of at most 10 ms on it, then back to
+// the caller; the socket's deadline (EAGAIN) and a signal (EINTR unless
+// the kernel would restart the call) as for any wait. No spin: nothing
+// of ours can make the kernel socket ready.
+struct KernelSlice : transport::BellWaiter {
+    bool slept = false;
+    long look() noexcept {
+        if (slept) return 0;
+        pollfd p{kfd, kevents, 0};
+        return sys.poll(&p, 1, 0) > 0 ? 0 : transport::kWaitOn;
+    }
+    bool may_spin() const noexcept { return false; }
+    int sleep(std::uint64_t) noexcept {
+        pollfd p{kfd, kevents, 0};
+        const int left = ms_left(deadline_ns);
+        slept = true;
+        return sys.poll(&p, 1, left < 0 ? 10 : std::min(10, left)) < 0 && errno == EINTR ? -EINTR
+                                                                                          : 0;
+    }
+};
+
+}  // namespace
+
 ssize_t Stream::pending_io(const iovec *iov, int iovcnt, int flags, bool out,
                            std::size_t &done) noexcept {
     const bool nb = nonblock.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
@@ -287,11 +313,17 @@ ssize_t Stream::pending_io(const iovec *iov, int iovcnt, int flags, bool out,
             continue;
         }
         if (nb) return done ? ssize_t(done) : -EAGAIN;
-        if (deadline && monotonic_ns() >= deadline) return done ? ssize_t(done) : -EAGAIN;
-        pollfd p{kfd(), short(out ? POLLOUT : POLLIN), 0};
-        int t = deadline ? std::min(10, ms_until(deadline)) : 10;
-        if (sys.poll(&p, 1, t) < 0 && errno == EINTR && !keep_going_after_eintr(tmo))
-            return done ? ssize_t(done) : -EINTR;
+        // The kernel socket's readiness, one sleep of at most 10 ms at a
+        // time: the loop above looks again whether the connection was
+        // attached meanwhile (the builder clears `pending`).
+        KernelSlice w;
+        w.kfd = kfd();
+        w.kevents = short(out ? POLLOUT : POLLIN);
+        w.deadline_ns = deadline;
+        w.timeout_ns = tmo;
+        transport::SpinSlot slot;
+        if (const long r = transport::wait_on_bell(w, slot); r < 0)
+            return done ? ssize_t(done) : ssize_t(r);
     }
 }
 
