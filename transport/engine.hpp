@@ -538,8 +538,9 @@ class Engine {
     // last delivery). `keep`: the peer may still write into it
     // (peer_may_write, judged before our reference to the peer goes), so
     // its addresses stay reserved, inaccessible, and a reference to the
-    // peer with them, until reap_rings_locked (conn_lock_ held) finds the
-    // peer's connection closed or the peer gone.
+    // peer with them, until reap_rings_locked (conn_lock_ held: at the end
+    // of each ring and before each attach_peer) finds the peer's
+    // connection closed or the peer gone.
     bool peer_may_write(Conn *c) noexcept;
     void end_ring(Conn *c, bool keep) noexcept;
     void reap_rings_locked() noexcept;

@@ -46,6 +46,12 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
         link_put(xl);
         return nullptr;
     };
+    // A ring retired at a close (its peer could still write into it)
+    // holds a reference to its peer until reaped: reaped here too, a peer
+    // whose connections have all ended counts as idle for the bound below
+    // (else two client processes taking turns would each find the other's
+    // peer still held by a retired ring, and the cache never evicts).
+    reap_rings_locked();
     for (std::uint32_t i = 0; i < npeers_; ++i) {
         Peer &q = peers_[i];
         if (!q.page || q.pid != pid) continue;
