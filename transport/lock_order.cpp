@@ -1,6 +1,11 @@
 // The held-lock list behind lock_order.hpp.
 #include "lock_order.hpp"
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 
@@ -79,3 +84,27 @@ bool checked() noexcept {
 }
 
 }  // namespace sd::transport::lock_order
+
+namespace sd::transport {
+
+void FutexMutex::lock_contended(std::uint32_t c) noexcept {
+    // Marked as slept on (2) before each sleep, so the holder's unlock
+    // wakes one; a wake-up (or EINTR, EAGAIN) tries again, as 2: another
+    // sleeper may be left. errno stays the caller's, as a pthread mutex
+    // leaves it.
+    const int saved = errno;
+    if (c != 2) c = w_.exchange(2, std::memory_order_acquire);
+    while (c != 0) {
+        (void)syscall(SYS_futex, &w_, FUTEX_WAIT_PRIVATE, 2u, nullptr, nullptr, 0);
+        c = w_.exchange(2, std::memory_order_acquire);
+    }
+    errno = saved;
+}
+
+void FutexMutex::wake_one() noexcept {
+    const int saved = errno;
+    (void)syscall(SYS_futex, &w_, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+    errno = saved;
+}
+
+}  // namespace sd::transport

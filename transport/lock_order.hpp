@@ -53,7 +53,8 @@
 //                                   (kernel_sleep.cpp), woken under pend
 //
 // try_lock may be taken in any order (it cannot wait), but never on a lock
-// the thread holds already: that is undefined for std::mutex. Code that may
+// the thread holds already: it would fail, as for std::mutex (where it is
+// undefined). Code that may
 // run under a lock of its caller asks `held()` instead of trying.
 //
 // Outside the order, plain std::mutex: each guards one table and takes no
@@ -87,6 +88,7 @@
 // the kernel take a few of them each).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 
@@ -134,7 +136,36 @@ bool checked() noexcept;
 
 }  // namespace lock_order
 
-// A std::mutex that takes part in the order above.
+// The mutex under every lock of the order: a futex word (0 free, 1 taken,
+// 2 taken with a sleeper), its uncontended lock and unlock one atomic
+// operation each, inline. Private to the process, as a default std::mutex
+// is; reset in place (placement new) where a fork child renews one.
+// std::mutex costs a call into libc and back each way, and a connection
+// on the kernel takes some fifteen of them.
+class FutexMutex {
+public:
+    void lock() noexcept {
+        std::uint32_t c = 0;
+        if (!w_.compare_exchange_strong(c, 1, std::memory_order_acquire,
+                                        std::memory_order_relaxed))
+            lock_contended(c);
+    }
+    bool try_lock() noexcept {
+        std::uint32_t c = 0;
+        return w_.compare_exchange_strong(c, 1, std::memory_order_acquire,
+                                          std::memory_order_relaxed);
+    }
+    void unlock() noexcept {
+        if (w_.exchange(0, std::memory_order_release) == 2) wake_one();
+    }
+
+private:
+    void lock_contended(std::uint32_t c) noexcept;
+    void wake_one() noexcept;
+    std::atomic<std::uint32_t> w_{0};
+};
+
+// A mutex that takes part in the order above.
 template <Rank R>
 class RankedMutex {
     static constexpr bool kRecorded = lock_order::recorded(R);
@@ -166,7 +197,7 @@ public:
     }
 
 private:
-    std::mutex m_;
+    FutexMutex m_;
 };
 
 }  // namespace sd::transport
