@@ -522,6 +522,20 @@ int wake_fd_of(EpollSet *set, int epfd) noexcept {
     return fd;
 }
 
+// The kernel's own wait on a set none of whose entries needs our state:
+// the application's events (or -errno). `again`: woken with nothing for
+// the application; `woken`: our wake-up eventfd was among the events.
+int kernel_epoll(EpollSet *set, int epfd, epoll_event *out, int max, int timeout_ms,
+                 const sigset_t *mask, bool *again, bool *woken) noexcept {
+    const int k = mask ? sys.epoll_pwait(epfd, out, max, timeout_ms, mask)
+                       : sys.epoll_wait(epfd, out, max, timeout_ms);
+    if (k < 0) return -errno;
+    int hints = 0;
+    const int r = keep_events(set, out, k, &hints, woken);
+    *again = k > 0 && r == 0;
+    return r;
+}
+
 // epoll_in_kernel in a process of one thread (kernel_sleep.hpp): no
 // wake-up fd, no sleep list, nothing held, and no other sleeper on the set
 // to keep out.
@@ -535,14 +549,8 @@ int epoll_alone(EpollSet *set, int epfd, epoll_event *out, int max, int timeout_
             if (!e.s || e.trimmed || !kernel_may_answer(e.s, &held, true)) return kNotHere;
         }
     }
-    const int k = mask ? sys.epoll_pwait(epfd, out, max, timeout_ms, mask)
-                       : sys.epoll_wait(epfd, out, max, timeout_ms);
-    if (k < 0) return -errno;
-    int hints = 0;
     bool woken = false;
-    const int r = keep_events(set, out, k, &hints, &woken);
-    *again = k > 0 && r == 0;
-    return r;
+    return kernel_epoll(set, epfd, out, max, timeout_ms, mask, again, &woken);
 }
 
 // The kernel's own epoll_wait on the set, when none of our sockets in it
@@ -580,17 +588,7 @@ int epoll_in_kernel(EpollSet *set, int epfd, epoll_event *out, int max, int time
     }
     int r = kNotHere;
     bool woken = false;
-    if (ok) {
-        const int k = mask ? sys.epoll_pwait(epfd, out, max, timeout_ms, mask)
-                           : sys.epoll_wait(epfd, out, max, timeout_ms);
-        if (k < 0) {
-            r = -errno;
-        } else {
-            int hints = 0;
-            r = keep_events(set, out, k, &hints, &woken);
-            *again = k > 0 && r == 0;
-        }
-    }
+    if (ok) r = kernel_epoll(set, epfd, out, max, timeout_ms, mask, again, &woken);
     // The asks held back are made now, before another sleeper can take
     // `held` over.
     if (owner)
@@ -735,13 +733,18 @@ SD_CHILD_PATH void epoll_after_fork_child() noexcept {
     transport::renew(sets_lock);
     for (int fd = 0, end = sets_used.load(std::memory_order_acquire); fd < end; ++fd)
         if (EpollSet *set = sets[fd].load(std::memory_order_relaxed)) {
-            new (&set->lock) transport::RankedMutex<transport::Rank::epoll>();
-            set->entries.clear();
-            set->any.store(false, std::memory_order_relaxed);
-            set->held.clear();  // the parent's references (fork_child recounted them)
-            set->kernel_sleeper = false;
-            set->signalled.store(false, std::memory_order_relaxed);
-            if (int w = set->wake_fd.exchange(-1, std::memory_order_relaxed); w >= 0) sys.close(w);
+            // Written only where not as it should be already (renew.hpp).
+            transport::renew(set->lock);
+            if (!set->entries.empty()) set->entries.clear();
+            transport::renew(set->any, false);
+            // The parent's references (fork_child recounted them).
+            if (!set->held.empty()) set->held.clear();
+            transport::renew(set->kernel_sleeper, false);
+            transport::renew(set->signalled, false);
+            if (int w = set->wake_fd.load(std::memory_order_relaxed); w != -1) {
+                set->wake_fd.store(-1, std::memory_order_relaxed);
+                if (w >= 0) sys.close(w);
+            }
         }
 }
 
