@@ -198,7 +198,10 @@ void Engine::try_initiate(Conn *c) noexcept {
     // for both ends. SDIRECT_QUEUES=all queues trusted pairs too.
     bool cross = far_dir[0] != '\0';
     const bool queued = cross || settings().queues_all;
-    if (!c->acceptor && e.acceptor && acceptor_will_ask(c, e)) return;
+    // A process that changed its ids afresh may hold sockets its old uid
+    // made: the kernel names that uid as their owner, where the acceptor
+    // looks for our entry in vain, so we ask ourselves.
+    if (!c->acceptor && e.acceptor && !ids_renewed() && acceptor_will_ask(c, e)) return;
     if (e.pid != pid_ && kill(e.pid, 0) != 0 && errno == ESRCH) {
         if (!foreign) unlink(path);  // stale: its process is gone
         return;

@@ -17,6 +17,14 @@
 # "inherited ok" when it maps no file of the old registry nor its old
 # fabric region, holds no control socket bound in the old registry, and
 # the old registry and /dev/shm hold no file of its old engine.
+# --accept-fork UID: accepts the connection as it is, then forks (its copy
+# unused); the child becomes UID, echoes the first --half bytes (a
+# pause after its first byte lets its engine's build finish, so that it
+# takes the connection over from the idle parent) and stays, holding the
+# socket; the parent then echoes the rest itself, and tells the child to
+# exit once the client has closed. The child's bytes reach the parent
+# through a pipe for the count and hash. The child prints "inherited ok"
+# as --fork's does, after its half.
 # --seteuid UID: only the effective uid changes (the ids are mixed
 # afterwards), before it listens.
 # After a change of uid the kernel makes a process not dumpable; like
@@ -91,6 +99,59 @@ def serve(s):
     c.close()
 
 
+def write_all(fd, b):
+    while b:
+        b = b[os.write(fd, b):]
+
+
+def serve_split(s, uid, gid, half, old_registry):
+    c, _ = s.accept()
+    data_r, data_w = os.pipe()  # the child's bytes, for the count and hash
+    go_r, go_w = os.pipe()  # the parent tells the child it may exit
+    sys.stdout.flush()
+    kid = os.fork()
+    if kid == 0:
+        os.close(data_r)
+        os.close(go_w)
+        drop(uid, gid)
+        n = 0
+        while n < half:
+            b = c.recv(min(1 << 20, half - n))
+            if not b:
+                break
+            n += len(b)
+            c.sendall(b)
+            write_all(data_w, b)
+            if n == len(b):
+                time.sleep(0.3)
+        os.close(data_w)
+        print(inherited(old_registry, os.getppid()), flush=True)
+        os.read(go_r, 1)
+        os._exit(0)
+    os.close(data_w)
+    os.close(go_r)
+    h = hashlib.sha256()
+    n = 0
+    while True:
+        b = os.read(data_r, 1 << 16)
+        if not b:
+            break
+        h.update(b)
+        n += len(b)
+    while True:
+        b = c.recv(1 << 20)
+        if not b:
+            break
+        h.update(b)
+        n += len(b)
+        c.sendall(b)
+    print("server received", n, h.hexdigest(), flush=True)
+    c.close()
+    os.write(go_w, b"x")
+    _, status = os.waitpid(kid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, required=True)
@@ -98,6 +159,8 @@ def main():
     p.add_argument("--fork", type=int)
     p.add_argument("--after-listen", type=int)
     p.add_argument("--seteuid", type=int)
+    p.add_argument("--accept-fork", type=int)
+    p.add_argument("--half", type=int, default=1500000)
     p.add_argument("--gid", type=int, default=65534)
     p.add_argument("--settle", type=float, default=1.0)
     p.add_argument("--old-registry", default="/dev/shm/sdirect-0")
@@ -117,6 +180,8 @@ def main():
         time.sleep(a.settle)
         drop(a.after_listen, a.gid)
         print(inherited(a.old_registry, os.getpid(), files=True), flush=True)
+    if a.accept_fork is not None:
+        return serve_split(s, a.accept_fork, a.gid, a.half, a.old_registry)
     if a.fork is None:
         serve(s)
         return 0

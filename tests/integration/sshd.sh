@@ -151,15 +151,18 @@ variant() {
             <"$it_tmp/up-1m.bin" >"$it_tmp/$name-user.out" 2>"$it_tmp/$name-user.err"
         same "$name-user" $? "$it_tmp/up-1m.bin" "$it_tmp/$name-user.out" \
             "ssh $ssh_user@ cat, 1 MiB there and back"
-        # Another user's session is served on TCP (README): sshd forks a
-        # session child that changes its uid while it holds the socket,
-        # and the monitor's temporary seteuid retires the monitor; the
-        # client's end waits in kernel mode after the pre-auth leave
-        # (reason shared), or never went direct.
+        # Another user's session is direct too: after the authentication
+        # the monitor (retired by its temporary seteuid to read the user's
+        # files, and idle on the socket from then on) forks the session
+        # child, which becomes the user: it goes on afresh as that uid,
+        # takes the socket over from the idle monitor and upgrades it
+        # across users, asking the client itself (the kernel names root,
+        # the socket's maker, as the owner of sshd's end). So two
+        # upgrades, one leave (the pre-auth child's), the 1 MiB each way
+        # on the fabric.
         if ((!it_kernel)); then
-            if it_mode_check "$port" "$name-user" kernel shared upgrades=1 leaves=1 \
-                tx_fabric+rx_fabric'<65536' ||
-                it_mode_check "$port" "$name-user" kernel no_peer upgrades=0 leaves=0; then
+            if it_mode_check "$port" "$name-user" direct none peer_pid'>0' upgrades=2 leaves=1 \
+                tx_fabric'>1048575' rx_fabric'>1048575'; then
                 it_ok "$it_mode_text"
             else
                 it_bad "$it_mode_text"
