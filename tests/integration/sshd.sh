@@ -11,12 +11,14 @@
 # Against each, Debian's ssh and scp (every end preloaded):
 #   ssh ... cat, 4 MiB of random bytes in and the same bytes back;
 #   ssh ... 'cat > file', 4 MiB, the file compared;
-#   scp of 1 MiB up and of 1 MiB down (sftp protocol), compared.
+#   scp of 1 MiB up and of 1 MiB down (sftp protocol), compared;
+#   with re-exec, ssh ... cat as another user (a system user made for the
+#   test), 1 MiB in and back.
 # Then the modes, from the clients' stats: ssh is the only end whose
 # connection is recorded (sshd's connection processes end through _exit,
 # which writes no stats; the pre-auth child could not open the file in its
 # sandbox anyway). The session's bytes must cross the fabric
-# (went_direct).
+# (went_direct; for another user's login, the check after it).
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib.sh"
 it_need ssh:openssh-client scp:openssh-client ssh-keygen:openssh-client cmp:diffutils
 [[ -x /usr/sbin/sshd ]] ||
