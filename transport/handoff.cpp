@@ -177,7 +177,13 @@ int request_leave(pid_t owner, int fd, Reason why) noexcept {
         unsigned uid = 0;
         if (peer_cred_ok(s, owner, &uid) && uid == want_uid) {
             rc = -ETIMEDOUT;
-            if (send_ctl(s, req, &fd, 1) == sizeof req) {
+            // To another uid, a duplicate checked against the tuple, as an
+            // upgrade's proof is: never a number reused meanwhile.
+            const bool foreign = want_uid != unsigned(getuid());
+            int proof = foreign ? proof_dup(fd, req.tuple) : fd;
+            const bool sent = proof >= 0 && send_ctl(s, req, &proof, 1) == sizeof req;
+            if (foreign && proof >= 0) sys.close(proof);
+            if (sent) {
                 // In slices: the owner may die while we wait.
                 for (;;) {
                     const std::uint64_t slice = std::min<std::uint64_t>(deadline, monotonic_ns() + 50000000ull);
