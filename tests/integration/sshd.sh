@@ -12,8 +12,8 @@
 #   ssh ... cat, 4 MiB of random bytes in and the same bytes back;
 #   ssh ... 'cat > file', 4 MiB, the file compared;
 #   scp of 1 MiB up and of 1 MiB down (sftp protocol), compared;
-#   with re-exec, ssh ... cat as another user (a system user made for the
-#   test), 1 MiB in and back.
+#   ssh ... cat as another user (a system user made for the test), 1 MiB
+#   in and back.
 # Then the modes, from the clients' stats: ssh is the only end whose
 # connection is recorded (sshd's connection processes end through _exit,
 # which writes no stats; the pre-auth child could not open the file in its
@@ -42,7 +42,7 @@ cp "$it_tmp/client_ed25519.pub" "$it_tmp/authorized_keys"
 chmod 0711 "$it_tmp"
 chmod 0644 "$it_tmp/authorized_keys"
 
-# A login as another user (re-exec only): a system user made for the
+# A login as another user: a system user made for the
 # test, removed at the end; none if useradd fails (then not checked).
 ssh_user=sdirect-ssh
 made_user=0
@@ -148,7 +148,7 @@ variant() {
         "$it_tmp/$name-scp-down.bin" </dev/null >/dev/null 2>"$it_tmp/$name-scp-down.err"
     same "$name-scp-down" $? "$it_tmp/down-1m.bin" "$it_tmp/$name-scp-down.bin" "scp 1 MiB down"
 
-    if [[ "$name" == reexec && -n "$ssh_user" ]]; then
+    if [[ -n "$ssh_user" ]]; then
         timed "$name-user" 30 ssh "${opts[@]}" -p "$port" "$ssh_user@127.0.0.1" cat \
             <"$it_tmp/up-1m.bin" >"$it_tmp/$name-user.out" 2>"$it_tmp/$name-user.err"
         same "$name-user" $? "$it_tmp/up-1m.bin" "$it_tmp/$name-user.out" \
