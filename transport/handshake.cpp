@@ -403,6 +403,18 @@ void Engine::go_direct(Conn *c) noexcept {
     c->move_to(ConnState::direct);
     unpublish(c);
     std::lock_guard rx(c->rx_lock);
+    // The peer's leave came before we went direct: the initiator may send
+    // the moment it has committed, before the responder reads the commit,
+    // and a leave too (a fork child that claims the socket right after the
+    // upgrade: sshd's pre-auth child). on_leave did all but the move to
+    // leaving, which it cannot make from committing; made here, as it
+    // would have been, so that our answer goes before any byte of ours.
+    if (c->peer_end != kNoOffset && c->move(ConnState::direct, ConnState::leaving)) {
+        SD_LOG(debug, "fd %d: the peer's leave came before its commit was read: leaving at once",
+               c->stat->fd);
+        want_flush(c);
+        c->settle_left_locked();
+    }
     c->wake_locked();
 }
 
