@@ -10,17 +10,22 @@ namespace sd::forking {
 // The sockets at `fds` (or every socket, nfds < 0) go back to the kernel
 // for good. Not in a vfork child.
 void table_to_kernel_for_good(const int *fds, int nfds, transport::Reason why) noexcept;
-// The process changes its privileges or enters a sandbox: every socket
-// goes back to the kernel for good, and the process never upgrades again
-// (transport::retired); the peers' pages and regions are unmapped.
-void table_retire() noexcept;
+// The process changes its privileges (`sandbox` false) or enters a
+// sandbox: every socket goes back to the kernel for good, except one
+// shared through fork, which it counts for the other holders, and the
+// process never upgrades again (transport::retired), unless a later change
+// of ids goes on afresh (not after a sandbox); the peers' pages and regions
+// are unmapped.
+void table_retire(bool sandbox) noexcept;
 // Before a call that changes the process's uid or gid: true when the
 // process holds nothing of the fabric (no socket that is or was
-// connected, only listening or unconnected ones; no engine, or an unused
-// one, given up), so that it goes on afresh as its new
-// ids; what a fork left of the old ids' maps and control sockets is
-// dropped first. The caller then makes the call and calls ids_changed().
-// False: the caller retires (table_retire) as for any privilege change.
+// connected, only listening or unconnected ones, shared through fork
+// without a connection of its own, or on the kernel for good; no engine,
+// or an unused one, given up; not in a sandbox), so that it goes on
+// afresh as its new ids, a retirement by ids included; what a fork left
+// of the old ids' maps and control sockets is dropped first. The caller
+// then makes the call and calls ids_changed(). False: the caller retires
+// (table_retire) as for any privilege change.
 bool ids_change_afresh() noexcept;
 // After that call: with one uid and one gid in force (real, effective and
 // saved), the registry is that uid's from now on; with mixed ids, the

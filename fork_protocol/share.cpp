@@ -93,9 +93,11 @@ void fork_prepare(Stream &s, unsigned mark) noexcept {
     // child that uses it while we do not may (what we did before the fork
     // does not count: a server forks the child that serves the connection
     // once it has nothing more to say on it). Our next call marks us again.
-    // A retired process counts as using it for its whole life: it could
-    // not ask a taker to leave (a sandbox may forbid the call).
-    const bool busy = transport::retired() ||
+    // A process in a sandbox counts as using it for its whole life: it
+    // could not ask a taker to leave (the sandbox may forbid the call). One
+    // retired by a change of ids can (sshd's monitor, which forks the
+    // session child that serves the connection as the user).
+    const bool busy = transport::sandboxed() ||
                       s.refs.load(std::memory_order_acquire) > s.fds.load(std::memory_order_acquire);
     struct Busy {
         Stream &s;
@@ -228,7 +230,8 @@ namespace {
 
 // The other holders live but none has used the socket since its last
 // fork (a parent that keeps an idle copy while the child it forked serves
-// the connection; SDIRECT_TAKE_OVER=1): this process takes it over,
+// the connection; SDIRECT_TAKE_OVER=1, or a holder that changed its ids
+// afresh): this process takes it over,
 // attached at once from the
 // counts, and stays in the slot as the owner; a holder that uses the
 // socket later asks it to leave first (claim_inherited). Only with an
@@ -291,7 +294,13 @@ bool adopt_share(Stream &s, Sharers *sh) noexcept {
     // retired: never attaches.
     if (s.pending.load(std::memory_order_relaxed) || transport::retired()) return false;
     const int may = fallback::sharers_may_take(sh, &s.share_check_ns);
-    if (may == 2 && transport::settings().take_over && take_over(s, sh)) return true;
+    // A process that changed its ids afresh holding the socket (a
+    // privilege-separated server's child, become the user it serves)
+    // takes it over by default: the process that forked it keeps an idle
+    // copy while the child serves the connection (sshd's monitor).
+    if (may == 2 && (transport::settings().take_over || transport::ids_renewed()) &&
+        take_over(s, sh))
+        return true;
     if (may != 1) {
         mark_while_shared(s);
         return false;

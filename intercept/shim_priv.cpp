@@ -4,7 +4,8 @@
 // connection or a peer, which is given up; a fork child of a server that
 // listens as root, before it accepts) goes on as a fresh process of its
 // new ids: what a fork left of the old ids is dropped before the call,
-// the registry is derived again after it (transport/afresh.cpp).
+// the registry is derived again after it (transport/afresh.cpp); so does
+// one that retired at an earlier change of ids, never one in a sandbox.
 // Otherwise, and for every sandbox, before the change takes effect every
 // connection goes back to the kernel for good and the process stops
 // using the fabric: another uid cannot reach its peers' memory (nor
@@ -31,8 +32,10 @@ using namespace sd::intercept;
 
 namespace {
 
-void retire() noexcept {
-    if (!table_frozen()) sd::forking::table_retire();
+// `sandbox`: for the rest of the process's life; else until a later
+// change of ids goes on afresh.
+void retire(bool sandbox) noexcept {
+    if (!table_frozen()) sd::forking::table_retire(sandbox);
 }
 
 // A call that changes ids (`changes`): afresh when the process holds
@@ -41,7 +44,7 @@ template <typename Call>
 int change_ids(bool changes, Call call) noexcept {
     if (!changes || table_frozen()) return call();
     if (!sd::forking::ids_change_afresh()) {
-        retire();
+        retire(false);
         return call();
     }
     const int rc = call();
@@ -106,19 +109,19 @@ SD_EXPORT int setresgid(gid_t r, gid_t e, gid_t s) noexcept {
 }
 
 SD_EXPORT int chroot(const char *path) noexcept {
-    retire();
+    retire(true);
     return sys.chroot(path);
 }
 
 SD_EXPORT int unshare(int flags) noexcept {
     // A table of fds, a cwd, semaphore undo lists of one's own change
     // nothing for us; a namespace does.
-    if (flags & ~(CLONE_FILES | CLONE_FS | CLONE_SYSVSEM)) retire();
+    if (flags & ~(CLONE_FILES | CLONE_FS | CLONE_SYSVSEM)) retire(true);
     return sys.unshare(flags);
 }
 
 SD_EXPORT int setns(int fd, int nstype) noexcept {
-    retire();
+    retire(true);
     return sys.setns(fd, nstype);
 }
 
@@ -128,6 +131,6 @@ SD_EXPORT int prctl(int option, ...) noexcept {
     unsigned long a2 = va_arg(ap, unsigned long), a3 = va_arg(ap, unsigned long),
                   a4 = va_arg(ap, unsigned long), a5 = va_arg(ap, unsigned long);
     va_end(ap);
-    if (option == PR_SET_SECCOMP) retire();
+    if (option == PR_SET_SECCOMP) retire(true);
     return sys.prctl(option, a2, a3, a4, a5);
 }

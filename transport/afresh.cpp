@@ -7,7 +7,11 @@
 // derived again for the uid now in force, and later connections upgrade
 // as that uid's do. The pre-fork server's pattern: a master that listens
 // as root (its engine is built there) forks workers that become www-data
-// before they accept anything.
+// before they accept anything. Also a process that retired at an earlier
+// change of ids (not in a sandbox) without an engine of its own, or that
+// holds sockets shared through fork and nothing else of the fabric: a
+// privilege-separated server's child that becomes the user it serves
+// (sshd's session child) upgrades as that user.
 //
 // What such a process may still hold of its old ids is what a fork left
 // it, or its own engine given up: the maps of that engine (the process
@@ -42,6 +46,8 @@ namespace {
 
 // Calls that change ids in progress: no engine is built meanwhile.
 std::atomic<int> held_builds{0};
+// Went on afresh after a retirement by ids, or holding shared sockets.
+std::atomic<bool> renewed{false};
 
 // `path` names a file inside directory `dir`.
 bool inside(const char *path, const char *dir) noexcept {
@@ -133,6 +139,9 @@ void close_control_sockets(const char *dir) noexcept {
 
 bool builds_held() noexcept { return held_builds.load(std::memory_order_acquire) != 0; }
 
+bool ids_renewed() noexcept { return renewed.load(std::memory_order_relaxed); }
+void note_ids_renewed() noexcept { renewed.store(true, std::memory_order_relaxed); }
+
 bool Engine::forsake_if_unused() noexcept {
     std::lock_guard lock(conn_lock_);
     if (npeers_ || nretired_) return false;
@@ -168,7 +177,7 @@ void Engine::forsake_after() noexcept {
 }
 
 bool begin_afresh() noexcept {
-    if (retired()) return false;
+    if (sandboxed()) return false;
     held_builds.fetch_add(1, std::memory_order_acq_rel);
     if (Engine::idle_process() || Engine::give_up_unused()) return true;
     held_builds.fetch_sub(1, std::memory_order_acq_rel);
@@ -185,6 +194,16 @@ void end_afresh(bool settled_ids) noexcept {
     if (settled_ids) {
         const char *before = settings().registry;
         derive_registry();
+        // Retired by an earlier change of ids (a fork child of a process
+        // that retired: sshd's session child after its monitor's
+        // seteuid): the maps it had of the fabric are gone now
+        // (drop_old_ids, and the retirement's own), so it may build an
+        // engine of its own as its new ids.
+        if (end_retirement()) {
+            note_ids_renewed();
+            SD_LOG(info, "ids settled after a retirement by ids: going on afresh as uid %u, "
+                         "registry %s", unsigned(getuid()), settings().registry);
+        }
         spin_table_reattach();
         if (std::strcmp(before, settings().registry) != 0)
             SD_LOG(info, "ids changed before any use of the fabric: going on as uid %u, "

@@ -115,13 +115,21 @@ struct CtlMsg;  // control.hpp
 // nothing is upgraded, no engine is built and no request is answered; its
 // connections are on the kernel for good.
 bool retired() noexcept;
-// False when it already was.
-bool set_retired() noexcept;
+// `sandbox`: chroot, unshare, setns or seccomp, for the rest of the
+// process's life; else a change of ids, which a later change afresh ends
+// (end_afresh). False when it already was retired.
+bool set_retired(bool sandbox) noexcept;
+// Retired by a sandbox (not only by a change of ids).
+bool sandboxed() noexcept;
+// Retired by a change of ids alone: no longer (true), or not so (false).
+bool end_retirement() noexcept;
 // A process that changes its ids while it holds nothing of the fabric
 // goes on afresh as its new ids (afresh.cpp). begin_afresh: true when no
 // engine exists (or the one built never held a connection or a peer, and
 // is given up), none is being built or failed here, and none is built
-// from now until end_afresh; false when retired too.
+// from now until end_afresh; false in a sandbox. A process retired by an
+// earlier change of ids may go on afresh on the same terms (a fork child
+// of a process that retired has no engine of its own).
 bool begin_afresh() noexcept;
 // After begin_afresh, before the ids change: every map of the old
 // registry's files and of fabric regions (a fork left them) becomes
@@ -129,8 +137,17 @@ bool begin_afresh() noexcept;
 void drop_old_ids() noexcept;
 // After the call: `settled_ids` (real, effective and saved ids are one
 // uid and one gid) derives the registry and the spin file of the ids in
-// force; builds may start again.
+// force, and ends a retirement by ids; builds may start again.
 void end_afresh(bool settled_ids) noexcept;
+// The process went on afresh after it had retired, or while it held
+// sockets shared through fork (renewed, afresh.cpp): its connections'
+// sockets may have been made by its old uid, which the kernel names as
+// their owner where a peer of another uid looks for them, so it never
+// waits for such a peer to ask for an upgrade (try_initiate); and it
+// takes a shared socket over from holders that do not use it
+// (fork_protocol/share.cpp).
+bool ids_renewed() noexcept;
+void note_ids_renewed() noexcept;
 // An id change is under way: no engine build starts.
 bool builds_held() noexcept;
 // A receive ring of `cap` bytes, in a mapping of its own (ringmem.cpp).

@@ -8,6 +8,7 @@
 // leave.cpp.
 #include "conn_impl.hpp"
 #include "control.hpp"
+#include "crossuser.hpp"
 #include "engine.hpp"
 #include "log.hpp"
 #include "settings.hpp"
@@ -16,8 +17,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <fcntl.h>
 #include <mutex>
 #include <poll.h>
 #include <sys/socket.h>
@@ -94,6 +97,31 @@ int Engine::hand_off(Conn *c, Reason why) noexcept {
     return w == Waited::ready ? rc : -ETIMEDOUT;
 }
 
+namespace {
+
+// The registry of process `pid`'s real uid (its control socket's place),
+// when that uid is not ours: a holder that changed its ids afresh after
+// the fork that shared the socket (transport/afresh.cpp) publishes there.
+bool foreign_registry_of(pid_t pid, unsigned *uid, char *dir, std::size_t n) noexcept {
+    char path[48];
+    std::snprintf(path, sizeof path, "/proc/%d/status", int(pid));
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    char text[2048];
+    const ssize_t len = sys.read(fd, text, sizeof text - 1);
+    sys.close(fd);
+    if (len <= 0) return false;
+    text[len] = '\0';
+    const char *line = std::strstr(text, "\nUid:");
+    unsigned real = 0;
+    if (!line || std::sscanf(line + 5, "%u", &real) != 1 || real == unsigned(getuid()))
+        return false;
+    *uid = real;
+    return registry_of_uid(real, dir, n) == 0;
+}
+
+}  // namespace
+
 int request_leave(pid_t owner, int fd, Reason why) noexcept {
     Guard guard;
     CtlMsg req = reply_to(getpid(), CtlType::leave);
@@ -132,11 +160,30 @@ int request_leave(pid_t owner, int fd, Reason why) noexcept {
     int rc = -ESRCH;
     CtlMsg rep{};
     int none = -1;
-    if (sys.connect(s, reinterpret_cast<sockaddr *>(&sa), sizeof sa) == 0) {
+    unsigned want_uid = unsigned(getuid());
+    bool connected = sys.connect(s, reinterpret_cast<sockaddr *>(&sa), sizeof sa) == 0;
+    // Not in our registry: the owner may have become another uid after the
+    // fork (its connection then is its new uid's, and the socket we pass
+    // is the proof that we hold it, as across users).
+    char dir[64];
+    if (!connected && errno == ENOENT && cross_user_on() &&
+        foreign_registry_of(owner, &want_uid, dir, sizeof dir)) {
+        ctl_path(path, sizeof path, owner, dir);
+        std::memcpy(sa.sun_path, path, sizeof path);
+        connected = sys.connect(s, reinterpret_cast<sockaddr *>(&sa), sizeof sa) == 0;
+    }
+    if (connected) {
         rc = -EPERM;
-        if (peer_cred_ok(s, owner)) {
+        unsigned uid = 0;
+        if (peer_cred_ok(s, owner, &uid) && uid == want_uid) {
             rc = -ETIMEDOUT;
-            if (send_ctl(s, req, &fd, 1) == sizeof req) {
+            // To another uid, a duplicate checked against the tuple, as an
+            // upgrade's proof is: never a number reused meanwhile.
+            const bool foreign = want_uid != unsigned(getuid());
+            int proof = foreign ? proof_dup(fd, req.tuple) : fd;
+            const bool sent = proof >= 0 && send_ctl(s, req, &proof, 1) == sizeof req;
+            if (foreign && proof >= 0) sys.close(proof);
+            if (sent) {
                 // In slices: the owner may die while we wait.
                 for (;;) {
                     const std::uint64_t slice = std::min<std::uint64_t>(deadline, monotonic_ns() + 50000000ull);
@@ -168,7 +215,13 @@ int request_leave(pid_t owner, int fd, Reason why) noexcept {
 void Engine::handle_leave(int fd, pid_t pid, const Tuple &tuple, int proof, Reason why) noexcept {
     CtlMsg rep = reply_to(pid_, CtlType::reply);
     Tuple proven;
-    if (!peer_cred_ok(fd, pid)) {
+    // Another uid too (SDIRECT_CROSS_USER): a holder of the socket that
+    // did not change its ids when this process did after their fork. The
+    // socket it passed is the proof that it holds the connection, and all
+    // it may ask is that the connection go back to the kernel, which its
+    // own copy of the socket could break anyway.
+    unsigned uid = 0;
+    if (!peer_cred_ok(fd, pid, &uid)) {
         rep.status = std::uint32_t(Reason::other_user);
     } else if (tuple_of(proof, proven) != 0 || !(proven == tuple)) {
         rep.status = std::uint32_t(Reason::proof_failed);

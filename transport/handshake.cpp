@@ -198,7 +198,10 @@ void Engine::try_initiate(Conn *c) noexcept {
     // for both ends. SDIRECT_QUEUES=all queues trusted pairs too.
     bool cross = far_dir[0] != '\0';
     const bool queued = cross || settings().queues_all;
-    if (!c->acceptor && e.acceptor && acceptor_will_ask(c, e)) return;
+    // A process that changed its ids afresh may hold sockets its old uid
+    // made: the kernel names that uid as their owner, where the acceptor
+    // looks for our entry in vain, so we ask ourselves.
+    if (!c->acceptor && e.acceptor && !ids_renewed() && acceptor_will_ask(c, e)) return;
     if (e.pid != pid_ && kill(e.pid, 0) != 0 && errno == ESRCH) {
         if (!foreign) unlink(path);  // stale: its process is gone
         return;
@@ -400,6 +403,18 @@ void Engine::go_direct(Conn *c) noexcept {
     c->move_to(ConnState::direct);
     unpublish(c);
     std::lock_guard rx(c->rx_lock);
+    // The peer's leave came before we went direct: the initiator may send
+    // the moment it has committed, before the responder reads the commit,
+    // and a leave too (a fork child that claims the socket right after the
+    // upgrade: sshd's pre-auth child). on_leave did all but the move to
+    // leaving, which it cannot make from committing; made here, as it
+    // would have been, so that our answer goes before any byte of ours.
+    if (c->peer_end != kNoOffset && c->move(ConnState::direct, ConnState::leaving)) {
+        SD_LOG(debug, "fd %d: the peer's leave came before its commit was read: leaving at once",
+               c->stat->fd);
+        want_flush(c);
+        c->settle_left_locked();
+    }
     c->wake_locked();
 }
 

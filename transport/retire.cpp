@@ -14,16 +14,26 @@
 namespace sd::transport {
 
 namespace {
-std::atomic<bool> retired_flag{false};
+// Why the process retired: kIds (a change of ids), kSandbox (chroot,
+// unshare, setns, seccomp), both; 0 while it has not.
+enum : unsigned { kIds = 1, kSandbox = 2 };
+std::atomic<unsigned> retired_why{0};
 }  // namespace
 
-SD_CHILD_PATH bool retired() noexcept { return retired_flag.load(std::memory_order_acquire); }
+SD_CHILD_PATH bool retired() noexcept { return retired_why.load(std::memory_order_acquire) != 0; }
 
-bool set_retired() noexcept {
-    if (retired_flag.exchange(true, std::memory_order_acq_rel)) return false;
+bool sandboxed() noexcept { return retired_why.load(std::memory_order_acquire) & kSandbox; }
+
+bool set_retired(bool sandbox) noexcept {
+    if (retired_why.fetch_or(sandbox ? kSandbox : kIds, std::memory_order_acq_rel)) return false;
     SD_LOG(info, "privileges or sandbox changed: every connection of this process stays on "
                  "the kernel from now on");
     return true;
+}
+
+bool end_retirement() noexcept {
+    unsigned ids = kIds;
+    return retired_why.compare_exchange_strong(ids, 0, std::memory_order_acq_rel);
 }
 
 void Engine::stay_on_kernel(Conn *c, Reason why) noexcept {

@@ -23,6 +23,23 @@
 #     direct, and that becomes nobody after 1 MiB: the connection goes on
 #     over the kernel, byte-exact, reason privilege on both ends (direct
 #     first: one upgrade, one leave).
+#   accept-fork: a root server that accepts a root client's connection
+#     and forks; its child becomes nobody (it holds the socket shared
+#     with the idle parent, nothing of the fabric: it goes on afresh),
+#     takes the connection over from the parent and upgrades it across
+#     users, asking the client itself; after half the bytes the parent
+#     uses the socket: it asks the child, of another uid now, to move the
+#     connection back to the kernel, and echoes the rest there (client:
+#     one upgrade, one leave, then shared; both halves byte-exact).
+#   monitor: sshd's shape for a login as another user, with a root
+#     client: the root server echoes the first 100 kB itself (direct), a
+#     child it forks the next 100 kB (the server leaves the fabric for
+#     sharing), the server's seteuid(nobody) and back while that child
+#     lives retires it; then a second child becomes nobody (it goes on
+#     afresh: the retirement was by ids, and it has no engine of its
+#     own), takes the connection over from the idle server and echoes
+#     the rest direct across users (client: two upgrades, one leave,
+#     ending direct).
 #   seteuid: a root server that changes only its effective uid (mixed
 #     ids) retires as before: its connection is never tracked, and the
 #     client (root) finds no entry (no_peer).
@@ -135,6 +152,32 @@ if it_wait_listen "$port" "$srv"; then
 else
     it_bad "holds-direct: server did not listen on 127.0.0.1:$port"
     it_stop "$srv" TERM 3
+fi
+
+if echo_pair accept-fork root --accept-fork "$nobody" --half $((bytes / 2)); then
+    line="$(grep '^inherited' "$it_tmp/accept-fork-server.log")"
+    if ((it_kernel)); then
+        it_log "inherited maps check skipped (SDIRECT_IT_KERNEL=1): $line"
+    else
+        [[ "$line" == "inherited ok" ]]
+        it_check $? "accept-fork: the child (nobody) keeps nothing of root's registry or of the parent's region: $line"
+    fi
+    # The client may have sent all its bytes before the upgrade, the echo
+    # after it.
+    it_expect_mode "$pair_port" accept-fork-client kernel shared "upgrades=1" "leaves=1" \
+        "tx_fabric+rx_fabric>0" "tx_fabric+tx_kernel=$bytes" "rx_fabric+rx_kernel=$bytes"
+fi
+
+if echo_pair monitor root --monitor "$nobody" --piece 100000; then
+    line="$(grep '^inherited' "$it_tmp/monitor-server.log")"
+    if ((it_kernel)); then
+        it_log "inherited maps check skipped (SDIRECT_IT_KERNEL=1): $line"
+    else
+        [[ "$line" == "inherited ok" ]]
+        it_check $? "monitor: the second child (nobody) keeps nothing of root's registry or of the parent's region: $line"
+    fi
+    it_expect_mode "$pair_port" monitor-client direct none "upgrades=2" "leaves=1" \
+        "rx_fabric>1000000" "tx_fabric+tx_kernel=$bytes" "rx_fabric+rx_kernel=$bytes"
 fi
 
 if echo_pair seteuid root --seteuid "$nobody"; then

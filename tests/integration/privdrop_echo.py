@@ -17,6 +17,22 @@
 # "inherited ok" when it maps no file of the old registry nor its old
 # fabric region, holds no control socket bound in the old registry, and
 # the old registry and /dev/shm hold no file of its old engine.
+# --accept-fork UID: accepts the connection as it is, then forks (its copy
+# unused); the child becomes UID, echoes the first --half bytes (a
+# pause after its first byte lets its engine's build finish, so that it
+# takes the connection over from the idle parent) and stays, holding the
+# socket; the parent then echoes the rest itself, and tells the child to
+# exit once the client has closed. The child's bytes reach the parent
+# through a pipe for the count and hash. The child prints "inherited ok"
+# as --fork's does, after its half.
+# --monitor UID: the shape of sshd's login as another user: accepts and
+# echoes the first --piece bytes itself; forks a child that echoes the
+# next --piece bytes (the connection is shared from then on); while that
+# child lives, seteuid(UID) and back (the parent retires: it holds a
+# connection of its own); then, the first child gone, forks a second
+# child that becomes UID and echoes the rest while the parent keeps its
+# copy idle (a pause after its first byte lets its engine's build
+# finish). The second child prints "inherited ok" as --fork's does.
 # --seteuid UID: only the effective uid changes (the ids are mixed
 # afterwards), before it listens.
 # After a change of uid the kernel makes a process not dumpable; like
@@ -91,6 +107,132 @@ def serve(s):
     c.close()
 
 
+def write_all(fd, b):
+    while b:
+        b = b[os.write(fd, b):]
+
+
+def serve_split(s, uid, gid, half, old_registry):
+    c, _ = s.accept()
+    data_r, data_w = os.pipe()  # the child's bytes, for the count and hash
+    go_r, go_w = os.pipe()  # the parent tells the child it may exit
+    sys.stdout.flush()
+    kid = os.fork()
+    if kid == 0:
+        os.close(data_r)
+        os.close(go_w)
+        drop(uid, gid)
+        n = 0
+        while n < half:
+            b = c.recv(min(1 << 20, half - n))
+            if not b:
+                break
+            n += len(b)
+            c.sendall(b)
+            write_all(data_w, b)
+            if n == len(b):
+                time.sleep(0.3)
+        os.close(data_w)
+        print(inherited(old_registry, os.getppid()), flush=True)
+        os.read(go_r, 1)
+        os._exit(0)
+    os.close(data_w)
+    os.close(go_r)
+    h = hashlib.sha256()
+    n = 0
+    while True:
+        b = os.read(data_r, 1 << 16)
+        if not b:
+            break
+        h.update(b)
+        n += len(b)
+    while True:
+        b = c.recv(1 << 20)
+        if not b:
+            break
+        h.update(b)
+        n += len(b)
+        c.sendall(b)
+    print("server received", n, h.hexdigest(), flush=True)
+    c.close()
+    os.write(go_w, b"x")
+    _, status = os.waitpid(kid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def echo(c, limit, sink):
+    """Echoes up to `limit` bytes (None: until EOF), each to `sink` too."""
+    n = 0
+    while limit is None or n < limit:
+        b = c.recv(1 << 20 if limit is None else min(1 << 20, limit - n))
+        if not b:
+            break
+        n += len(b)
+        c.sendall(b)
+        sink(b)
+    return n
+
+
+def serve_monitor(s, uid, gid, piece, old_registry):
+    c, _ = s.accept()
+    h = hashlib.sha256()
+    n = 0
+
+    def take(fd):
+        nonlocal n
+        while True:
+            b = os.read(fd, 1 << 16)
+            if not b:
+                break
+            h.update(b)
+            n += len(b)
+        os.close(fd)
+
+    def mine(b):
+        nonlocal n
+        h.update(b)
+        n += len(b)
+
+    echo(c, piece, mine)
+    data_r, data_w = os.pipe()
+    go_r, go_w = os.pipe()
+    sys.stdout.flush()
+    pre = os.fork()
+    if pre == 0:
+        os.close(data_r)
+        os.close(go_w)
+        echo(c, piece, lambda b: write_all(data_w, b))
+        os.close(data_w)
+        os.read(go_r, 1)
+        os._exit(0)
+    os.close(data_w)
+    os.close(go_r)
+    take(data_r)
+    os.seteuid(uid)
+    os.seteuid(0)
+    os.write(go_w, b"x")
+    os.waitpid(pre, 0)
+    data_r, data_w = os.pipe()
+    sys.stdout.flush()
+    kid = os.fork()
+    if kid == 0:
+        os.close(data_r)
+        drop(uid, gid)
+        # Its first byte starts its engine's build; its take-over comes at
+        # a call after that (holders are looked at every 20 ms).
+        echo(c, 1, lambda b: write_all(data_w, b))
+        time.sleep(0.3)
+        echo(c, None, lambda b: write_all(data_w, b))
+        os.close(data_w)
+        print(inherited(old_registry, os.getppid()), flush=True)
+        os._exit(0)
+    os.close(data_w)
+    take(data_r)
+    print("server received", n, h.hexdigest(), flush=True)
+    _, status = os.waitpid(kid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, required=True)
@@ -98,6 +240,10 @@ def main():
     p.add_argument("--fork", type=int)
     p.add_argument("--after-listen", type=int)
     p.add_argument("--seteuid", type=int)
+    p.add_argument("--accept-fork", type=int)
+    p.add_argument("--half", type=int, default=1500000)
+    p.add_argument("--monitor", type=int)
+    p.add_argument("--piece", type=int, default=100000)
     p.add_argument("--gid", type=int, default=65534)
     p.add_argument("--settle", type=float, default=1.0)
     p.add_argument("--old-registry", default="/dev/shm/sdirect-0")
@@ -117,6 +263,10 @@ def main():
         time.sleep(a.settle)
         drop(a.after_listen, a.gid)
         print(inherited(a.old_registry, os.getpid(), files=True), flush=True)
+    if a.monitor is not None:
+        return serve_monitor(s, a.monitor, a.gid, a.piece, a.old_registry)
+    if a.accept_fork is not None:
+        return serve_split(s, a.accept_fork, a.gid, a.half, a.old_registry)
     if a.fork is None:
         serve(s)
         return 0

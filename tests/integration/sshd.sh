@@ -11,12 +11,14 @@
 # Against each, Debian's ssh and scp (every end preloaded):
 #   ssh ... cat, 4 MiB of random bytes in and the same bytes back;
 #   ssh ... 'cat > file', 4 MiB, the file compared;
-#   scp of 1 MiB up and of 1 MiB down (sftp protocol), compared.
+#   scp of 1 MiB up and of 1 MiB down (sftp protocol), compared;
+#   ssh ... cat as another user (a system user made for the test), 1 MiB
+#   in and back.
 # Then the modes, from the clients' stats: ssh is the only end whose
 # connection is recorded (sshd's connection processes end through _exit,
 # which writes no stats; the pre-auth child could not open the file in its
 # sandbox anyway). The session's bytes must cross the fabric
-# (went_direct).
+# (went_direct; for another user's login, the check after it).
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib.sh"
 it_need ssh:openssh-client scp:openssh-client ssh-keygen:openssh-client cmp:diffutils
 [[ -x /usr/sbin/sshd ]] ||
@@ -40,7 +42,7 @@ cp "$it_tmp/client_ed25519.pub" "$it_tmp/authorized_keys"
 chmod 0711 "$it_tmp"
 chmod 0644 "$it_tmp/authorized_keys"
 
-# A login as another user (re-exec only): a system user made for the
+# A login as another user: a system user made for the
 # test, removed at the end; none if useradd fails (then not checked).
 ssh_user=sdirect-ssh
 made_user=0
@@ -146,20 +148,23 @@ variant() {
         "$it_tmp/$name-scp-down.bin" </dev/null >/dev/null 2>"$it_tmp/$name-scp-down.err"
     same "$name-scp-down" $? "$it_tmp/down-1m.bin" "$it_tmp/$name-scp-down.bin" "scp 1 MiB down"
 
-    if [[ "$name" == reexec && -n "$ssh_user" ]]; then
+    if [[ -n "$ssh_user" ]]; then
         timed "$name-user" 30 ssh "${opts[@]}" -p "$port" "$ssh_user@127.0.0.1" cat \
             <"$it_tmp/up-1m.bin" >"$it_tmp/$name-user.out" 2>"$it_tmp/$name-user.err"
         same "$name-user" $? "$it_tmp/up-1m.bin" "$it_tmp/$name-user.out" \
             "ssh $ssh_user@ cat, 1 MiB there and back"
-        # Another user's session is served on TCP (README): sshd forks a
-        # session child that changes its uid while it holds the socket,
-        # and the monitor's temporary seteuid retires the monitor; the
-        # client's end waits in kernel mode after the pre-auth leave
-        # (reason shared), or never went direct.
+        # Another user's session is direct too: after the authentication
+        # the monitor (retired by its temporary seteuid to read the user's
+        # files, and idle on the socket from then on) forks the session
+        # child, which becomes the user: it goes on afresh as that uid,
+        # takes the socket over from the idle monitor and upgrades it
+        # across users, asking the client itself (the kernel names root,
+        # the socket's maker, as the owner of sshd's end). So two
+        # upgrades, one leave (the pre-auth child's), the 1 MiB each way
+        # on the fabric.
         if ((!it_kernel)); then
-            if it_mode_check "$port" "$name-user" kernel shared upgrades=1 leaves=1 \
-                tx_fabric+rx_fabric'<65536' ||
-                it_mode_check "$port" "$name-user" kernel no_peer upgrades=0 leaves=0; then
+            if it_mode_check "$port" "$name-user" direct none peer_pid'>0' upgrades=2 leaves=1 \
+                tx_fabric'>1048575' rx_fabric'>1048575'; then
                 it_ok "$it_mode_text"
             else
                 it_bad "$it_mode_text"
