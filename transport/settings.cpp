@@ -35,7 +35,7 @@ constexpr Setting table[] = {
     {"SDIRECT_RMA_MIN", SettingKind::integer, "16384",
      "Smallest piece of a send that is written straight into the peer's "
      "receive ring with an RMA write (one copy) instead of inline messages."},
-    {"SDIRECT_ZCOPY_MIN", SettingKind::integer, "131072",
+    {"SDIRECT_ZCOPY_MIN", SettingKind::integer, "65536",
      "Smallest piece of a blocking send that goes by read zero-copy: the "
      "sender advertises its buffer and the receiver reads it straight into "
      "its own (one copy); the send returns once all was read, or goes on "
