@@ -456,21 +456,15 @@ namespace {
 struct SpinHistory {
     unsigned fails = 0;
     unsigned skip = 0;
-    // No spin before this time (monotonic ns): a spin of this thread lost
-    // its CPU (SpinSlot::preempted).
-    std::uint64_t quiet_until = 0;
 };
 thread_local SpinHistory spin_history;
 
 inline constexpr unsigned kMaxSpinSkip = 64;
-// How long a thread whose spin lost its CPU goes without spinning.
-inline constexpr std::uint64_t kPreemptedQuietNs = 100'000'000;
 
 }  // namespace
 
 std::uint64_t SpinSlot::start(std::uint64_t now, std::uint64_t ns) noexcept {
     if (held_ || !ns) return now + ns;
-    if (now < spin_history.quiet_until) return now;
     const SpinTable &t = spin_table();
     if (!t.slots) return now + ns;
     if (spin_history.skip) {
@@ -487,11 +481,6 @@ std::uint64_t SpinSlot::start(std::uint64_t now, std::uint64_t ns) noexcept {
         return now + ns;
     }
     return now;
-}
-
-void SpinSlot::preempted(std::uint64_t now) noexcept {
-    spin_history.quiet_until = now + kPreemptedQuietNs;
-    drop(false);
 }
 
 void SpinSlot::drop(bool satisfied) noexcept {

@@ -181,13 +181,7 @@ int own_bell() noexcept;
 // peer shares its CPU does not spin away the time that peer needs. A spin
 // fails when release() is called (the waiter goes to sleep), succeeds
 // when the slot is dropped with the wait over. Without the file, everyone
-// spins. And a spin that lost its CPU (the clock jumped by more than
-// kPreemptedGapNs between two of its reads: the scheduler ran something
-// else there, a CPU hog, another process) ends, and its thread spins no
-// more for 100 ms: a spinner that is not running sees nothing, while a
-// sleeper is woken by the doorbell and preempts such a hog at once, as a
-// kernel socket's reader would.
-inline constexpr std::uint64_t kPreemptedGapNs = 200'000;
+// spins.
 // The process no longer shares the spin file (it changed its privileges):
 // its map becomes private memory in place, so a waiter of ours that looks
 // at it meanwhile finds zeros, and the file's owner is left alone.
@@ -209,9 +203,6 @@ class SpinSlot {
     std::uint64_t start(std::uint64_t now, std::uint64_t ns) noexcept;
     // The spin is over without what it waited for: the caller sleeps.
     void release() noexcept { drop(false); }
-    // The spin lost its CPU at some point before `now`: it is over, and
-    // this thread does not spin again for a while.
-    void preempted(std::uint64_t now) noexcept;
 
   private:
     void drop(bool satisfied) noexcept;
@@ -304,56 +295,39 @@ template <typename W>
 inline long wait_on_bell(W &w, SpinSlot &slot) noexcept {
     std::uint64_t spin_until = 0, now = 0;
     bool spin_started = false;
-    bool spinning = false;  // the last miss spun: `now` was read during the spin
     unsigned misses = 0;
     for (;;) {
         long r = w.look();
         if (r == kMoved) {
-            spin_started = spinning = false;
+            spin_started = false;
             misses = 0;
             continue;
         }
-        if (r == kLookAgain) {
-            spinning = false;
-            continue;
-        }
+        if (r == kLookAgain) continue;
         if (r != kWaitOn) return r;
         ++misses;
         if (!spin_started && misses < kClockMisses && w.spin_ns && w.quick_looks()) {
             w.spinning();
             continue;
         }
-        if (!spin_started || misses % kClockMisses == 0) {
-            const std::uint64_t before = now;
-            now = monotonic_ns();
-            // Spinning since `before` (16 looks, a few microseconds at
-            // most), unless the thread lost its CPU meanwhile.
-            if (spinning && now - before > kPreemptedGapNs) {
-                slot.preempted(now);
-                spin_until = now;
-            }
-        }
+        if (!spin_started || misses % kClockMisses == 0) now = monotonic_ns();
         if (!spin_started) {
             spin_until = slot.start(now, w.spin_ns);
             spin_started = true;
         }
         if (w.deadline_ns && now >= w.deadline_ns) {
             if ((r = w.timed_out()) != kLookAgain) return r;
-            spinning = false;
             continue;
         }
         if ((r = w.missed(now)) != kWaitOn) {
             if (r == kMoved) spin_started = false;
             else if (r != kLookAgain) return r;
-            spinning = false;
             continue;
         }
         if (now < spin_until && w.may_spin()) {
             w.spinning();
-            spinning = true;
             continue;
         }
-        spinning = false;
         slot.release();
         if ((r = w.before_sleep()) != kWaitOn) return r;
         now = monotonic_ns();
