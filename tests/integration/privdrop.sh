@@ -90,14 +90,22 @@ if echo_pair before-listen nobody --before-listen "$nobody"; then
     it_expect_mode "$pair_port" before-listen-client direct none "tx_fabric+tx_kernel=$bytes" "tx_fabric>0"
 fi
 
-if echo_pair fork nobody --fork "$nobody"; then
-    line="$(grep '^inherited' "$it_tmp/fork-server.log")"
+# inherited_ok NAME TEXT: the server's "inherited" line (NAME-server.log)
+# says that the process that changed its ids kept nothing of the old
+# uid's registry or region (TEXT says what).
+inherited_ok() {
+    local line
+    line="$(grep '^inherited' "$it_tmp/$1-server.log")"
     if ((it_kernel)); then
-        it_log "inherited maps check skipped (SDIRECT_IT_KERNEL=1): $line"
+        it_log "$1: inherited maps check skipped (SDIRECT_IT_KERNEL=1): $line"
     else
         [[ "$line" == "inherited ok" ]]
-        it_check $? "fork: the child (nobody) keeps nothing of root's registry or of the parent's region: $line"
+        it_check $? "$1: $2: $line"
     fi
+}
+
+if echo_pair fork nobody --fork "$nobody"; then
+    inherited_ok fork "the child (nobody) keeps nothing of root's registry or of the parent's region"
     it_expect_mode "$pair_port" fork-server direct none "rx_fabric+rx_kernel=$bytes" "tx_fabric>0"
     # The child builds its engine at its first connection: the client's
     # bytes may all have gone before the upgrade, the echo after it.
@@ -106,13 +114,7 @@ if echo_pair fork nobody --fork "$nobody"; then
 fi
 
 if echo_pair after-listen nobody --after-listen "$nobody"; then
-    line="$(grep '^inherited' "$it_tmp/after-listen-server.log")"
-    if ((it_kernel)); then
-        it_log "old engine check skipped (SDIRECT_IT_KERNEL=1): $line"
-    else
-        [[ "$line" == "inherited ok" ]]
-        it_check $? "after-listen: nothing of the engine built as root stays: $line"
-    fi
+    inherited_ok after-listen "nothing of the engine built as root stays"
     it_expect_mode "$pair_port" after-listen-server direct none "rx_fabric+rx_kernel=$bytes" \
         "tx_fabric+rx_fabric>0"
     it_expect_mode "$pair_port" after-listen-client direct none "tx_fabric+tx_kernel=$bytes" \
@@ -155,13 +157,7 @@ else
 fi
 
 if echo_pair accept-fork root --accept-fork "$nobody" --half $((bytes / 2)); then
-    line="$(grep '^inherited' "$it_tmp/accept-fork-server.log")"
-    if ((it_kernel)); then
-        it_log "inherited maps check skipped (SDIRECT_IT_KERNEL=1): $line"
-    else
-        [[ "$line" == "inherited ok" ]]
-        it_check $? "accept-fork: the child (nobody) keeps nothing of root's registry or of the parent's region: $line"
-    fi
+    inherited_ok accept-fork "the child (nobody) keeps nothing of root's registry or of the parent's region"
     # The client may have sent all its bytes before the upgrade, the echo
     # after it.
     it_expect_mode "$pair_port" accept-fork-client kernel shared "upgrades=1" "leaves=1" \
@@ -169,13 +165,7 @@ if echo_pair accept-fork root --accept-fork "$nobody" --half $((bytes / 2)); the
 fi
 
 if echo_pair monitor root --monitor "$nobody" --piece 100000; then
-    line="$(grep '^inherited' "$it_tmp/monitor-server.log")"
-    if ((it_kernel)); then
-        it_log "inherited maps check skipped (SDIRECT_IT_KERNEL=1): $line"
-    else
-        [[ "$line" == "inherited ok" ]]
-        it_check $? "monitor: the second child (nobody) keeps nothing of root's registry or of the parent's region: $line"
-    fi
+    inherited_ok monitor "the second child (nobody) keeps nothing of root's registry or of the parent's region"
     it_expect_mode "$pair_port" monitor-client direct none "upgrades=2" "leaves=1" \
         "rx_fabric>1000000" "tx_fabric+tx_kernel=$bytes" "rx_fabric+rx_kernel=$bytes"
 fi

@@ -95,14 +95,7 @@ def drop(uid, gid):
 def serve(s):
     c, _ = s.accept()
     h = hashlib.sha256()
-    n = 0
-    while True:
-        b = c.recv(1 << 20)
-        if not b:
-            break
-        h.update(b)
-        n += len(b)
-        c.sendall(b)
+    n = echo(c, None, h.update)
     print("server received", n, h.hexdigest(), flush=True)
     c.close()
 
@@ -146,13 +139,7 @@ def serve_split(s, uid, gid, half, old_registry):
             break
         h.update(b)
         n += len(b)
-    while True:
-        b = c.recv(1 << 20)
-        if not b:
-            break
-        h.update(b)
-        n += len(b)
-        c.sendall(b)
+    n += echo(c, None, h.update)
     print("server received", n, h.hexdigest(), flush=True)
     c.close()
     os.write(go_w, b"x")
