@@ -132,13 +132,7 @@ def serve_split(s, uid, gid, half, old_registry):
     os.close(data_w)
     os.close(go_r)
     h = hashlib.sha256()
-    n = 0
-    while True:
-        b = os.read(data_r, 1 << 16)
-        if not b:
-            break
-        h.update(b)
-        n += len(b)
+    n = drain(data_r, h.update)
     n += echo(c, None, h.update)
     print("server received", n, h.hexdigest(), flush=True)
     c.close()
@@ -160,20 +154,21 @@ def echo(c, limit, sink):
     return n
 
 
+def drain(fd, sink):
+    """Reads `fd` to its end, each piece to `sink`; the count."""
+    n = 0
+    while True:
+        b = os.read(fd, 1 << 16)
+        if not b:
+            return n
+        n += len(b)
+        sink(b)
+
+
 def serve_monitor(s, uid, gid, piece, old_registry):
     c, _ = s.accept()
     h = hashlib.sha256()
     n = 0
-
-    def take(fd):
-        nonlocal n
-        while True:
-            b = os.read(fd, 1 << 16)
-            if not b:
-                break
-            h.update(b)
-            n += len(b)
-        os.close(fd)
 
     def mine(b):
         nonlocal n
@@ -194,7 +189,8 @@ def serve_monitor(s, uid, gid, piece, old_registry):
         os._exit(0)
     os.close(data_w)
     os.close(go_r)
-    take(data_r)
+    drain(data_r, mine)
+    os.close(data_r)
     os.seteuid(uid)
     os.seteuid(0)
     os.write(go_w, b"x")
@@ -214,7 +210,8 @@ def serve_monitor(s, uid, gid, piece, old_registry):
         print(inherited(old_registry, os.getppid()), flush=True)
         os._exit(0)
     os.close(data_w)
-    take(data_r)
+    drain(data_r, mine)
+    os.close(data_r)
     print("server received", n, h.hexdigest(), flush=True)
     _, status = os.waitpid(kid, 0)
     return os.waitstatus_to_exitcode(status)
