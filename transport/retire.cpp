@@ -26,8 +26,12 @@ bool sandboxed() noexcept { return retired_why.load(std::memory_order_acquire) &
 
 bool set_retired(bool sandbox) noexcept {
     if (retired_why.fetch_or(sandbox ? kSandbox : kIds, std::memory_order_acq_rel)) return false;
-    SD_LOG(info, "privileges or sandbox changed: every connection of this process stays on "
-                 "the kernel from now on");
+    if (sandbox)
+        SD_LOG(info, "sandbox entered: every connection of this process stays on the kernel "
+                     "from now on");
+    else
+        SD_LOG(info, "ids changed while holding the fabric: every connection of this process "
+                     "stays on the kernel, unless a later change of ids settles one uid");
     return true;
 }
 
