@@ -117,8 +117,16 @@ bool fd_is(int fd, Stream *s) noexcept {
     return now == s;
 }
 
-// The kernel registration of a socket that now answers from our state:
-// only its peer's end (EPOLLRDHUP, edge) with our tag.
+// The kernel registration of a socket that answers from our state: only
+// its peer's end (EPOLLRDHUP, edge) with our tag.
+epoll_event hint_of(Stream *s) noexcept {
+    epoll_event kev{};
+    kev.events = EPOLLRDHUP | EPOLLET;
+    kev.data.u64 = kTag | reinterpret_cast<std::uintptr_t>(s);
+    return kev;
+}
+
+// The entry's kernel registration becomes the hint (hint_of).
 bool trim(EpollSet *set, Entry &e) noexcept {
     // The registered fd was closed while a dup keeps the file (and the
     // kernel's registration) alive: nobody can change that registration
@@ -127,9 +135,7 @@ bool trim(EpollSet *set, Entry &e) noexcept {
         e.trimmed = true;
         return true;
     }
-    epoll_event kev{};
-    kev.events = EPOLLRDHUP | EPOLLET;
-    kev.data.u64 = kTag | reinterpret_cast<std::uintptr_t>(e.s);
+    epoll_event kev = hint_of(e.s);
     if (e.ev.events & EPOLLEXCLUSIVE) {
         // The kernel refuses MOD on exclusive entries (and EPOLLRDHUP with
         // EPOLLEXCLUSIVE): register the hint afresh. The application's
@@ -378,6 +384,35 @@ void epoll_fd_dup(int fd, int nfd) noexcept {
     if (old) set_release(old);
 }
 
+namespace {
+
+// The kernel's part of epoll_ctl on a socket of ours (the set's lock held; `e`:
+// its entry, if the set has one): 0 or -errno, the kernel's answer. A
+// socket our state answers now gets the hint registration at once (ADD,
+// or MOD of an entry whose registration is the application's), or keeps
+// it (MOD of a trimmed entry: no system call; the kernel's answer would be
+// 0, as the registration is there and the events are not exclusive), and
+// `*trimmed` says so; otherwise the application's events go to the kernel
+// and settle() trims them at the next wait.
+int kernel_ctl(int epfd, int op, int fd, epoll_event *ev, Stream *s, Entry *e,
+               bool *trimmed) noexcept {
+    short bits = 0, ask = 0;
+    if (s && ev && (op == EPOLL_CTL_ADD || (op == EPOLL_CTL_MOD && e)) &&
+        !(ev->events & EPOLLEXCLUSIVE) && user_view(s, bits, ask) && fd_is(fd, s)) {
+        if (op == EPOLL_CTL_MOD && e->trimmed) {
+            *trimmed = true;
+            return 0;
+        }
+        epoll_event kev = hint_of(s);
+        if (sys.epoll_ctl(epfd, op, fd, &kev) != 0) return -errno;
+        *trimmed = true;
+        return 0;
+    }
+    return sys.epoll_ctl(epfd, op, fd, ev) == 0 ? 0 : -errno;
+}
+
+}  // namespace
+
 int epoll_control(int epfd, int op, int fd, epoll_event *ev) noexcept {
     EpollSet *set = set_acquire(epfd);
     Stream *s = set ? acquire(fd) : nullptr;
@@ -403,16 +438,18 @@ int epoll_control(int epfd, int op, int fd, epoll_event *ev) noexcept {
         // its answer stands (EEXIST, ENOENT, EINVAL ...), except for MOD of
         // an exclusive entry, which it refuses but would accept on the
         // hint registration that replaced it.
+        bool trimmed = false;
         if (op == EPOLL_CTL_MOD && it != v.end() && (it->ev.events & EPOLLEXCLUSIVE)) {
             r = -EINVAL;
-        } else if (sys.epoll_ctl(epfd, op, fd, ev) != 0) {
-            r = -errno;
+        } else if ((r = kernel_ctl(epfd, op, fd, ev, s, it != v.end() ? &*it : nullptr,
+                                   &trimmed)) != 0) {
         } else if (op == EPOLL_CTL_ADD) {
             Entry e;
             e.fd = fd;
             e.s = s;
             e.inner = inner;
             e.ev = *ev;
+            e.trimmed = trimmed;
             v.push_back(e);
             set->any.store(true, std::memory_order_release);
             s = nullptr;  // the entry holds the references now
@@ -422,7 +459,7 @@ int epoll_control(int epfd, int op, int fd, epoll_event *ev) noexcept {
                 r = -EINVAL;
             } else {
                 it->ev = *ev;
-                it->trimmed = false;
+                it->trimmed = trimmed;
                 it->armed = true;
                 it->seen_rx = it->seen_tx = ~0u;
             }

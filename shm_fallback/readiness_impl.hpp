@@ -68,8 +68,9 @@ inline constexpr std::uint64_t kAskKernelEveryNs = 20000;
 // until `check(ask_kernel)` finds something, the timeout passes or a
 // signal arrives: the doorbell wait's one loop (transport::wait_on_bell)
 // with poll's hooks. `ask_kernel`: this look includes the kernel's view
-// (the first, every kAskKernelEveryNs of a spin, the first after each
-// sleep, and the last before the timeout). No spin under a signal mask
+// (the first, every kAskKernelEveryNs of a spin, the first after a sleep
+// whose poll reported one of the kernel's fds, or kAskKernelEveryNs after
+// one that did not, and the last before the timeout). No spin under a signal mask
 // (ppoll, pselect, epoll_pwait: the mask is the kernel's to apply); a
 // signal ends the wait with -EINTR (poll and epoll are never restarted).
 template <typename Check>
@@ -109,14 +110,20 @@ struct PollWaiter : transport::BellWaiter {
             e = transport::Engine::current();
             if (left < 0 || left > 20) left = 20;
         }
-        ask_kernel_at = 0;  // what woke us may be the kernel's
         int r;
         if (e) {
-            r = transport::sleep_on_fds(e, kfds, nk, mask, left, in);
+            // The sleep's poll asked the kernel: the next look asks again
+            // only if it reported one of the kernel's fds (what woke us
+            // was the kernel's) or once kAskKernelEveryNs has passed.
+            bool polled = false;
+            r = transport::sleep_on_fds(e, kfds, nk, mask, left, in, &polled);
+            ask_kernel_at = polled && r == 0 ? monotonic_ns() + kAskKernelEveryNs : 0;
         } else if (mask) {
+            ask_kernel_at = 0;  // what woke us may be the kernel's
             timespec ts{left / 1000, long(left % 1000) * 1000000};
             r = sys.ppoll(kfds, nk, left < 0 ? nullptr : &ts, mask);
         } else {
+            ask_kernel_at = 0;
             r = sys.poll(kfds, nk, left);
         }
         return r < 0 && (r == -1 ? errno : -r) == EINTR ? -EINTR : 0;

@@ -288,10 +288,15 @@ int thread_bell() noexcept { return bell_get(); }
 int own_bell() noexcept { return bell_fd; }
 
 int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int timeout_ms,
-                 const Interest &in) noexcept {
+                 const Interest &in, bool *polled) noexcept {
     const int slot = in.enlist ? slot_take() : -1;
     Waiter w(slot >= 0 ? slot_fds[slot].load(std::memory_order_relaxed) - 1 : bell_get());
-    if (w.efd < 0) return sys.poll(fds, n, 0);
+    if (polled) *polled = false;
+    if (w.efd < 0) {
+        const int r = sys.poll(fds, n, 0);
+        if (polled) *polled = r >= 0;
+        return r;
+    }
     own_slot_bit = slot >= 0 ? std::uint64_t(1) << slot : 0;
     if (slot < 0) {
         {
@@ -336,6 +341,7 @@ int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int tim
                 if (e->flush_pending() && t > 1) t = 1;
                 timespec ts{t / 1000, long(t % 1000) * 1000000};
                 int r = sys.ppoll(all, n + 2, &ts, mask);
+                if (polled) *polled = r >= 0;
                 if (r < 0) {
                     rc = -errno;
                 } else {

@@ -137,9 +137,10 @@ struct Interest {
 // plus the doorbell and the bell of a poller slot, which a delivery rings
 // when the sleep is registered on its connection (`in.enlist`). `mask`: as
 // for ppoll (nullptr: none). The kernel poll's result (>= 0), or -errno
-// (-EINTR).
+// (-EINTR). `*polled` (if given): the kernel was asked about `fds` (the
+// sleep happened; not when `in.ready` found something first).
 int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int timeout_ms,
-                 const Interest &in) noexcept;
+                 const Interest &in, bool *polled = nullptr) noexcept;
 // One poll/select/epoll wait, from its first look to its return. Within
 // it, the first of its sleeps to find the doorbell's watch free takes it
 // and keeps it until the wait returns: only that thread sleeps on the
