@@ -175,8 +175,9 @@ bool hand_over_for_exec(Stream &s, std::uint64_t &tx, std::uint64_t &rx, int &sl
         !claim_inherited(s, -1, transport::Reason::shared))
         return false;
     // One whose forked holders may live on (we forked while direct, or
-    // while its connection was not direct yet: held, with nobody counting
-    // the holders' bytes), a half-closed one: the kernel keeps them.
+    // while its connection was not direct yet: upgrades barred, nobody
+    // counting the holders' bytes), a half-closed one: the kernel keeps
+    // them.
     if (s.orphan.load(std::memory_order_acquire) || s.holders.load(std::memory_order_acquire) ||
         (s.forked && !s.share.load(std::memory_order_acquire)) ||
         s.rd_shut.load(std::memory_order_acquire) ||

@@ -214,9 +214,10 @@ SD_CHILD_PATH void fork_child(Stream &s, unsigned mark, int parent) noexcept {
         s.share.store(left, std::memory_order_relaxed);
     } else if (c && !s.orphan.load(std::memory_order_relaxed) &&
                !s.share.load(std::memory_order_relaxed)) {
-        // On the kernel in the parent (held, or for good): its bytes there
-        // were counted by nobody, so no holder here may upgrade it from
-        // counts (a later fork of ours would start them at stale offsets).
+        // On the kernel in the parent (upgrades barred, or for good): its
+        // bytes there were counted by nobody, so no holder here may upgrade
+        // it from counts (a later fork of ours would start them at stale
+        // offsets).
         if (Sharers *sh = sharers_open(0, 0)) {
             sharers_stick(sh);
             s.share.store(sh, std::memory_order_relaxed);

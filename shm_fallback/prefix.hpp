@@ -32,9 +32,10 @@ Prefix *prefix_from_ring(transport::Conn *c) noexcept;
 // whole ring, made before the fork so that every holder maps it. Should
 // this process later have to give the connection up with the peer's
 // bytes unread (it answered the peer's leave, then a holder claims the
-// socket or it closes its copy), the engine moves them in (Conn::spill)
-// instead of keeping them where no holder can read them. Null without
-// memory.
+// socket or it closes its copy), the engine moves them in (the
+// connection's handoff room, transport::set_handoff_room;
+// Engine::unread_to_handoff_locked) instead of keeping them where no
+// holder can read them. Null without memory.
 Prefix *prefix_reserve(transport::Conn *c) noexcept;
 std::uint64_t prefix_left(const Prefix *p) noexcept;
 // Takes (or with MSG_PEEK, copies) up to the iovec's length from the

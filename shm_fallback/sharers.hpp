@@ -32,7 +32,7 @@ void sharers_born(Sharers *sh, int parent, bool used = false) noexcept;
 void sharers_leave(Sharers *sh) noexcept;
 
 // Nobody but this process holds it: every other holder left or is dead
-// (checked at most once per `recheck_ns` window through *next_check, since
+// (checked at most once per `kRecheckNs` window through *next_check, since
 // looking costs syscalls). A place reserved for a child never born (a
 // failed fork) counts as a holder: the socket stays on TCP.
 bool sharers_alone(Sharers *sh, std::uint64_t *next_check) noexcept;

@@ -30,11 +30,8 @@ using transport::Conn;
 using transport::ConnState;
 using transport::epipe;
 using transport::iov_total;
-using transport::keep_going_after_eintr;
 using transport::kMaxSlice;
-using transport::MsgType;
 using transport::monotonic_ns;
-using transport::ms_until;
 using transport::slice;
 using transport::sys;
 

@@ -54,12 +54,6 @@ inline ssize_t epipe(int flags) noexcept {
     return -EPIPE;
 }
 
-inline int ms_until(std::uint64_t deadline) noexcept {
-    if (!deadline) return -1;
-    std::uint64_t now = monotonic_ns();
-    return now >= deadline ? 0 : int((deadline - now + 999999) / 1000000);
-}
-
 // After our own sleep was interrupted: should the call go on?
 inline bool keep_going_after_eintr(std::int64_t timeout_ns) noexcept {
     // A socket with a timeout always reports EINTR, as the kernel does.

@@ -487,7 +487,7 @@ int Engine::post(Conn *c, MsgType type, const iovec *iov, int iovcnt, std::uint3
     if (pieces > 1) {
         if (len > sizeof flat) return -EINVAL;
         std::size_t at = 0;
-        bool ok = guarded([&] {
+        bool ok = fault_guarded([&] {
             for (int i = 0; i < iovcnt; ++i) {
                 std::memcpy(flat + at, iov[i].iov_base, iov[i].iov_len);
                 at += iov[i].iov_len;

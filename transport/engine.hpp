@@ -465,8 +465,6 @@ class Engine {
     bool peer_exit_wait(const Peer *p, int ms) const noexcept;
 
     int doorbell() const noexcept { return doorbell_; }
-    ProcPage *page() const noexcept { return page_; }
-    bool fabric_ok() const noexcept { return fabric_ok_; }
     // No thread enters the provider until reopen_provider() (regionlock.hpp):
     // before a call that ends the process's other threads wherever they
     // are (an exec replaces the image). True if the gate was closed.

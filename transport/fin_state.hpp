@@ -64,7 +64,5 @@ inline constexpr const char *kFinOutNames[] = {"open", "fin", "closed"};
 inline constexpr const char *kFinInNames[] = {"open", "came", "kicked"};
 static_assert(std::size(kFinOutNames) == std::size_t(FinOut::closed) + 1);
 static_assert(std::size(kFinInNames) == std::size_t(FinIn::kicked) + 1);
-constexpr const char *fin_out_name(FinOut s) noexcept { return state_name(kFinOutNames, s); }
-constexpr const char *fin_in_name(FinIn s) noexcept { return state_name(kFinInNames, s); }
 
 }  // namespace sd::transport

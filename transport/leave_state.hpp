@@ -88,10 +88,6 @@ inline constexpr Move<GiveBack> kGiveBackMoves[] = {
     {GiveBack::awaited, GiveBack::none},
 };
 
-constexpr bool give_back_move_allowed(GiveBack from, GiveBack to) noexcept {
-    return move_allowed(kGiveBackMoves, from, to);
-}
-
 // After the peer's leave for sharing (or for an exec that hands the
 // connection over): instead of final, kernel mode again once the fabric
 // part is over, awaiting an upgrade (from whichever process holds the
@@ -117,10 +113,6 @@ inline constexpr Move<Rearm> kRearmMoves[] = {
     {Rearm::wanted, Rearm::none},
 };
 
-constexpr bool rearm_move_allowed(Rearm from, Rearm to) noexcept {
-    return move_allowed(kRearmMoves, from, to);
-}
-
 // For messages: "none", "owed" ...; "none", "awaited", "complete";
 // "none", "wanted", "due" (in the enums' order).
 inline constexpr const char *kOurLeaveNames[] = {"none", "owed", "answered", "first",
@@ -131,7 +123,5 @@ static_assert(std::size(kOurLeaveNames) == std::size_t(OurLeave::first_answered)
 static_assert(std::size(kGiveBackNames) == std::size_t(GiveBack::complete) + 1);
 static_assert(std::size(kRearmNames) == std::size_t(Rearm::due) + 1);
 constexpr const char *our_leave_name(OurLeave s) noexcept { return state_name(kOurLeaveNames, s); }
-constexpr const char *give_back_name(GiveBack s) noexcept { return state_name(kGiveBackNames, s); }
-constexpr const char *rearm_name(Rearm s) noexcept { return state_name(kRearmNames, s); }
 
 }  // namespace sd::transport

@@ -74,17 +74,17 @@ void touch_write(std::uintptr_t q) { __atomic_fetch_or(reinterpret_cast<char *>(
 
 bool readable(const void *p, std::size_t len) noexcept {
     if (!detail::memguard_on) return true;
-    return guarded([&] { each_page(reinterpret_cast<std::uintptr_t>(p), len, touch_read); });
+    return fault_guarded([&] { each_page(reinterpret_cast<std::uintptr_t>(p), len, touch_read); });
 }
 
 bool writable(void *p, std::size_t len) noexcept {
     if (!detail::memguard_on) return true;
-    return guarded([&] { each_page(reinterpret_cast<std::uintptr_t>(p), len, touch_write); });
+    return fault_guarded([&] { each_page(reinterpret_cast<std::uintptr_t>(p), len, touch_write); });
 }
 
 bool readable_iov(const iovec *iov, int iovcnt, std::size_t len) noexcept {
     if (!detail::memguard_on) return true;
-    return guarded([&] {
+    return fault_guarded([&] {
         std::size_t left = len;
         for (int i = 0; i < iovcnt && left; ++i) {
             std::size_t n = iov[i].iov_len < left ? iov[i].iov_len : left;

@@ -23,9 +23,10 @@ extern bool memguard_on;
 extern thread_local sigjmp_buf *memguard_jump;
 }  // namespace detail
 
-// Runs fn(); false if it touched an unmapped or protected page.
+// Runs fn(); false if it touched an unmapped or protected page. (Not
+// sys.hpp's guarded(), the re-entrancy guard.)
 template <class F>
-bool guarded(F &&fn) noexcept {
+bool fault_guarded(F &&fn) noexcept {
     if (!detail::memguard_on) {
         fn();
         return true;

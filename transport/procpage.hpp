@@ -174,14 +174,13 @@ struct ConnRecord {
 //  local=127.0.0.1:5201 peer=127.0.0.1:40112 peer_pid=13
 //  tx_kernel=0 rx_kernel=0 tx_fabric=1024 rx_fabric=0 tx_msgs=1 rx_msgs=0"
 std::string format_conn(int pid, const char *comm, const ConnStat &s);
-// "process pid=12 comm=iperf3 reg_cache=on reg_budget=4194304 reg_hits=9
-//  reg_misses=1 reg_invalidated=0 reg_evicted=0 reg_bytes=1048576
-//  peers_attached=1 peer_reuses=99 peers_evicted=0 peers_gone=0"
-std::string format_process(const ProcHeader &h);
 
-// The same lines written into `buf` (cut to fit, NUL-terminated), without
-// allocation, locks or stdio: callable from a signal handler. Return the
-// length written. kStatLineMax holds any line.
+// That line, and the process's ("process pid=12 comm=iperf3 reg_cache=on
+// reg_budget=4194304 reg_hits=9 reg_misses=1 reg_invalidated=0
+// reg_evicted=0 reg_bytes=1048576 peers_attached=1 peer_reuses=99
+// peers_evicted=0 peers_gone=0"), written into `buf` (cut to fit,
+// NUL-terminated), without allocation, locks or stdio: callable from a
+// signal handler. Return the length written. kStatLineMax holds any line.
 inline constexpr std::size_t kStatLineMax = 1024;
 std::size_t format_conn_into(char *buf, std::size_t n, int pid, const char *comm,
                              const ConnStat &s) noexcept;

@@ -168,7 +168,7 @@ ssize_t try_recv(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, std
             int k = slice(iov, iovcnt, skip, std::min<std::uint64_t>(total - skip, avail), v,
                           kMaxSlice);
             std::size_t n = iov_total(v, k);
-            if (!guarded([&] { ring_copy_out(c, c->ring_head, v, k); }))
+            if (!fault_guarded([&] { ring_copy_out(c, c->ring_head, v, k); }))
                 return -EFAULT;  // nothing consumed
             if (!(flags & MSG_PEEK)) {
                 c->ring_head += n;

@@ -60,8 +60,5 @@ constexpr bool reset_unreported(ResetState s) noexcept {
 inline constexpr const char *kResetStateNames[] = {"none", "unreported", "unreported_after_fin",
                                                    "reported"};
 static_assert(std::size(kResetStateNames) == std::size_t(ResetState::reported) + 1);
-constexpr const char *reset_state_name(ResetState s) noexcept {
-    return state_name(kResetStateNames, s);
-}
 
 }  // namespace sd::transport

@@ -213,10 +213,4 @@ std::string format_conn(int pid, const char *comm, const ConnStat &s) {
     return std::string(line, n);
 }
 
-std::string format_process(const ProcHeader &h) {
-    char line[kStatLineMax];
-    std::size_t n = format_process_into(line, sizeof line, h);
-    return std::string(line, n);
-}
-
 }  // namespace sd::transport

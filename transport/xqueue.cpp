@@ -91,7 +91,7 @@ int xq_put(XqWriter &w, const iovec *iov, int iovcnt, std::uint32_t len) noexcep
     const std::uint32_t words[2] = {len, 0};
     std::memcpy(data(w.base) + w.tail % kXqCap, words, sizeof words);  // never wraps: 8-aligned
     std::uint64_t at = w.tail + kXqRecHead;
-    const bool ok = guarded([&] {
+    const bool ok = fault_guarded([&] {
         for (int i = 0; i < iovcnt; ++i) {
             ring_in(w.base, at, static_cast<const char *>(iov[i].iov_base), iov[i].iov_len);
             at += iov[i].iov_len;
