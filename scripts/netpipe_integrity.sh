@@ -7,8 +7,9 @@
 # The mode comes from SDIRECT_STATS_FILE (written by each preloaded end at
 # exit). Prints one PASS/FAIL line per pairing; exit status 1 on any FAIL.
 #
-# Environment: SDIRECT_BUILD_DIR (default build), SDIRECT_NP_PORT (first of
-# three ports, default 47080), SDIRECT_NP_TIMEOUT (seconds per run, 120).
+# Environment: SDIRECT_BUILD_DIR (default build), SDIRECT_NP_PORT (the
+# first port tried, default 47080; a port some socket still uses is
+# skipped), SDIRECT_NP_TIMEOUT (seconds per run, 120).
 set -uo pipefail
 
 root="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)"
@@ -126,7 +127,7 @@ run_config() {
     (cd "$dir" && exec timeout "$limit" "${srv_cmd[@]}") >"$dir/srv.out" 2>&1 &
     srv_pid=$!
     if ! wait_listen "$port" "$srv_pid"; then
-        echo "FAIL netpipe $name: server did not listen on port $port ($(head -c 200 "$dir/srv.out" | tr '\n' ' '))"
+        echo "FAIL netpipe $name: server did not listen on port $port ($(tail -n 2 "$dir/srv.out" | tr '\n' ' ' | tail -c 300))"
         fails=$((fails + 1))
         kill "$srv_pid" 2>/dev/null
         wait "$srv_pid" 2>/dev/null
@@ -173,8 +174,24 @@ run_config() {
     fi
 }
 
+# The first port from $1 on that no socket uses, in any state: NPtcp's
+# server cannot bind one that an earlier test's connection still holds
+# (in TIME-WAIT, or as an ephemeral port), and these ports lie in the
+# ephemeral range. At most 50 further.
+next_free_port() {
+    local p="$1" i
+    for ((i = 0; i < 50; i++)); do
+        ss -Htan "sport = :$p" 2>/dev/null | grep -q . || break
+        p=$((p + 1))
+    done
+    echo "$p"
+}
+
 cd "$tmp" || exit 1
-run_config both-preloaded 1 1 direct "$port_base"
-run_config preloaded-server 1 0 kernel "$((port_base + 1))"
-run_config preloaded-client 0 1 kernel "$((port_base + 2))"
+port="$(next_free_port "$port_base")"
+run_config both-preloaded 1 1 direct "$port"
+port="$(next_free_port "$((port + 1))")"
+run_config preloaded-server 1 0 kernel "$port"
+port="$(next_free_port "$((port + 1))")"
+run_config preloaded-client 0 1 kernel "$port"
 ((fails == 0))
