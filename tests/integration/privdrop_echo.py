@@ -96,7 +96,7 @@ def serve(s):
     c, _ = s.accept()
     h = hashlib.sha256()
     n = echo(c, None, h.update)
-    print("server received", n, h.hexdigest(), flush=True)
+    say("server received", n, h.hexdigest())
     c.close()
 
 
@@ -126,7 +126,7 @@ def serve_split(s, uid, gid, half, old_registry):
             if n == len(b):
                 time.sleep(0.3)
         os.close(data_w)
-        print(inherited(old_registry, os.getppid()), flush=True)
+        say(inherited(old_registry, os.getppid()))
         os.read(go_r, 1)
         os._exit(0)
     os.close(data_w)
@@ -134,11 +134,18 @@ def serve_split(s, uid, gid, half, old_registry):
     h = hashlib.sha256()
     n = drain(data_r, h.update)
     n += echo(c, None, h.update)
-    print("server received", n, h.hexdigest(), flush=True)
+    say("server received", n, h.hexdigest())
     c.close()
     os.write(go_w, b"x")
     _, status = os.waitpid(kid, 0)
     return os.waitstatus_to_exitcode(status)
+
+
+def say(*parts):
+    """One line on stdout in one write: a forked child and its parent print
+    to one file, and a line written in pieces (an unbuffered stdout) could
+    interleave with the other's."""
+    os.write(1, (" ".join(str(p) for p in parts) + "\n").encode())
 
 
 def echo(c, limit, sink):
@@ -207,12 +214,12 @@ def serve_monitor(s, uid, gid, piece, old_registry):
         time.sleep(0.3)
         echo(c, None, lambda b: write_all(data_w, b))
         os.close(data_w)
-        print(inherited(old_registry, os.getppid()), flush=True)
+        say(inherited(old_registry, os.getppid()))
         os._exit(0)
     os.close(data_w)
     drain(data_r, mine)
     os.close(data_r)
-    print("server received", n, h.hexdigest(), flush=True)
+    say("server received", n, h.hexdigest())
     _, status = os.waitpid(kid, 0)
     return os.waitstatus_to_exitcode(status)
 
@@ -246,7 +253,7 @@ def main():
     if a.after_listen is not None:
         time.sleep(a.settle)
         drop(a.after_listen, a.gid)
-        print(inherited(a.old_registry, os.getpid(), files=True), flush=True)
+        say(inherited(a.old_registry, os.getpid(), files=True))
     if a.monitor is not None:
         return serve_monitor(s, a.monitor, a.gid, a.piece, a.old_registry)
     if a.accept_fork is not None:
@@ -260,7 +267,7 @@ def main():
     if kid == 0:
         try:
             drop(a.fork, a.gid)
-            print(inherited(a.old_registry, os.getppid()), flush=True)
+            say(inherited(a.old_registry, os.getppid()))
             serve(s)
         finally:
             sys.stdout.flush()
