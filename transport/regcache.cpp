@@ -126,6 +126,7 @@ int RegCache::acquire(const void *buf, std::size_t len, Ref *out) noexcept {
     }
     if (slot && used < max_entries_ && bytes_ + len <= max_bytes_) {
         *slot = Entry{lo, hi, handle, key, ++clock_, 1, Entry::live};
+        filled_ = true;
         bytes_ += len;
         out->slot = int(slot - entries_);
         bounds_locked();
@@ -191,8 +192,11 @@ SD_CHILD_PATH void RegCache::forget() noexcept {
     // one the fork copies for the child, at every fork (an empty entry is
     // Entry{}).
     renew(lock_);
-    for (Entry &e : entries_)
-        if (e.state != Entry::empty) e = Entry{};
+    if (filled_) {
+        for (Entry &e : entries_)
+            if (e.state != Entry::empty) e = Entry{};
+        filled_ = false;
+    }
     renew(bytes_, 0);
     renew(max_bytes_, 0);
     renew(live_, false);

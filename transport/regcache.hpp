@@ -103,6 +103,9 @@ private:
     // The span of every live entry, for the hooks' quick test.
     std::atomic<std::uintptr_t> lo_bound_{UINTPTR_MAX}, hi_bound_{0};
     std::atomic<bool> live_{false};  // configured with a budget
+    // An entry was ever filled: without one, a fork child's forget() reads
+    // none of the 256 (12 KiB the child would otherwise pull in per fork).
+    bool filled_ = false;
     RegCacheStats stats_;
 };
 

@@ -169,3 +169,32 @@ TEST_CASE("registration cache budget: at most half the soft RLIMIT_MEMLOCK", "[r
     CHECK(regcache_budget(64u << 20) == 0);
     REQUIRE(setrlimit(RLIMIT_MEMLOCK, &old) == 0);
 }
+
+TEST_CASE("registration cache: forget (a fork child) drops every entry without releasing "
+          "it; a cache forgotten twice, or never filled, stays empty",
+          "[regcache]") {
+    auto cache = std::make_unique<RegCache>();
+    FakeProvider f;
+    cache->forget();  // never filled: nothing to drop
+    CHECK(cache->stats().bytes == 0);
+    cache->configure(FakeProvider::reg, FakeProvider::rel, &f, 1 << 20, 8);
+    static char buf[8192];
+    RegCache::Ref a;
+    REQUIRE(cache->acquire(buf, 4096, &a) == 0);
+    cache->release(a);
+    cache->forget();
+    // The handles are the parent's: none released here, none found again.
+    CHECK(f.released == 0);
+    CHECK(cache->stats().bytes == 0);
+    CHECK_FALSE(cache->may_hold(reinterpret_cast<std::uintptr_t>(buf),
+                                reinterpret_cast<std::uintptr_t>(buf) + 4096));
+    cache->forget();
+    // Configured again (the child's own engine): a fresh registration.
+    cache->configure(FakeProvider::reg, FakeProvider::rel, &f, 1 << 20, 8);
+    RegCache::Ref b;
+    REQUIRE(cache->acquire(buf, 4096, &b) == 0);
+    CHECK(f.registered == 2);
+    cache->release(b);
+    cache->forget();
+    CHECK(cache->stats().bytes == 0);
+}
