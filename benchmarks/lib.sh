@@ -232,23 +232,9 @@ bench_cleanup() {
     rm -rf "$tmp"
 }
 
-# Waits (at most 5 s) until something listens on TCP port $1 while pid $2 lives.
-wait_listen() {
-    local i
-    for ((i = 0; i < 100; i++)); do
-        ss -Htln "sport = :$1" 2>/dev/null | grep -q . && return 0
-        kill -0 "$2" 2>/dev/null || return 1
-        sleep 0.05
-    done
-    return 1
-}
-
-# port_in_use PORT: some socket (listening, connected or in TIME-WAIT) has
-# PORT as its local port, so a server could not bind it; ports of the
-# benchmarks' ranges can also be other connections' ephemeral ports.
-port_in_use() {
-    ss -Htan "sport = :$1" 2>/dev/null | grep -q .
-}
+# wait_listen, port_in_use and free_port_from.
+# shellcheck source=scripts/ports.sh
+source "$bench_root/scripts/ports.sh"
 
 # Modes of the connections on port $1 in the stats files that follow.
 modes_on_port() {

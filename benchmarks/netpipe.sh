@@ -49,11 +49,7 @@ measure() {
     fi
     # Past a port some socket uses (an earlier run's in TIME-WAIT, another
     # connection's ephemeral port), at most 20 further.
-    local i
-    for ((i = 0; i < 20; i++)); do
-        port_in_use "$port" || break
-        port=$((port + 1))
-    done
+    port="$(free_port_from "$port" 20)"
     rm -f "$tmp/srv.stats" "$tmp/cli.stats"
     SDIRECT_STATS_FILE="$tmp/srv.stats" timeout "$run_limit" "${srv_pin[@]}" "${pre[@]}" \
         NPtcp -P "$port" >"$tmp/srv.out" 2>&1 &

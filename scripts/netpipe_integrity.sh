@@ -47,16 +47,9 @@ if [[ ! -x "$run" ]] || ! why="$(timeout 20 "$run" true 2>&1)"; then
     exit 1
 fi
 
-# Waits (at most 5 s) until something listens on TCP port $1 while pid $2 lives.
-wait_listen() {
-    local i
-    for ((i = 0; i < 100; i++)); do
-        ss -Htln "sport = :$1" 2>/dev/null | grep -q . && return 0
-        kill -0 "$2" 2>/dev/null || return 1
-        sleep 0.05
-    done
-    return 1
-}
+# wait_listen, port_in_use and free_port_from.
+# shellcheck source=scripts/ports.sh
+source "$root/scripts/ports.sh"
 
 # Modes of the connections to or from port $2 in stats file $1, one per line.
 # The listener itself (peer port 0) is not a connection.
@@ -174,24 +167,14 @@ run_config() {
     fi
 }
 
-# The first port from $1 on that no socket uses, in any state: NPtcp's
-# server cannot bind one that an earlier test's connection still holds
-# (in TIME-WAIT, or as an ephemeral port), and these ports lie in the
-# ephemeral range. At most 50 further.
-next_free_port() {
-    local p="$1" i
-    for ((i = 0; i < 50; i++)); do
-        ss -Htan "sport = :$p" 2>/dev/null | grep -q . || break
-        p=$((p + 1))
-    done
-    echo "$p"
-}
-
+# NPtcp's server cannot bind a port that an earlier test's connection still
+# holds (in TIME-WAIT, or as an ephemeral port), and these ports lie in the
+# ephemeral range: each pairing takes the next free one, at most 50 further.
 cd "$tmp" || exit 1
-port="$(next_free_port "$port_base")"
+port="$(free_port_from "$port_base" 50)"
 run_config both-preloaded 1 1 direct "$port"
-port="$(next_free_port "$((port + 1))")"
+port="$(free_port_from "$((port + 1))" 50)"
 run_config preloaded-server 1 0 kernel "$port"
-port="$(next_free_port "$((port + 1))")"
+port="$(free_port_from "$((port + 1))" 50)"
 run_config preloaded-client 0 1 kernel "$port"
 ((fails == 0))
