@@ -204,6 +204,13 @@ class SpinSlot {
     std::uint64_t start(std::uint64_t now, std::uint64_t ns) noexcept;
     // The spin is over without what it waited for: the caller sleeps.
     void release() noexcept { drop(false); }
+    // Another waiter of ours found this CPU's slot held since we took it:
+    // more of our waiters than CPUs, and our spin would take the CPU from
+    // work that is runnable. The spin ends; the caller sleeps.
+    bool wanted() const noexcept {
+        return held_ && (held_->load(std::memory_order_relaxed) & kWanted);
+    }
+    static constexpr std::uint64_t kWanted = 1;
 
   private:
     void drop(bool satisfied) noexcept;
@@ -325,6 +332,7 @@ inline long wait_on_bell(W &w, SpinSlot &slot) noexcept {
             else if (r != kLookAgain) return r;
             continue;
         }
+        if (now < spin_until && misses % kClockMisses == 0 && slot.wanted()) spin_until = now;
         if (now < spin_until && w.may_spin()) {
             w.spinning();
             continue;
