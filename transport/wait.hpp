@@ -176,7 +176,10 @@ int own_bell() noexcept;
 // this user; a slot is a claim time, one older than 50 ms belongs to a
 // waiter that died): on a host with more waiters than CPUs (8 pgbench
 // clients and their 8 servers on 2 CPUs) at most one waiter per CPU burns
-// it, and a lone process on its CPU always may. And a thread whose spins
+// it, and a lone process on its CPU always may; a waiter that finds the
+// slot held marks it wanted, and the holder ends its spin at its next
+// clock read (more of our waiters than CPUs: its spin would keep runnable
+// work of ours off the CPU). And a thread whose spins
 // keep ending in a sleep stops spinning for a while (1, 2, 4 ... 64 waits
 // after the second failure in a row, probing between), so a waiter whose
 // peer shares its CPU does not spin away the time that peer needs. A spin
