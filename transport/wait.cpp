@@ -480,19 +480,25 @@ std::uint64_t SpinSlot::start(std::uint64_t now, std::uint64_t ns) noexcept {
     const int cpu = sched_getcpu();
     std::atomic<std::uint64_t> &slot = t.slots[cpu < 0 ? 0 : cpu % t.count];
     std::uint64_t v = slot.load(std::memory_order_relaxed);
+    const std::uint64_t stamp = now & ~kWanted;
     if ((v == 0 || now - v > kStaleSpinNs) &&
-        slot.compare_exchange_strong(v, now, std::memory_order_acq_rel)) {
+        slot.compare_exchange_strong(v, stamp, std::memory_order_acq_rel)) {
         held_ = &slot;
-        stamp_ = now;
+        stamp_ = stamp;
         return now + ns;
     }
+    // Held by a live spinner: it ends its spin for us.
+    if (v && now - v <= kStaleSpinNs && !(v & kWanted))
+        slot.fetch_or(kWanted, std::memory_order_relaxed);
     return now;
 }
 
 void SpinSlot::drop(bool satisfied) noexcept {
     if (!held_) return;
     std::uint64_t mine = stamp_;
-    held_->compare_exchange_strong(mine, 0, std::memory_order_acq_rel);
+    if (!held_->compare_exchange_strong(mine, 0, std::memory_order_acq_rel) &&
+        mine == (stamp_ | kWanted))
+        held_->compare_exchange_strong(mine, 0, std::memory_order_acq_rel);
     held_ = nullptr;
     SpinHistory &h = spin_history;
     if (satisfied) {

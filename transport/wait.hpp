@@ -176,7 +176,10 @@ int own_bell() noexcept;
 // this user; a slot is a claim time, one older than 50 ms belongs to a
 // waiter that died): on a host with more waiters than CPUs (8 pgbench
 // clients and their 8 servers on 2 CPUs) at most one waiter per CPU burns
-// it, and a lone process on its CPU always may. And a thread whose spins
+// it, and a lone process on its CPU always may; a waiter that finds the
+// slot held marks it wanted, and the holder ends its spin at its next
+// clock read (more of our waiters than CPUs: its spin would keep runnable
+// work of ours off the CPU). And a thread whose spins
 // keep ending in a sleep stops spinning for a while (1, 2, 4 ... 64 waits
 // after the second failure in a row, probing between), so a waiter whose
 // peer shares its CPU does not spin away the time that peer needs. A spin
@@ -204,6 +207,13 @@ class SpinSlot {
     std::uint64_t start(std::uint64_t now, std::uint64_t ns) noexcept;
     // The spin is over without what it waited for: the caller sleeps.
     void release() noexcept { drop(false); }
+    // Another waiter of ours found this CPU's slot held since we took it:
+    // more of our waiters than CPUs, and our spin would take the CPU from
+    // work that is runnable. The spin ends; the caller sleeps.
+    bool wanted() const noexcept {
+        return held_ && (held_->load(std::memory_order_relaxed) & kWanted);
+    }
+    static constexpr std::uint64_t kWanted = 1;
 
   private:
     void drop(bool satisfied) noexcept;
@@ -325,6 +335,7 @@ inline long wait_on_bell(W &w, SpinSlot &slot) noexcept {
             else if (r != kLookAgain) return r;
             continue;
         }
+        if (now < spin_until && misses % kClockMisses == 0 && slot.wanted()) spin_until = now;
         if (now < spin_until && w.may_spin()) {
             w.spinning();
             continue;

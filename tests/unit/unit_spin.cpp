@@ -38,8 +38,19 @@ TEST_CASE("spin slots: one spinner per CPU; a thread whose spins end in sleep ba
     {
         SpinSlot a, b;
         CHECK(a.start(now, ns) == now + ns);
+        CHECK_FALSE(a.wanted());
         CHECK(b.start(now, ns) == now);  // the CPU's slot is taken
-        // a is dropped satisfied at the end of the scope, b never spun.
+        // b's look at the held slot asks a to end its spin.
+        CHECK(a.wanted());
+        CHECK_FALSE(b.wanted());  // b holds nothing
+        // a is dropped satisfied at the end of the scope (the wanted bit
+        // does not keep the slot), b never spun.
+    }
+    {
+        // The slot is free again, and no longer wanted.
+        SpinSlot c;
+        CHECK(c.start(now, ns) == now + ns);
+        CHECK_FALSE(c.wanted());
     }
     // Failures in a row: the first two spin, then 1 wait without, a probe,
     // 2 without, a probe, 4 without, a probe.
