@@ -7,6 +7,7 @@
 #include "engine.hpp"
 
 #include "log.hpp"
+#include "wait.hpp"
 
 #include <algorithm>
 #include <array>
@@ -121,8 +122,11 @@ void Engine::deliver(const char *buf, std::size_t len, const XLink *from) noexce
         return;
     }
     handle(m);
-    c->wake_locked();
+    c->wake_waiters_locked();
     lock.unlock();
+    // The connection outlives the pass (closing waits for the progress
+    // lock), so its pollers' mask is still there.
+    wake_pollers(c->pollers);
     if (m.answer_off != kNoOffset) answer_advert(c, m.answer_off, m.answer_len);
     if (m.answer_rst) answer_reset(c);
     if (m.answer_sink) {

@@ -700,6 +700,11 @@ void Conn::show_flow(bool rx_locked) noexcept {
 }
 
 void Conn::wake_locked() noexcept {
+    wake_waiters_locked();
+    wake_pollers(pollers);
+}
+
+void Conn::wake_waiters_locked() noexcept {
     show_flow(true);
     rx_seq.fetch_add(1, std::memory_order_release);
     std::uint64_t one = 1;
@@ -711,7 +716,6 @@ void Conn::wake_locked() noexcept {
         w.rung = true;
         (void)sys.write(w.efd, &one, sizeof one);
     }
-    wake_pollers(pollers);
 }
 
 void Engine::announce_switch(Conn *c) noexcept {
