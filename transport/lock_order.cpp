@@ -88,6 +88,17 @@ bool checked() noexcept {
 namespace sd::transport {
 
 void FutexMutex::lock_contended(std::uint32_t c) noexcept {
+    // First a short spin while nobody sleeps on it: the locks are held for
+    // a delivery or a look at a connection's state, far less than a futex
+    // sleep and wake-up cost both threads (a poll's look against a
+    // delivery on another CPU took two futex calls a message).
+    for (int spin = 0; spin < kSpins && c == 1; ++spin) {
+        cpu_relax();
+        c = w_.load(std::memory_order_relaxed);
+        if (c == 0 && w_.compare_exchange_strong(c, 1, std::memory_order_acquire,
+                                                 std::memory_order_relaxed))
+            return;
+    }
     // Marked as slept on (2) before each sleep, so the holder's unlock
     // wakes one; a wake-up (or EINTR, EAGAIN) tries again, as 2: another
     // sleeper may be left. errno stays the caller's, as a pthread mutex

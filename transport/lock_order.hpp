@@ -160,6 +160,15 @@ public:
     }
 
 private:
+    // Looks at a taken word before sleeping on it (about a microsecond).
+    static constexpr int kSpins = 64;
+    static void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#elif defined(__aarch64__)
+        asm volatile("yield");
+#endif
+    }
     void lock_contended(std::uint32_t c) noexcept;
     void wake_one() noexcept;
     std::atomic<std::uint32_t> w_{0};
