@@ -123,7 +123,7 @@ void Engine::detach(Conn *c) noexcept {
     }
     // No delivery may still be using it: deliveries run under the progress
     // lock and look the connection up afresh each time.
-    { std::lock_guard barrier(progress_lock_); }
+    { ProgressHeld barrier(*this); }
     { std::lock_guard barrier(flush_lock_); }
     if (c->flush_due.exchange(false)) flush_due_count_.fetch_sub(1, std::memory_order_relaxed);
     if (c->ring_mr) {

@@ -52,15 +52,41 @@ std::size_t Engine::progress() noexcept {
 
 void Engine::progress_before_sleep() noexcept {
     if (!fabric_ok_ || progress_lock_.held()) return;
-    // Under a receive lock (above progress in the order) it may not wait.
-    if (lock_order::holds_rank(Rank::rx)) {
-        progress();
-        return;
-    }
     // A full pass may have left messages behind; bounded.
     for (int pass = 0; pass < 16; ++pass) {
-        progress_lock_.lock();
+        pass_owed_.store(true, std::memory_order_relaxed);
+        // Pairs with the fence in unlock_progress: either the holder sees
+        // the pass owed after its release, or our try-lock sees the lock
+        // free.
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+        if (!progress_lock_.try_lock()) return;  // the holder passes for us
+        pass_owed_.store(false, std::memory_order_relaxed);
         if (progress_pass() < kPassEntries) return;
+    }
+}
+
+void Engine::unlock_progress() noexcept {
+    // Each round serves every request made before its pass began; a
+    // sleeper asks once per sleep, so rounds end unless others keep
+    // coming to sleep meanwhile.
+    for (int round = 0;; ++round) {
+        progress_lock_.unlock();
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+        if (!pass_owed_.load(std::memory_order_relaxed)) return;
+        if (round == 8) {
+            // Enough of others' passes for this caller: a sleeper of ours
+            // drains the doorbell and passes (rung as a peer rings it).
+            auto &word = page_->header.sleepers;
+            if ((word.load(std::memory_order_relaxed) & ~kRung) &&
+                !(word.fetch_or(kRung, std::memory_order_seq_cst) & kRung)) {
+                std::uint64_t one = 1;
+                (void)sys.write(doorbell_, &one, sizeof one);
+            }
+            return;
+        }
+        if (!progress_lock_.try_lock()) return;  // its holder serves it
+        pass_owed_.store(false, std::memory_order_relaxed);
+        (void)pass_locked();
     }
 }
 
@@ -75,6 +101,14 @@ void Engine::take_ring() noexcept {
 }
 
 std::size_t Engine::progress_pass() noexcept {
+    bool flush = true;
+    const std::size_t taken = pass_locked(&flush);
+    unlock_progress();
+    if (flush) flush_due_stages();
+    return taken;
+}
+
+std::size_t Engine::pass_locked(bool *flush) noexcept {
     std::size_t taken = 0;
     // Peers of other uids write into queues of ours, not the provider's
     // region (xqlink.cpp); without any, this one relaxed load is all.
@@ -87,23 +121,20 @@ std::size_t Engine::progress_pass() noexcept {
     // empty queue were a third of a 64-byte ping-pong's progress pass).
     if (!provider_msgs_.load(std::memory_order_acquire) &&
         !rma_pending_.load(std::memory_order_acquire) &&
-        !provider_due_.load(std::memory_order_acquire) && ++quiet_passes_ % kQuietPasses) {
-        progress_lock_.unlock();
-        flush_due_stages();
+        !provider_due_.load(std::memory_order_acquire) && ++quiet_passes_ % kQuietPasses)
         return taken;
-    }
     if (provider_due_.load(std::memory_order_relaxed))
         provider_due_.store(false, std::memory_order_relaxed);
     // The provider takes our region's lock and would spin on it for ever
     // if a peer died holding it: then nothing comes in any more (and no
     // new connection upgrades: fabric_usable()), but no thread is stuck.
     if (!own_region_.wait_free(kRegionLockBoundNs)) {
-        progress_lock_.unlock();
+        if (flush) *flush = false;
         return taken;
     }
     InProvider in;  // after the wait: an exit does not wait for a wait
     if (!in.ok()) {
-        progress_lock_.unlock();
+        if (flush) *flush = false;
         return taken;
     }
     Guard guard;
@@ -140,8 +171,6 @@ std::size_t Engine::progress_pass() noexcept {
         taken += std::size_t(n);
         if (n < ssize_t(kPassEntries / 8)) break;
     }
-    progress_lock_.unlock();
-    flush_due_stages();
     return taken;
 }
 
@@ -221,7 +250,7 @@ void Engine::sent_into_ring(Conn *c, std::uint32_t len) noexcept {
 
 void Engine::progress_blocking() noexcept {
     if (!fabric_ok_) return;
-    { std::lock_guard wait_turn(progress_lock_); }
+    { ProgressHeld wait_turn(*this); }
     progress();
 }
 

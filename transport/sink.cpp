@@ -247,7 +247,7 @@ std::uint32_t Engine::finish_sink(Conn *c) noexcept {
     if (mr) {
         // From here on no write lands in the buffer. The progress lock
         // waits out a progress pass that may be placing one right now.
-        std::lock_guard fence(progress_lock_);
+        ProgressHeld fence(*this);
         Guard guard;
         InProvider in;
         if (in.ok()) fi_close(&mr->fid);

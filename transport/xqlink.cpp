@@ -131,7 +131,7 @@ void Engine::link_put(int xl) noexcept {
     // order: table, tx, progress): a process that changes its uid keeps
     // nothing of its peers. Elsewhere the next progress pass unmaps it.
     if (!lock_order::holds_rank(Rank::progress) && !lock_order::holds_rank(Rank::rx)) {
-        std::lock_guard pass(progress_lock_);
+        ProgressHeld pass(*this);
         reap_links_locked();
     }
 }
