@@ -10,11 +10,13 @@
 
 #include "sys.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <mutex>
 #include <new>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -30,6 +32,10 @@ struct WakeCache {
     std::mutex lock;
     bool denied = false;  // pidfd_getfd refused: the doorbell only, from now on
     unsigned next = 0;    // the entry replaced next
+    // Writes through a copy we held, and copies made in place of another:
+    // a peer with more sleeping threads than entries would otherwise pay
+    // a copy (four system calls) for most wake-ups.
+    std::uint64_t hits = 0, replaced = 0;
     std::uint64_t word[kEntries] = {};
     int fd[kEntries];
     WakeCache() noexcept {
@@ -37,11 +43,33 @@ struct WakeCache {
     }
 };
 
+namespace {
+
+// The copies this process holds, of all its peers, and their bound: a
+// sixteenth of the fd limit (16 to 256), so that they never take the
+// application's fds.
+std::atomic<int> copies_held{0};
+
+int copies_budget() noexcept {
+    static const int budget = [] {
+        rlimit rl{};
+        getrlimit(RLIMIT_NOFILE, &rl);
+        const rlim_t lim = rl.rlim_cur == RLIM_INFINITY ? 4096 : rl.rlim_cur;
+        return int(std::clamp<rlim_t>(lim / 16, 16, 256));
+    }();
+    return budget;
+}
+
+}  // namespace
+
 WakeCache *wake_cache_new() noexcept { return new (std::nothrow) WakeCache; }
 
 void wake_cache_free(WakeCache *w) noexcept {
     for (int f : w->fd)
-        if (f >= 0) sys.close(f);
+        if (f >= 0) {
+            sys.close(f);
+            copies_held.fetch_sub(1, std::memory_order_relaxed);
+        }
     delete w;
 }
 
@@ -52,8 +80,17 @@ namespace {
 int copy_of(WakeCache *w, const Peer *p, const std::atomic<std::uint64_t> &slot,
             std::uint64_t word) noexcept {
     for (int i = 0; i < WakeCache::kEntries; ++i)
-        if (w->word[i] == word) return w->fd[i];
+        if (w->word[i] == word) {
+            ++w->hits;
+            return w->fd[i];
+        }
     if (w->denied) return -1;
+    // The entry it would take: a free one while the budget allows, else
+    // the next in turn, as long as copies stay rare beside hits.
+    const unsigned i = w->next % WakeCache::kEntries;
+    if (w->fd[i] < 0 ? copies_held.load(std::memory_order_relaxed) >= copies_budget()
+                     : w->replaced * 4 > w->hits)
+        return -1;
     int fd = int(syscall(SYS_pidfd_getfd, p->pidfd, int(std::uint32_t(word)), 0));
     if (fd < 0) {
         // No rights over the peer (not dumpable, another uid's rules), or
@@ -73,8 +110,13 @@ int copy_of(WakeCache *w, const Peer *p, const std::atomic<std::uint64_t> &slot,
     }
     fd = out_of_the_way(fd);  // pidfd_getfd set close-on-exec
     if (fd < 0) return -1;
-    const unsigned i = w->next++ % WakeCache::kEntries;
-    if (w->fd[i] >= 0) sys.close(w->fd[i]);
+    ++w->next;
+    if (w->fd[i] >= 0) {
+        sys.close(w->fd[i]);
+        ++w->replaced;
+    } else {
+        copies_held.fetch_add(1, std::memory_order_relaxed);
+    }
     w->word[i] = word;
     w->fd[i] = fd;
     return fd;
