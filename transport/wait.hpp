@@ -111,11 +111,11 @@ class Watch {
     void on(Conn *c, void (*drop)(void *) = nullptr, void *hold = nullptr) noexcept;
     // Wakes on every ring (a socket with no connection yet).
     void on_everything() noexcept;
-    // Announces the thread's bell `word` (ConnStat::waker) on each
-    // connection registered with on(Conn *) that has none announced: its
-    // peer may write the bell itself. True if any took it.
+    // Announces `word`, the eventfd the sleep polls (ConnStat::waker), on
+    // each connection registered with on(Conn *) that has none announced:
+    // its peer may write that eventfd itself. True if any took it.
     bool announce(std::uint64_t word) noexcept;
-    // Ends the announcements: true when a peer wrote the bell meanwhile
+    // Ends the announcements: true when a peer wrote the eventfd meanwhile
     // (the caller then takes in what is queued). Also at destruction.
     bool withdraw() noexcept;
 
@@ -125,12 +125,12 @@ class Watch {
         void (*drop)(void *);
         void *hold;
         Conn *c;         // the connection whose pollers `m` are, if any
-        bool announced;  // our bell's word is in its slot
+        bool announced;  // word_ is in its slot
     };
     static constexpr std::size_t kInline = 16;
     std::uint64_t bit_;  // 0: on the process-wide list, which every ring wakes
     bool everything_ = false;
-    std::uint64_t word_ = 0;  // the bell's word announced (0: none)
+    std::uint64_t word_ = 0;  // the word announced (0: none)
     Rec inline_[kInline];
     Rec *recs_ = inline_;
     std::size_t n_ = 0, cap_ = kInline;
