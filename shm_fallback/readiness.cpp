@@ -75,7 +75,7 @@ void kernel_hint(Stream *s) noexcept {
 void enlist_stream(Stream *s, transport::Watch &w, void (*drop)(void *), void *hold) noexcept {
     // The connection, once set, stays until the stream is destroyed: the
     // hold (ours or the caller's) keeps it.
-    if (Conn *c = s->conn.load(std::memory_order_acquire)) return w.on(transport::pollers_of(c), drop, hold);
+    if (Conn *c = s->conn.load(std::memory_order_acquire)) return w.on(c, drop, hold);
     if (has_prefix(s)) {
         w.on_everything();  // its bytes come from elsewhere (prefix.hpp)
     } else if (s->may_go_direct()) {
@@ -83,7 +83,7 @@ void enlist_stream(Stream *s, transport::Watch &w, void (*drop)(void *), void *h
         // through it; a connection set before our registration is seen
         // by the second look.
         w.on(transport::attach_pollers());
-        if (Conn *c = s->conn.load(std::memory_order_seq_cst)) return w.on(transport::pollers_of(c), drop, hold);
+        if (Conn *c = s->conn.load(std::memory_order_seq_cst)) return w.on(c, drop, hold);
     }
     if (drop) drop(hold);
 }

@@ -78,6 +78,19 @@ TEST_CASE("several threads each wait and do I/O on their own connection", "[thre
                                       "poll,epoll,select,ppoll", "--rounds", "500"}));
 }
 
+TEST_CASE("several threads that each sleep on their own connection are woken by every answer "
+          "at once, never by the safety net",
+          "[threads]") {
+    // No spin: every wait sleeps, and the answer's wake-up (the thread's
+    // own, or the process doorbell's) is what ends it. A wake-up left to
+    // the 200 ms safety net shows as a slow wait.
+    PairSpec spec = scenario("wakeup-loop", {"--conns", "4", "--parallel", "1", "--apis",
+                                             "poll,epoll,select,ppoll", "--rounds", "400",
+                                             "--slow-ms", "150"});
+    spec.env = {"SDIRECT_SPIN_US=0"};
+    run_pair(spec);
+}
+
 TEST_CASE("no wake-up is lost: 1000 answers each wake a wait in poll, epoll and select",
           "[threads]") {
     run_pair(scenario("wakeup-loop", {"--conns", "3", "--apis", "poll,epoll,select",

@@ -184,6 +184,13 @@ void drive_wakeup_loop(int *fd, const Options &opt) {
     const std::uint64_t rounds = opt.num("rounds", 1000);
     const std::uint64_t seed = seed_of(opt, 1);
     const auto max = std::uint32_t(opt.num("max-msg", 64));
+    // --slow-ms: waits that took longer count as slow (a wake-up that came
+    // by the library's 200 ms safety net, not by the answer); more than
+    // --slow-max of them fail the run.
+    const std::uint64_t slow_ms = opt.num("slow-ms", 0);
+    const std::uint64_t slow_max = opt.num("slow-max", 3);
+    std::uint64_t slow = 0;
+    double slowest = 0;
     Cmd cmd;
     cmd.op = Op::pingpong;
     cmd.size = rounds;
@@ -206,6 +213,11 @@ void drive_wakeup_loop(int *fd, const Options &opt) {
                 fail("%s round %llu: returned %d (%s) with %s after %.3f s: lost wake-up?",
                      api_name(api), (unsigned long long)k, r.rc,
                      r.rc < 0 ? errno_name(r.err) : "-", events_text(r.revents[0]).c_str(), r.took);
+            if (r.took > slowest) slowest = r.took;
+            if (slow_ms && r.took * 1000 > double(slow_ms) && ++slow > slow_max)
+                fail("%s round %llu: %llu waits over %llu ms (the slowest %.3f s): wake-ups left "
+                     "to the safety net?", api_name(api), (unsigned long long)k,
+                     (unsigned long long)slow, (unsigned long long)slow_ms, slowest);
             ssize_t n = recv(s, in + got, len - got, MSG_DONTWAIT);
             if (n <= 0)
                 fail("%s round %llu: readable, but recv returned %zd (%s)", api_name(api),

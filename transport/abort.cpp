@@ -32,7 +32,7 @@ void Engine::answer_reset(Conn *c) noexcept {
     // (tx_off no longer moves once our FIN is sent: fin_out).
     if (c->close_out() &&
         post(c, MsgType::close, nullptr, 0, 0, c->tx_off, 0, kCloseReset) == 0)
-        ring(c->peer);
+        ring(c);
 }
 
 void Engine::closed_before_ours_locked(Conn *c) noexcept {

@@ -21,7 +21,7 @@ bool shut_write(const SocketSide &s, Conn *c, std::atomic<bool> &fin_second) noe
         // our side shut with it (POLLHUP), as it is.
         (void)c->move_fin_out(FinOut::open, FinOut::fin);
         if (post_fin && engine->post(c, MsgType::fin, nullptr, 0, 0, c->tx_off, 0) == 0)
-            engine->ring(c->peer);
+            engine->ring(c);
     }
     if (c->is_direct() || c->our_leave.load(std::memory_order_acquire) != OurLeave::none ||
         c->leave_wanted.load(std::memory_order_acquire)) {
@@ -65,7 +65,7 @@ void close_conn(const SocketSide &s, Conn *c, bool abort) noexcept {
     // answers it (under rx_lock) already finds our end closed.
     if (c->close_out() &&
         engine->post(c, MsgType::close, nullptr, 0, 0, c->tx_off, 0, unread ? kCloseReset : 0) == 0)
-        engine->ring(c->peer);
+        engine->ring(c);
 }
 
 }  // namespace sd::transport

@@ -108,7 +108,7 @@ void Engine::detach(Conn *c) noexcept {
         // Broken: nothing more goes, and no CLOSE either.
         if (c->broken) (void)c->move_fin_out(FinOut::open, FinOut::fin);
         else if (c->close_out() && post(c, MsgType::close, nullptr, 0, 0, c->tx_off, 0) == 0)
-            ring(c->peer);
+            ring(c);
     }
     bool keep_ring = false;
     {

@@ -256,11 +256,12 @@ struct Conn {
     void wake_locked() noexcept;
     // The waiters only (their eventfds are valid while they are on the
     // list, under rx_lock); the caller wakes the pollers
-    // (wake_pollers(pollers)) once it has let rx_lock go. A poller woken
+    // (wake_pollers(pollers, skip), `skip` the value returned: the poller
+    // slot the peer woke itself) once it has let rx_lock go. A poller woken
     // under the lock may take the CPU from the waker at once and then
     // block on the lock the waker still holds: a delivery to a connection
     // polled by a thread of a busy process cost two futex calls that way.
-    void wake_waiters_locked() noexcept;
+    std::uint64_t wake_waiters_locked() noexcept;
     // Flow state into the counters (sdirect-stat shows it); the receive
     // side's only when the caller holds rx_lock.
     void show_flow(bool rx_locked) noexcept;

@@ -236,7 +236,7 @@ int Engine::post_stage_locked(Conn *c, std::uint64_t deadline_ns) noexcept {
     sent_into_ring(c, c->staged);
     c->staged = 0;
     if (c->flush_due.exchange(false)) flush_due_count_.fetch_sub(1, std::memory_order_relaxed);
-    ring(c->peer);
+    ring(c);
     return 0;
 }
 
@@ -262,7 +262,7 @@ void Engine::finish_advert_locked(Conn *c, std::uint64_t *off, std::uint32_t *do
 }
 
 void Engine::answer_advert(Conn *c, std::uint64_t off, std::uint32_t done) noexcept {
-    if (post(c, MsgType::src_done, nullptr, 0, 0, off, 0, done) == 0) ring(c->peer);
+    if (post(c, MsgType::src_done, nullptr, 0, 0, off, 0, done) == 0) ring(c);
 }
 
 void Engine::publish_regstats() noexcept {
@@ -299,18 +299,18 @@ int Engine::advertise(Conn *c, const char *buf, std::uint32_t len, RegCache::Ref
         *ref = RegCache::Ref{};
         return rc;
     }
-    ring(c->peer);
+    ring(c);
     return 0;
 }
 
 void Engine::need_key(Conn *c) noexcept {
-    if (post(c, MsgType::src_need_key, nullptr, 0, 0, c->zc.off, 0) == 0) ring(c->peer);
+    if (post(c, MsgType::src_need_key, nullptr, 0, 0, c->zc.off, 0) == 0) ring(c);
 }
 
 int Engine::cancel_advert(Conn *c, std::uint64_t off) noexcept {
     int rc = post(c, MsgType::src_cancel, nullptr, 0, 0, off, 0);
     if (rc == 0) c->stat->cancels.fetch_add(1, std::memory_order_relaxed);
-    if (rc == 0) ring(c->peer);
+    if (rc == 0) ring(c);
     return rc;
 }
 
@@ -665,7 +665,7 @@ void Engine::maybe_return_credits(Conn *c) noexcept {
     // data messages does not matter, and whoever posts takes every credit
     // owed at that moment (a racing second message carries none).
     if (c->unreturned.load(std::memory_order_relaxed) < c->ring_cap / 4 || !c->is_direct()) return;
-    if (post(c, MsgType::credit, nullptr, 0, 0, 0, 0) == 0) ring(c->peer);
+    if (post(c, MsgType::credit, nullptr, 0, 0, 0, 0) == 0) ring(c);
     c->show_flow(false);
 }
 
@@ -729,22 +729,24 @@ void Conn::show_flow(bool rx_locked) noexcept {
 }
 
 void Conn::wake_locked() noexcept {
-    wake_waiters_locked();
-    wake_pollers(pollers);
+    wake_pollers(pollers, wake_waiters_locked());
 }
 
-void Conn::wake_waiters_locked() noexcept {
+std::uint64_t Conn::wake_waiters_locked() noexcept {
     show_flow(true);
     rx_seq.fetch_add(1, std::memory_order_release);
     std::uint64_t one = 1;
     // Once per sleep; never the delivering thread's own (it looks again
     // after its progress pass, before and after its sleep: sleep_once).
     const int own = own_bell();
+    // Nor the sleeper whose eventfd the peer wrote: it wakes anyway.
+    const RungWaker rung = rung_waker(this);
     for (Waiter &w : waiters) {
-        if (w.rung || w.efd == own) continue;
+        if (w.rung || w.efd == own || w.efd == rung.bell) continue;
         w.rung = true;
         (void)sys.write(w.efd, &one, sizeof one);
     }
+    return rung.slot_bit;
 }
 
 void Engine::announce_switch(Conn *c) noexcept {
@@ -762,7 +764,7 @@ void Engine::announce_switch_locked(Conn *c) noexcept {
     if (c->tx_fabric || c->fin_sent(std::memory_order_seq_cst) || !c->is_direct()) return;
     if (post(c, MsgType::data, nullptr, 0, 0, c->tx_off, monotonic_ns() + 100000000ull) == 0) {
         c->tx_fabric = true;
-        ring(c->peer);
+        ring(c);
     }
 }
 

@@ -22,6 +22,7 @@
 namespace sd::transport {
 
 struct PeerSink;  // conn_impl.hpp
+struct WakeCache;  // wake.cpp
 
 // A peer process we have direct connections with, or had: one whose last
 // connection closed stays attached, idle, in the peer cache (peers.cpp).
@@ -58,7 +59,17 @@ struct Peer {
     int xl = -1;
     int page_fd = -1;  // its page, read with pread (page points to zeros)
     char dir[64] = {};
+    // Our copies of the eventfds its sleeping threads announce
+    // (ConnStat::waker), for its direct wake-ups (Engine::ring): a peer
+    // of our uid in another process; nullptr for the others, which we
+    // wake through the doorbell alone.
+    WakeCache *wake = nullptr;
 };
+
+// The direct wake-ups' copies of one peer's eventfds (wake.cpp): made when
+// a peer of our uid in another process is attached, closed when dropped.
+WakeCache *wake_cache_new() noexcept;
+void wake_cache_free(WakeCache *w) noexcept;
 
 // The `addr` of a peer of another uid: it is in no address vector.
 inline constexpr fi_addr_t kQueueAddr = FI_ADDR_UNSPEC - 1;
@@ -423,6 +434,10 @@ class Engine {
     void announce_switch_locked(Conn *c) noexcept;
     // Rings the peer's doorbell if one of its threads sleeps.
     void ring(const Peer *p) noexcept;
+    // After a post to `c`: wakes the peer's thread that sleeps on it, by
+    // writing that thread's own eventfd where the peer announced one
+    // (ConnStat::waker) and we hold a copy of it; else ring(c->peer).
+    void ring(const Conn *c) noexcept;
     // A thread of ours goes to sleep (+1) or wakes (-1): our process page
     // counts it, and, for peers of other uids, which never map our page,
     // the queues they write to (seq_cst: a sleeper's recheck follows).

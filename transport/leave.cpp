@@ -96,7 +96,7 @@ void Engine::send_leave_locked(Conn *c, bool first, Reason why) noexcept {
     c->stat->leaves.fetch_add(1, std::memory_order_relaxed);
     const std::uint32_t flags = (first ? kLeaveFirst : 0) | std::uint32_t(why) << 8;
     if (post(c, MsgType::leave, nullptr, 0, 0, c->tx_off, deadline, flags) == 0)
-        ring(c->peer);
+        ring(c);
     c->move(ConnState::direct, ConnState::leaving);
     SD_LOG(debug, "fd %d: our fabric stream ends at %llu", c->stat->fd,
            (unsigned long long)c->tx_off);
@@ -568,7 +568,7 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
         SD_LOG(error, "fd %d: returning %u unread bytes failed: %s", fd, n, std::strerror(-rc));
         return rc;
     }
-    ring(c->peer);
+    ring(c);
     // Received on the fabric and returned unread: they come again through
     // the kernel, counted there, so the fabric's count gives them back.
     if (n) c->stat->rx_fabric.fetch_sub(n, std::memory_order_relaxed);

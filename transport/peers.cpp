@@ -163,6 +163,7 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
         p->page = static_cast<ProcPage *>(map);
         p->doorbell = doorbell;
         p->pidfd = int(syscall(SYS_pidfd_open, pid, 0));
+        if (pid != pid_ && p->pidfd >= 0) p->wake = wake_cache_new();
     }
     if (xl >= 0) {
         // From here progress() delivers the link's messages to it.
@@ -226,6 +227,7 @@ void Engine::drop_peer(Peer *p) noexcept {
         if (p->doorbell >= 0) sys.close(p->doorbell);
         if (p->pidfd >= 0) sys.close(p->pidfd);
     }
+    if (p->wake) wake_cache_free(p->wake);
     p->region.unwatch();
     *p = Peer{};
 }

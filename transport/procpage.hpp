@@ -94,6 +94,13 @@ static_assert(sizeof(ProcHeader) == 128);
 inline constexpr std::uint32_t kRung = 1u << 31;
 static_assert(offsetof(ProcHeader, sleepers) == 16);
 
+// ConnStat::waker's latch: the peer wrote the announced eventfd. Until
+// the sleeper clears the word, other posts of the peer need no write of
+// their own; the sleeper, finding the latch when it clears the word, takes
+// in everything queued (the write may have woken nobody: the sleep was
+// over already).
+inline constexpr std::uint64_t kWakeRung = 1ull << 63;
+
 enum class SlotState : std::uint32_t { free = 0, live = 1, closed = 2 };
 
 struct ConnStat {
@@ -146,7 +153,14 @@ struct ConnStat {
     // connecting side's registry entry (0: not yet): the connecting side
     // then knows whether its request would only cross the acceptor's.
     std::atomic<std::uint64_t> lookup_ns;
-    std::uint8_t pad1[40];
+    // A thread of ours sleeps on this connection and may be woken through
+    // its own eventfd (wait.cpp): its number in our process (the low 32
+    // bits) and that eventfd's mark (bits 32-62: unique in this process,
+    // never 0); kWakeRung once the peer wrote it. 0: none announced. Set
+    // by the sleeper before its last look, cleared when its sleep ends; a
+    // peer of our uid sets kWakeRung (Engine::ring).
+    std::atomic<std::uint64_t> waker;
+    std::uint8_t pad1[32];
 };
 static_assert(sizeof(ConnStat) == 256);
 static_assert(offsetof(ConnStat, tx_kernel) == 64);

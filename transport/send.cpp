@@ -504,7 +504,7 @@ ssize_t direct_send(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, 
             if (!readable_iov(v, k, total)) return -EFAULT;
             int rc = post_inline(s, c, v, k, std::uint32_t(total), post_by);
             if (rc == 0) {
-                s.engine->ring(c->peer);
+                s.engine->ring(c);
                 return ssize_t(total);
             }
             rc = send_failed(s, c, rc);
@@ -552,7 +552,7 @@ ssize_t direct_send(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, 
         }
         const Protocol p = pick(k);
         if (p != Protocol::zcopy && k.credit <= 0) {
-            s.engine->ring(c->peer);
+            s.engine->ring(c);
             if (nb || k.interrupted) {
                 rc = k.interrupted ? -EINTR : -EAGAIN;
                 break;
@@ -566,7 +566,7 @@ ssize_t direct_send(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, 
         }
     }
     const std::size_t sent = k.sent;
-    if (sent) s.engine->ring(c->peer);
+    if (sent) s.engine->ring(c);
     *left = rc == -ESTALE;
     // EAGAIN with credits left: the peer's queue stayed full (post_by).
     // Readiness still says writable, but an edge-triggered waiter is told

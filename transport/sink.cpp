@@ -165,7 +165,7 @@ int Engine::advertise_sink(Conn *c, void *buf, std::uint32_t len) noexcept {
         (void)finish_sink(c);
         return -EAGAIN;
     }
-    ring(c->peer);
+    ring(c);
     c->stat->sinks.fetch_add(1, std::memory_order_relaxed);
     return 0;
 }
@@ -193,7 +193,7 @@ int Engine::cancel_sink(Conn *c) noexcept {
     iovec v{&seq, sizeof seq};
     if (peer_alive(c->peer) && post(c, MsgType::sink_cancel, &v, 1, sizeof seq, off,
                                     monotonic_ns() + kSinkCancelPostNs) == 0) {
-        ring(c->peer);
+        ring(c);
         std::lock_guard lock(c->rx_lock);
         c->sink.asked = true;
     }
@@ -328,7 +328,7 @@ long Engine::take_sink_cma(Conn *c, const PeerSink &ps, const iovec *iov, int io
     iovec v{&seq, sizeof seq};
     const std::uint32_t wrote = rc == 0 ? std::uint32_t(n) : 0;
     int prc = post(c, MsgType::sink_done, &v, 1, sizeof seq, ps.off, 0, wrote);
-    if (prc == 0) ring(c->peer);
+    if (prc == 0) ring(c);
     if (rc) return rc == -EPIPE || !peer_alive(c->peer) ? -EPIPE : rc;
     if (prc) return prc;
     c->tx_off += n;
@@ -360,7 +360,7 @@ long Engine::take_sink_rma(Conn *c, const PeerSink &ps, const iovec *iov, int io
     iovec v{&seq, sizeof seq};
     const std::uint32_t wrote = rc == 0 ? std::uint32_t(n) : 0;
     int prc = post(c, MsgType::sink_done, &v, 1, sizeof seq, ps.off, 0, wrote);
-    if (prc == 0) ring(c->peer);
+    if (prc == 0) ring(c);
     {
         std::lock_guard lock(c->rx_lock);
         c->psink_busy = 0;
@@ -431,7 +431,7 @@ bool Engine::on_sink_cancel(Conn *c, const MsgHeader &h, const char *payload) no
 
 void Engine::answer_sink_cancel(Conn *c, std::uint64_t seq, std::uint64_t off) noexcept {
     iovec v{&seq, sizeof seq};
-    if (post(c, MsgType::sink_done, &v, 1, sizeof seq, off, 0, 0) == 0) ring(c->peer);
+    if (post(c, MsgType::sink_done, &v, 1, sizeof seq, off, 0, 0) == 0) ring(c);
 }
 
 }  // namespace sd::transport

@@ -38,11 +38,20 @@ struct BellCloser {
     }
 };
 thread_local int bell_fd = -1;
+// The bell's mark (ConnStat::waker): a number no other eventfd of this
+// process had, so that a peer's copy of an older eventfd of the same fd
+// number is never taken for this one.
+thread_local std::uint32_t bell_mark = 0;
+std::atomic<std::uint32_t> bell_marks{0};
+// The marks of the poller slots' eventfds (each made once in a process)
+// are kSlotMarks + 1 + the slot's index; bells take those below.
+constexpr std::uint32_t kSlotMarks = 0x40000000;
 int bell_get() noexcept {
     if (bell_fd < 0) {
         bell_fd = out_of_the_way(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
         thread_local BellCloser closer{&bell_fd};
         (void)closer;
+        if (bell_fd >= 0) bell_mark = bell_marks.fetch_add(1, std::memory_order_relaxed) % kSlotMarks + 1;
     }
     return bell_fd;
 }
@@ -57,6 +66,29 @@ void drain(int fd) noexcept {
 
 }  // namespace
 
+std::uint64_t bell_word() noexcept {
+    const int fd = bell_get();
+    return fd < 0 ? 0 : std::uint64_t(bell_mark) << 32 | std::uint32_t(fd);
+}
+
+bool announce_waker(Conn *c, std::uint64_t word) noexcept {
+    // Only a peer of our uid in another process writes our bells (one of
+    // another uid cannot take a copy of them).
+    if (!word || !c->is_direct() || c->peer->cross) return false;
+    std::uint64_t none = 0;
+    // Before the sleeper's last look (seq_cst): a peer that posts after
+    // that look sees the word (Engine::ring).
+    return c->stat->waker.compare_exchange_strong(none, word, std::memory_order_seq_cst);
+}
+
+bool withdraw_waker(Conn *c, std::uint64_t word) noexcept {
+    std::uint64_t v = c->stat->waker.load(std::memory_order_relaxed);
+    while ((v & ~kWakeRung) == word)
+        if (c->stat->waker.compare_exchange_weak(v, 0, std::memory_order_seq_cst))
+            return v & kWakeRung;
+    return false;
+}
+
 int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
                bool (*ready)(void *), void *ctx, int timeout_ms) noexcept {
     Waiter w(bell_get());
@@ -66,8 +98,11 @@ int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
         c->add_waiter(&w);
     }
     // Announce, then look once more: a peer that posts after our recheck
-    // sees the count and rings the doorbell (Engine::ring); the recheck's
+    // sees the count and rings the doorbell, or sees our bell in the
+    // connection's slot and writes it (Engine::ring); the recheck's
     // progress reads the queues of peers of other uids too.
+    const std::uint64_t word = c ? bell_word() : 0;
+    const bool announced = word && announce_waker(c, word);
     e->announce_sleep(1);
     e->progress_before_sleep();
     int rc = 0;
@@ -87,6 +122,10 @@ int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
             if (p[1].revents & POLLIN) e->take_ring();
         }
     }
+    // The peer wrote our bell: what it posted is taken in here, whatever
+    // ended the sleep (a delivery of ours would wake the connection's
+    // other waiters; none may be due if the sleep was over already).
+    if (announced && withdraw_waker(c, word)) e->progress_before_sleep();
     e->announce_sleep(-1);
     if (c) {
         std::lock_guard lock(c->rx_lock);
@@ -152,12 +191,18 @@ WaiterList standby;        // under watch_lock
 thread_local int wait_depth = 0;
 thread_local bool watching = false;
 
+// The slot this thread held last: taken again when free, so that a
+// thread keeps the eventfd its peers hold a copy of (Engine::ring).
+thread_local int last_slot = -1;
+
 // A free slot with its eventfd, drained; -1 if none.
 int slot_take() noexcept {
     std::uint64_t busy = slots_busy.load(std::memory_order_relaxed);
     for (;;) {
         if (~busy == 0) return -1;
-        const int i = __builtin_ctzll(~busy);
+        const int i = last_slot >= 0 && !(busy & (std::uint64_t(1) << last_slot))
+                          ? last_slot
+                          : __builtin_ctzll(~busy);
         if (!slots_busy.compare_exchange_weak(busy, busy | (std::uint64_t(1) << i),
                                               std::memory_order_acquire))
             continue;
@@ -172,6 +217,7 @@ int slot_take() noexcept {
         } else if (slots_rung.load(std::memory_order_seq_cst) & (std::uint64_t(1) << i)) {
             slot_drain(i, fd);  // rings meant for its previous holder
         }
+        last_slot = i;
         return i;
     }
 }
@@ -183,6 +229,7 @@ void slot_give(int i) noexcept {
 }  // namespace
 
 Watch::~Watch() {
+    (void)withdraw();
     for (std::size_t i = 0; i < n_; ++i) {
         recs_[i].m->bits.fetch_and(~bit_, std::memory_order_release);
         if (recs_[i].drop) recs_[i].drop(recs_[i].hold);
@@ -208,10 +255,36 @@ void Watch::on(PollerMask &m, void (*drop)(void *), void *hold) noexcept {
         recs_ = r;
         cap_ = cap;
     }
-    recs_[n_++] = {&m, drop, hold};
+    recs_[n_++] = {&m, drop, hold, nullptr, false};
     // Before the sleeper's last look (sleep_on_fds): a waker that changes
     // the state after that look sees the bit.
     m.bits.fetch_or(bit_, std::memory_order_seq_cst);
+}
+
+void Watch::on(Conn *c, void (*drop)(void *), void *hold) noexcept {
+    const std::size_t n = n_;
+    on(pollers_of(c), drop, hold);
+    if (n_ > n) recs_[n].c = c;
+}
+
+bool Watch::announce(std::uint64_t word) noexcept {
+    bool any = false;
+    for (std::size_t i = 0; i < n_; ++i)
+        if (recs_[i].c && (recs_[i].announced = announce_waker(recs_[i].c, word))) any = true;
+    if (any) word_ = word;
+    return any;
+}
+
+bool Watch::withdraw() noexcept {
+    if (!word_) return false;
+    bool rung = false;
+    for (std::size_t i = 0; i < n_; ++i)
+        if (recs_[i].announced) {
+            recs_[i].announced = false;
+            if (withdraw_waker(recs_[i].c, word_)) rung = true;
+        }
+    word_ = 0;
+    return rung;
 }
 
 void Watch::on_everything() noexcept {
@@ -220,13 +293,21 @@ void Watch::on_everything() noexcept {
     wide.bits.fetch_or(bit_, std::memory_order_seq_cst);
 }
 
-void wake_pollers(const PollerMask &m) noexcept {
+RungWaker rung_waker(const Conn *c) noexcept {
+    const std::uint64_t w = c->stat->waker.load(std::memory_order_acquire);
+    if (!(w & kWakeRung)) return {-1, 0};
+    const std::uint32_t mark = std::uint32_t(w >> 32) & ~std::uint32_t(kWakeRung >> 32);
+    if (mark > kSlotMarks) return {-1, std::uint64_t(1) << ((mark - kSlotMarks - 1) % kPollerSlots)};
+    return {int(std::uint32_t(w)), 0};
+}
+
+void wake_pollers(const PollerMask &m, std::uint64_t skip) noexcept {
     // The state change the caller made is ordered before these loads; the
     // sleeper's registration before its last look (both seq_cst).
     std::atomic_thread_fence(std::memory_order_seq_cst);
     std::uint64_t bits =
         (m.bits.load(std::memory_order_acquire) | wide.bits.load(std::memory_order_acquire)) &
-        ~own_slot_bit;
+        ~own_slot_bit & ~skip;
     if (bits) bits &= ~slots_rung.fetch_or(bits, std::memory_order_seq_cst);
     const std::uint64_t one = 1;
     while (bits) {
@@ -265,6 +346,7 @@ SD_CHILD_PATH void pollers_after_fork_child() noexcept {
     renew(slots_busy, 0);
     renew(slots_rung, 0);
     renew(own_slot_bit, 0);
+    renew(last_slot, -1);
     for (auto &f : slot_fds)
         if (int fd = f.load(std::memory_order_relaxed) - 1; fd >= 0) {
             f.store(0, std::memory_order_relaxed);
@@ -281,6 +363,7 @@ SD_CHILD_PATH void pollers_after_fork_child() noexcept {
     renew(watching, false);
     // This thread's bell is the parent thread's eventfd too.
     if (bell_fd >= 0) sys.close(std::exchange(bell_fd, -1));
+    renew(bell_mark, 0);
 }
 
 int thread_bell() noexcept { return bell_get(); }
@@ -321,6 +404,10 @@ int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int tim
     {
         Watch watch(slot);
         if (slot >= 0) in.enlist(in.ctx, watch);
+        // The slot's eventfd, announced on the direct connections enlisted:
+        // their peers write it themselves (Engine::ring).
+        const bool direct =
+            slot >= 0 && watch.announce(std::uint64_t(kSlotMarks + 1 + slot) << 32 | std::uint32_t(w.efd));
         std::atomic_thread_fence(std::memory_order_seq_cst);
         e->announce_sleep(1);
         e->progress_before_sleep();
@@ -359,6 +446,10 @@ int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int tim
         } else {
             for (nfds_t i = 0; i < n; ++i) fds[i].revents = 0;
         }
+        // A peer wrote the slot's eventfd: what it posted is taken in here
+        // (its deliveries wake whoever waits on it), whatever ended the
+        // sleep.
+        if (direct && watch.withdraw()) e->progress_before_sleep();
         e->announce_sleep(-1);
     }
     if (standing_by) {

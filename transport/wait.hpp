@@ -106,18 +106,31 @@ class Watch {
     // `m` is unregistered: the caller keeps `m` alive with `hold` (null:
     // it lives longer than the sleep anyway).
     void on(PollerMask &m, void (*drop)(void *) = nullptr, void *hold = nullptr) noexcept;
+    // Wakes on what rings connection `c` (its pollers), and, once
+    // announce() made it so, on its peer's direct wake-ups.
+    void on(Conn *c, void (*drop)(void *) = nullptr, void *hold = nullptr) noexcept;
     // Wakes on every ring (a socket with no connection yet).
     void on_everything() noexcept;
+    // Announces `word`, the eventfd the sleep polls (ConnStat::waker), on
+    // each connection registered with on(Conn *) that has none announced:
+    // its peer may write that eventfd itself. True if any took it.
+    bool announce(std::uint64_t word) noexcept;
+    // Ends the announcements: true when a peer wrote the eventfd meanwhile
+    // (the caller then takes in what is queued). Also at destruction.
+    bool withdraw() noexcept;
 
   private:
     struct Rec {
         PollerMask *m;
         void (*drop)(void *);
         void *hold;
+        Conn *c;         // the connection whose pollers `m` are, if any
+        bool announced;  // word_ is in its slot
     };
     static constexpr std::size_t kInline = 16;
     std::uint64_t bit_;  // 0: on the process-wide list, which every ring wakes
     bool everything_ = false;
+    std::uint64_t word_ = 0;  // the word announced (0: none)
     Rec inline_[kInline];
     Rec *recs_ = inline_;
     std::size_t n_ = 0, cap_ = kInline;
@@ -158,8 +171,9 @@ class PollWait {
 // when one gets its connection (the sleep then watches that).
 PollerMask &attach_pollers() noexcept;
 
-// Wakes the sleeps registered on `m`, and those that wait on everything.
-void wake_pollers(const PollerMask &m) noexcept;
+// Wakes the sleeps registered on `m`, and those that wait on everything,
+// but for the poller slots of `skip`.
+void wake_pollers(const PollerMask &m, std::uint64_t skip = 0) noexcept;
 // In a fork child: the parent's sleeps are not ours, and the slots'
 // eventfds are shared with the parent (a wake-up of ours could be drained
 // there): they go, and are made afresh when needed.
@@ -169,6 +183,35 @@ void pollers_after_fork_child() noexcept;
 int thread_bell() noexcept;
 // The calling thread's bell if made, else -1 (never makes one).
 int own_bell() noexcept;
+
+// Direct wake-ups. A thread that sleeps on a direct connection announces
+// the eventfd it sleeps on (its bell in sleep_once, its poller slot's in
+// sleep_on_fds) in the connection's slot of our process page
+// (ConnStat::waker) before its last look, and withdraws it when the sleep
+// ends. A peer of our uid that posts to the connection then writes that
+// eventfd, through its own copy of it (pidfd_getfd, Engine::ring),
+// instead of our process doorbell: only the thread that waits wakes,
+// once, where the doorbell woke its watcher, which woke the thread. The
+// woken thread takes in what is queued, and its deliveries wake the other
+// waiters of the connections they reach (Conn::wake_locked) as any
+// delivery does. One thread at a time per connection (the first to
+// announce); the others rely on the doorbell as before, which is watched
+// as before. announce_waker: true if `word` went into the slot of `c`.
+// withdraw_waker: ends it; true when the peer wrote the eventfd meanwhile
+// (kWakeRung): the caller then takes in what is queued (the write may
+// have come after its sleep).
+// The word of the calling thread's bell (0: it has none).
+std::uint64_t bell_word() noexcept;
+// What a delivery to `c` need not wake: the sleeper that announced an
+// eventfd the peer wrote already (kWakeRung), which it looks at anyway
+// once woken: that bell (-1: none) or that poller slot's bit (0: none).
+struct RungWaker {
+    int bell;
+    std::uint64_t slot_bit;
+};
+RungWaker rung_waker(const Conn *c) noexcept;
+bool announce_waker(Conn *c, std::uint64_t word) noexcept;
+bool withdraw_waker(Conn *c, std::uint64_t word) noexcept;
 
 // Spinning pays only while a CPU is free for it and the answer comes
 // within the spin. So a waiter spins only while it holds the spin slot of
