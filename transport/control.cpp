@@ -52,8 +52,8 @@ ssize_t send_ctl(int fd, const CtlMsg &m, const int *fds, int nfds, int flags) n
     msghdr mh{};
     mh.msg_iov = &iov;
     mh.msg_iovlen = 1;
-    alignas(cmsghdr) char cbuf[CMSG_SPACE(3 * sizeof(int))];
-    if (nfds > 3) {
+    alignas(cmsghdr) char cbuf[CMSG_SPACE(4 * sizeof(int))];
+    if (nfds > 4) {
         errno = EINVAL;
         return -1;
     }
@@ -217,13 +217,13 @@ void Engine::control_loop() noexcept {
 
 void Engine::handle_request(int fd) noexcept {
     CtlMsg req{};
-    int fds[3];
+    int fds[4];
     // The request is nearly always queued by the time we accept; a
     // client that connected and sends nothing gets a second.
-    int got = recv_ctl(fd, req, fds, 3, MSG_DONTWAIT);
-    if (got == -EAGAIN) got = recv_ctl_until(fd, req, fds, 3, monotonic_ns() + 1000000000ull);
+    int got = recv_ctl(fd, req, fds, 4, MSG_DONTWAIT);
+    if (got == -EAGAIN) got = recv_ctl_until(fd, req, fds, 4, monotonic_ns() + 1000000000ull);
     if (got != 0) return;
-    int proof = fds[0], bell = fds[1], queue = fds[2];
+    int proof = fds[0], bell = fds[1], queue = fds[2], xbell = fds[3];
     if (req.type == std::uint16_t(CtlType::kick)) {
         for (int f : fds)
             if (f >= 0) sys.close(f);
@@ -238,6 +238,7 @@ void Engine::handle_request(int fd) noexcept {
     if (req.type == std::uint16_t(CtlType::leave)) {
         if (bell >= 0) sys.close(bell);
         if (queue >= 0) sys.close(queue);
+        if (xbell >= 0) sys.close(xbell);
         // A leave for good keeps its reason; any other is for sharing.
         const Reason why = req.status == std::uint32_t(Reason::exec) ||
                                    req.status == std::uint32_t(Reason::passed) ||
@@ -246,7 +247,7 @@ void Engine::handle_request(int fd) noexcept {
                                : Reason::shared;
         return handle_leave(fd, req.pid, req.tuple, proof, why);
     }
-    answer_upgrade(fd, req, proof, bell, queue);
+    answer_upgrade(fd, req, proof, bell, queue, xbell);
 }
 
 void Engine::kick(const Peer *p) noexcept {

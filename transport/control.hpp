@@ -13,7 +13,8 @@
 namespace sd::transport {
 
 inline constexpr std::uint32_t kCtlMagic = 0x54434453;  // "SDCT"
-inline constexpr std::uint16_t kCtlVersion = 1;
+// 2: a request with a queue carries the link's bell as a fourth fd.
+inline constexpr std::uint16_t kCtlVersion = 2;
 
 // request/reply: an upgrade (handshake.cpp). leave: another process that
 // holds one of our connections' sockets asks us to move it back to the
@@ -32,9 +33,12 @@ inline constexpr std::uint32_t kLeaveAgain = 0xffff;
 // initiator's TCP socket as proof, its doorbell); an accepting reply one
 // (the receiver's doorbell), unless the request said that the initiator
 // holds it already (kHaveBell: the peer is attached, cached or in use).
-// Across users a request carries a third, the initiator's queue for our
-// messages, and the reply three: the doorbell, the responder's own
-// socket as its proof and its queue (xqlink.cpp).
+// Through queues (across users, SDIRECT_QUEUES) a request carries two
+// more, the initiator's queue for our messages and its link's bell, and
+// the reply three: the bell to ring, the responder's own socket as its
+// proof and its queue (xqlink.cpp). A restricted pair (another uid, or
+// one end not dumpable) rings the link's bell, a datagram socket of that
+// pair alone; any other the doorbell.
 struct CtlMsg {
     std::uint32_t magic;
     std::uint16_t version;

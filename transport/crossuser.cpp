@@ -127,6 +127,13 @@ bool is_eventfd(int fd) noexcept {
     return n == ssize_t(sizeof want - 1) && !std::memcmp(link, want, sizeof want - 1);
 }
 
+bool is_bell_socket(int fd) noexcept {
+    int domain = 0, type = 0;
+    socklen_t n = sizeof domain, m = sizeof type;
+    return getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &n) == 0 && domain == AF_UNIX &&
+           getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &m) == 0 && type == SOCK_DGRAM;
+}
+
 unsigned entry_mode() noexcept { return cross_user_on() ? 0644 : 0600; }
 
 int registry_of_uid(unsigned uid, char *out, std::size_t n) noexcept {

@@ -70,9 +70,16 @@ int tcp_socket_uid(const Tuple &t, unsigned *uid) noexcept;
 // must never reach another user).
 int proof_dup(int fd, const Tuple &t) noexcept;
 
-// `fd` is an eventfd (a doorbell from a peer of another uid: anything
-// else, a pipe that fills, could block our writes to it).
+// `fd` is an eventfd: the doorbell of a peer of our uid that uses a
+// queue (SDIRECT_QUEUES), written as the provider's peers' are.
 bool is_eventfd(int fd) noexcept;
+// `fd` is a datagram socket of the local domain: the bell of a restricted
+// peer (another uid, or one end not dumpable), which we ring with
+// send(MSG_DONTWAIT). Never an eventfd there: the peer shares its open
+// file with us, and could clear O_NONBLOCK and fill its count, and our
+// next write would wait for ever; a send with MSG_DONTWAIT does not look
+// at the file's flags.
+bool is_bell_socket(int fd) noexcept;
 
 // File mode of connection entries: readable by the peer's uid when on.
 unsigned entry_mode() noexcept;

@@ -110,6 +110,9 @@ std::size_t Engine::progress_pass() noexcept {
 
 std::size_t Engine::pass_locked(bool *flush) noexcept {
     std::size_t taken = 0;
+    if (xbells_due_.load(std::memory_order_relaxed) &&
+        xbells_due_.exchange(false, std::memory_order_seq_cst))
+        drain_xbells_locked();
     // Peers of other uids write into queues of ours, not the provider's
     // region (xqlink.cpp); without any, this one relaxed load is all.
     if (links_used_.load(std::memory_order_relaxed)) {
@@ -654,8 +657,10 @@ void Engine::ring(const Peer *p) noexcept {
             sleepers = reinterpret_cast<const XqHeader *>(q)->sleepers.load(std::memory_order_relaxed);
     }
     if (sleepers == 0 || p->doorbell < 0) return;
-    std::uint64_t one = 1;
-    (void)sys.write(p->doorbell, &one, sizeof one);
+    // Its bell is a datagram socket of its own (XLink::bell_tx): a full
+    // queue means rung already, and no flag it sets makes us wait.
+    const char one = 1;
+    (void)sys.send(p->doorbell, &one, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
 void Engine::maybe_return_credits(Conn *c) noexcept {

@@ -91,6 +91,11 @@ struct XLink {
     char name[96] = {};
     std::uint32_t refs = 0;
     XqWriter out;                            // its queue, under out.lock
+    // The bell it rings us by (a datagram socket pair: we poll bell_rx
+    // through xbells_ep_; it holds bell_tx, passed with every handshake).
+    // Of its own, and a socket: it can neither drain our wake-ups nor make
+    // our writes block (an eventfd passed to it would let it do both).
+    int bell_rx = -1, bell_tx = -1;
 };
 inline constexpr std::uint32_t kMaxLinks = 256;
 
@@ -484,6 +489,11 @@ class Engine {
     bool peer_exit_wait(const Peer *p, int ms) const noexcept;
 
     int doorbell() const noexcept { return doorbell_; }
+    // The epoll set of the bells that peers of other uids ring us by (-1:
+    // no such peer yet); a sleeper that watches the doorbell watches it
+    // too, and calls take_xbells() when it is readable.
+    int xbells() const noexcept { return xbells_ep_.load(std::memory_order_acquire); }
+    void take_xbells() noexcept;
     // No thread enters the provider until reopen_provider() (regionlock.hpp):
     // before a call that ends the process's other threads wherever they
     // are (an exec replaces the image). True if the gate was closed.
@@ -630,6 +640,10 @@ class Engine {
     // delivers, unmaps retired ones. Messages taken.
     std::size_t read_links() noexcept;
     void reap_links_locked() noexcept;
+    // A link's bell pair, its receiving end in xbells_ep_ (made at the
+    // first link) under `index`; 0 or -errno. drop_bell: both closed.
+    int make_bell(std::uint32_t index, int *rx, int *tx) noexcept;
+    void drop_bell(int *rx, int *tx) noexcept;
     // A queue that broke its rules: not read again, and every connection
     // with its peer broken (progress_lock_ held).
     void poison_link(XLink &l) noexcept;
@@ -654,6 +668,12 @@ class Engine {
     // Orders the copies of our sleepers count into the links' queues
     // (outside the ranked order: nothing is taken under it).
     std::mutex mirror_lock_;
+    std::atomic<int> xbells_ep_{-1};
+    // A sleeper found xbells_ep_ readable: the next pass drains the bells
+    // (before it reads the queues) under progress_lock_, as the links'
+    // bells are closed under it (reap_links_locked).
+    std::atomic<bool> xbells_due_{false};
+    void drain_xbells_locked() noexcept;
     void mirror_sleepers_locked() noexcept;
     char xq_msg_[sizeof(MsgHeader) + kMaxInline];  // a message copied out (progress_lock_)
 
@@ -702,7 +722,7 @@ class Engine {
     bool acceptor_will_ask(const Conn *c, const Entry &e) noexcept;
     // `queue`: the initiator's queue for our messages (across users, or
     // where either end is not dumpable).
-    void answer_upgrade(int fd, CtlMsg &req, int proof, int bell, int queue) noexcept;
+    void answer_upgrade(int fd, CtlMsg &req, int proof, int bell, int queue, int xbell) noexcept;
     // Both ends committed: the connection is direct from here (conn_lock_).
     void go_direct(Conn *c) noexcept;
     // The receive ring; `offer`: registered with the provider too, for a

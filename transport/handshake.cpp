@@ -287,9 +287,12 @@ void Engine::try_initiate(Conn *c) noexcept {
                 req.ring_addr = ring ? std::uint64_t(std::uintptr_t(c->ring)) : 0;
                 req.ring_key = ring ? fi_mr_key(c->ring_mr) : 0;
                 int app_fd = queued ? proof_dup(c->stat->fd, c->tuple) : c->stat->fd;
-                int fds[3] = {app_fd, doorbell_, queued ? links_[xl].in_fd : -1};
+                // With a queue, the link's bell too: the peer rings that one
+                // instead of the doorbell if the pair is restricted.
+                int fds[4] = {app_fd, doorbell_, queued ? links_[xl].in_fd : -1,
+                              queued ? links_[xl].bell_tx : -1};
                 ssize_t sent = -1;
-                if (app_fd >= 0) do sent = send_ctl(s, req, fds, queued ? 3 : 2);
+                if (app_fd >= 0) do sent = send_ctl(s, req, fds, queued ? 4 : 2);
                     while (sent < 0 && errno == EINTR && monotonic_ns() < deadline);
                 if (queued && app_fd >= 0) sys.close(app_fd);
                 if (sent == sizeof req) {
@@ -318,7 +321,8 @@ void Engine::try_initiate(Conn *c) noexcept {
     if (queued && why == Reason::none && reply.pid == e.pid) {
         Tuple proven;
         if (their_proof < 0 || tuple_of(their_proof, proven) != 0 ||
-            !(proven == reversed(c->tuple)) || their_doorbell < 0 || !is_eventfd(their_doorbell)) {
+            !(proven == reversed(c->tuple)) || their_doorbell < 0 ||
+            !(cross ? is_bell_socket(their_doorbell) : is_eventfd(their_doorbell))) {
             SD_LOG(info, "upgrade answer from pid %d (uid %u) without valid proof", int(e.pid),
                    far_uid);
             why = Reason::proof_failed;
@@ -420,7 +424,8 @@ void Engine::go_direct(Conn *c) noexcept {
 
 // The responder, on the control thread: the other half of the commit
 // protocol above try_initiate.
-void Engine::answer_upgrade(int fd, CtlMsg &req, int proof, int bell, int queue) noexcept {
+void Engine::answer_upgrade(int fd, CtlMsg &req, int proof, int bell, int queue,
+                            int xbell) noexcept {
     CtlMsg rep{};
     rep.magic = kCtlMagic;
     rep.version = kCtlVersion;
@@ -430,13 +435,16 @@ void Engine::answer_upgrade(int fd, CtlMsg &req, int proof, int bell, int queue)
     rep.dumpable = std::uint32_t(we_dump);
     int my_proof = -1;  // across users: our own socket, proof for the initiator
     int my_queue = -1;  // across users: ours, for the initiator's messages
+    int my_bell = -1;   // a restricted pair: our link's bell, rung instead of the doorbell
     auto refuse = [&](std::uint32_t status) {
         rep.status = status;
         if (proof >= 0) sys.close(proof);
         if (bell >= 0) sys.close(bell);
         if (queue >= 0) sys.close(queue);
+        if (xbell >= 0) sys.close(xbell);
         if (my_proof >= 0) sys.close(my_proof);
         if (my_queue >= 0) sys.close(my_queue);
+        if (my_bell >= 0) sys.close(my_bell);
         send_ctl(fd, rep, nullptr, 0, MSG_DONTWAIT);
     };
     if (req.type != std::uint16_t(CtlType::request) || proof < 0 || bell < 0 || !fabric_usable() ||
@@ -456,7 +464,16 @@ void Engine::answer_upgrade(int fd, CtlMsg &req, int proof, int bell, int queue)
     if (foreign && registry_of_uid(uid, far_dir, sizeof far_dir) != 0)
         return refuse(std::uint32_t(Reason::other_user));
     if (!foreign) std::snprintf(far_dir, sizeof far_dir, "%s", settings().registry);
-    if (queued && !is_eventfd(bell)) return refuse(std::uint32_t(Reason::other_user));
+    // A restricted pair rings by the link's bell (a socket of the pair's
+    // own), any other by the doorbell (an eventfd).
+    if (queued && cross) {
+        if (bell >= 0) sys.close(bell);
+        bell = std::exchange(xbell, -1);
+    } else if (xbell >= 0) {
+        sys.close(std::exchange(xbell, -1));
+    }
+    if (queued && !(cross ? is_bell_socket(bell) : is_eventfd(bell)))
+        return refuse(std::uint32_t(Reason::other_user));
 
     Conn *c = nullptr;
     std::uint32_t id = 0, gen = 0;
@@ -502,7 +519,8 @@ void Engine::answer_upgrade(int fd, CtlMsg &req, int proof, int bell, int queue)
                 return refuse(std::uint32_t(xl == -EPROTO ? Reason::proof_failed
                                                           : Reason::fabric_error));
             if (link_set_out(xl, std::exchange(queue, -1)) != 0 ||
-                (my_queue = sys.fcntl(links_[xl].in_fd, F_DUPFD_CLOEXEC, 0)) < 0) {
+                (my_queue = sys.fcntl(links_[xl].in_fd, F_DUPFD_CLOEXEC, 0)) < 0 ||
+                (cross && (my_bell = sys.fcntl(links_[xl].bell_tx, F_DUPFD_CLOEXEC, 0)) < 0)) {
                 SD_LOG(info, "upgrade request from pid %d (uid %u): its queue is not a sealed "
                              "memfd of the expected size", int(req.pid), uid);
                 link_put(xl);
@@ -542,11 +560,12 @@ void Engine::answer_upgrade(int fd, CtlMsg &req, int proof, int bell, int queue)
     if (proof >= 0) sys.close(proof);
     bool committed = false;
     if (queue >= 0) sys.close(queue);  // not taken: refused before the link
-    const int answer_fds[3] = {doorbell_, my_proof, my_queue};
+    const int answer_fds[3] = {my_bell >= 0 ? my_bell : doorbell_, my_proof, my_queue};
     const int nanswer = queued ? 3 : (req.status & kHaveBell) ? 0 : 1;
     const ssize_t answered = send_ctl(fd, rep, answer_fds, nanswer, MSG_DONTWAIT);
     if (my_proof >= 0) sys.close(my_proof);
     if (my_queue >= 0) sys.close(my_queue);
+    if (my_bell >= 0) sys.close(my_bell);
     if (answered == sizeof rep) {
         const std::uint64_t deadline =
             monotonic_ns() + std::uint64_t(settings().upgrade_timeout_ms) * 1000000;

@@ -107,10 +107,11 @@ int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
     e->progress_before_sleep();
     int rc = 0;
     if (!ready(ctx)) {
-        pollfd p[4];
+        pollfd p[5];
         nfds_t n = 0;
         p[n++] = {w.efd, POLLIN, 0};
         p[n++] = {e->doorbell(), POLLIN, 0};
+        p[n++] = {e->xbells(), POLLIN, 0};  // -1 (none yet): skipped
         if (kernel_fd >= 0) p[n++] = {kernel_fd, kernel_events, 0};
         // `peer` is published by the release store of state == direct.
         if (c && c->is_direct() && c->peer->pidfd >= 0) p[n++] = {c->peer->pidfd, POLLIN, 0};
@@ -120,6 +121,7 @@ int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
         if (r > 0) {
             if (p[0].revents & POLLIN) drain(w.efd);
             if (p[1].revents & POLLIN) e->take_ring();
+            if (p[2].revents & POLLIN) e->take_xbells();
         }
     }
     // The peer wrote our bell: what it posted is taken in here, whatever
@@ -414,20 +416,23 @@ int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int tim
         if (!in.ready(in.ctx)) {
             // The caller's fds first, so their revents land in place.
             constexpr nfds_t kInline = 64;
-            pollfd inline_fds[kInline + 2];
-            pollfd *all = n + 2 <= kInline + 2 ? inline_fds
-                                               : static_cast<pollfd *>(std::malloc((n + 2) * sizeof(pollfd)));
+            pollfd inline_fds[kInline + 3];
+            pollfd *all = n + 3 <= kInline + 3 ? inline_fds
+                                               : static_cast<pollfd *>(std::malloc((n + 3) * sizeof(pollfd)));
             if (!all) {
                 rc = -ENOMEM;
             } else {
                 std::copy(fds, fds + n, all);
                 all[n] = {w.efd, POLLIN, 0};
                 all[n + 1] = {standing_by ? -1 : e->doorbell(), POLLIN, 0};
+                // The bells of peers of other uids: the doorbell's part
+                // for them (-1: none).
+                all[n + 2] = {standing_by ? -1 : e->xbells(), POLLIN, 0};
                 int t = timeout_ms < 0 || timeout_ms > kSafetyMs ? kSafetyMs : timeout_ms;
                 // Accepted bytes wait for credits: look again soon.
                 if (e->flush_pending() && t > 1) t = 1;
                 timespec ts{t / 1000, long(t % 1000) * 1000000};
-                int r = sys.ppoll(all, n + 2, &ts, mask);
+                int r = sys.ppoll(all, n + 3, &ts, mask);
                 if (polled) *polled = r >= 0;
                 if (r < 0) {
                     rc = -errno;
@@ -438,6 +443,7 @@ int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int tim
                         --r;
                     }
                     if (!standing_by && (all[n + 1].revents & POLLIN)) e->take_ring(), --r;
+                    if (!standing_by && (all[n + 2].revents & POLLIN)) e->take_xbells(), --r;
                     for (nfds_t i = 0; i < n; ++i) fds[i].revents = all[i].revents;
                     rc = r;
                 }

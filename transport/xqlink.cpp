@@ -21,7 +21,10 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <sys/epoll.h>
+#include <sys/socket.h>
 #include <unistd.h>
+#include <utility>
 
 namespace sd::transport {
 
@@ -49,6 +52,11 @@ int Engine::link_for(pid_t pid, const char *name) noexcept {
     }
     XLink &l = *free;
     const std::uint32_t index = std::uint32_t(&l - links_);
+    if (const int rc = make_bell(index, &l.bell_rx, &l.bell_tx); rc != 0) {
+        xq_unmap(base);
+        sys.close(fd);
+        return rc;
+    }
     if (links_hi_.load(std::memory_order_relaxed) <= index)
         links_hi_.store(index + 1, std::memory_order_release);  // before the slot is live
     l.in.base = base;
@@ -71,6 +79,67 @@ int Engine::link_for(pid_t pid, const char *name) noexcept {
     // Everything above before progress sees the slot live.
     l.state.store(kLinkLive, std::memory_order_release);
     return int(&l - links_);
+}
+
+int Engine::make_bell(std::uint32_t index, int *rx, int *tx) noexcept {
+    int ep = xbells_ep_.load(std::memory_order_acquire);
+    if (ep < 0) {
+        // Made once, under the table lock (link_for's caller holds it).
+        ep = epoll_create1(EPOLL_CLOEXEC);
+        if (ep < 0) return -errno;
+        xbells_ep_.store(ep, std::memory_order_release);
+    }
+    int pair[2];
+    if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair) != 0) return -errno;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u32 = index;
+    if (epoll_ctl(ep, EPOLL_CTL_ADD, pair[0], &ev) != 0) {
+        const int err = errno;
+        sys.close(pair[0]);
+        sys.close(pair[1]);
+        return -err;
+    }
+    *rx = pair[0];
+    *tx = pair[1];
+    return 0;
+}
+
+void Engine::drop_bell(int *rx, int *tx) noexcept {
+    if (*rx >= 0) {
+        // Out of the set first: the peer's copy of the pair keeps the
+        // socket alive, and with it an epoll entry a close would leave.
+        (void)epoll_ctl(xbells_ep_.load(std::memory_order_relaxed), EPOLL_CTL_DEL, *rx, nullptr);
+        sys.close(std::exchange(*rx, -1));
+    }
+    if (*tx >= 0) sys.close(std::exchange(*tx, -1));
+}
+
+void Engine::take_xbells() noexcept {
+    xbells_due_.store(true, std::memory_order_seq_cst);
+    progress_before_sleep();
+}
+
+void Engine::drain_xbells_locked() noexcept {
+    // The bells first, the queues after (pass_locked): a ring drained here
+    // was sent after its message was queued.
+    epoll_event ev[16];
+    const int n = sys.epoll_wait(xbells_ep_.load(std::memory_order_relaxed), ev, 16, 0);
+    for (int i = 0; i < n; ++i) {
+        const std::uint32_t at = ev[i].data.u32;
+        if (at >= kMaxLinks || links_[at].bell_rx < 0) continue;
+        // A ring is one byte; up to 16 at a time (more: still readable,
+        // drained by the next pass).
+        char bytes[16];
+        iovec iov[16];
+        mmsghdr msgs[16] = {};
+        for (int k = 0; k < 16; ++k) {
+            iov[k] = {bytes + k, 1};
+            msgs[k].msg_hdr.msg_iov = &iov[k];
+            msgs[k].msg_hdr.msg_iovlen = 1;
+        }
+        (void)sys.recvmmsg(links_[at].bell_rx, msgs, 16, MSG_DONTWAIT, nullptr);
+    }
 }
 
 void Engine::announce_sleep(int delta) noexcept {
@@ -198,6 +267,7 @@ void Engine::reap_links_locked() noexcept {
         l.in = XqReader{};
         if (l.in_fd >= 0) sys.close(l.in_fd);
         l.in_fd = -1;
+        drop_bell(&l.bell_rx, &l.bell_tx);
         l.pid = 0;
         l.name[0] = '\0';
         links_used_.fetch_sub(1, std::memory_order_relaxed);

@@ -2,7 +2,10 @@
 # A hostile peer of another uid: a root echo server (the victim) serves at
 # once an honest client of a third uid (daemon), which sends checksummed
 # bytes for 4 s, and a nobody client (xuser_hostile.py), direct with it,
-# which forges messages for the victim's other connections in the queue
+# which fills to the top and makes blocking every bell it holds (an
+# eventfd shared with the victim would make the victim's next ring wait
+# for ever), says it has sleepers and has the victim answer it, then
+# forges messages for the victim's other connections in the queue
 # it writes into, makes that queue's tail and lengths lie, writes random
 # bytes over both queues of the pair, its own process page and its own
 # region, tries to truncate the queue the victim maps, and truncates its
@@ -40,6 +43,9 @@ for seed in 1 2 3; do
     sleep 0.3
     it_run "hostile-$seed" 20 "${as_nobody[@]}" "$it_py" "$it_dir/xuser_hostile.py" \
         --port "$port" --seed "$seed" </dev/null >"$it_tmp/hostile-$seed.log" 2>&1
+    bells="$(awk '/^bells/ {print $2}' "$it_tmp/hostile-$seed.log")"
+    [[ "${bells:-0}" -gt 0 ]]
+    it_check $? "seed $seed: the hostile peer filled to the top and made blocking every bell it holds (${bells:-none}), then had the victim answer it ($(grep -h '^answered\|^no answer' "$it_tmp/hostile-$seed.log"))"
     line="$(grep -h '^wrote\|^no queue' "$it_tmp/hostile-$seed.log")"
     [[ "$line" == wrote* ]]
     it_check $? "seed $seed: the hostile peer had the victim's queue mapped and wrote over what it could reach ('$line', $(grep -h '^forged\|^page' "$it_tmp/hostile-$seed.log" | tr '\n' ' '))"

@@ -2,6 +2,9 @@
 # A hostile peer of another uid (crossuser_hostile.sh): it connects to the
 # victim, exchanges a few messages so that the connection goes direct, and
 # then, by --seed, attacks everything of the pair it can reach:
+#  * every bell it holds (eventfds, local datagram sockets): filled to
+#    the top and made blocking, then a message that the victim answers
+#    while it says it has sleepers (the victim must not wait on it);
 #  * the queue it writes into (the victim's, a sealed memfd mapped here):
 #    well-formed messages forged for every live connection of the victim
 #    (ids from the victim's process page, generations guessed: data at
@@ -20,6 +23,7 @@ import ctypes
 import mmap
 import os
 import random
+import signal
 import socket
 import struct
 import time
@@ -67,6 +71,61 @@ print("queues", len(queues), flush=True)
 if not theirs:
     print("no queue", flush=True)
     raise SystemExit(0)
+
+# First the bells, while its connection is direct: every eventfd it holds
+# (its own, and any a peer passed it) drained, then filled to the top and
+# made blocking (the flags are the open file's, shared by every process
+# that holds it): a victim that rang one of them would wait in that write
+# for ever. Every local datagram socket filled and made blocking too. Then
+# it says it has sleepers (the count it mirrors into its own queue, which
+# the victim reads) and sends: the victim's answer rings it. Its own
+# library may now wait on the bells too: its calls are bounded by an
+# alarm (a signal ends a blocked write).
+bells = 0
+for name in os.listdir("/proc/self/fd"):
+    fd = int(name)
+    try:
+        what = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        continue
+    try:
+        if what == "anon_inode:[eventfd]":
+            os.set_blocking(fd, False)
+            try:
+                os.read(fd, 8)
+            except OSError:
+                pass
+            try:
+                os.write(fd, struct.pack("<Q", 0xFFFFFFFFFFFFFFFE))
+            except OSError:
+                pass
+            os.set_blocking(fd, True)
+            bells += 1
+        elif what.startswith("socket:"):
+            s = socket.socket(fileno=os.dup(fd))
+            if s.family == socket.AF_UNIX and s.type == socket.SOCK_DGRAM:
+                try:
+                    for _ in range(100000):
+                        s.send(b"z", socket.MSG_DONTWAIT)
+                except OSError:
+                    pass
+                os.set_blocking(fd, True)
+                bells += 1
+            os.close(s.detach())
+    except OSError:
+        pass
+print("bells", bells, flush=True)
+for lo, hi in ours:
+    ctypes.c_uint32.from_address(lo + 192).value = 1
+signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(TimeoutError("alarm")))
+signal.alarm(2)
+try:
+    c.sendall(b"r" * 1000)
+    c.recv(100000)
+    print("answered", flush=True)
+except OSError as e:
+    print("no answer:", e, flush=True)
+signal.alarm(0)
 
 # The victim's page (read only here): its live connections' slots.
 victim_page = None
@@ -175,10 +234,13 @@ for lo, hi, ino, path in maps():
         print("page truncated", flush=True)
         os.truncate(path, 0)
         break
+
+signal.alarm(3)
 try:
     for _ in range(10):
         c.sendall(b"y" * 5000)
         c.recv(100000)
 except OSError as e:
     print("hostile: its own connection broke:", e, flush=True)
-c.close()
+# No goodbye: its own library may wait on what it filled.
+os._exit(0)
