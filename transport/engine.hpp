@@ -95,7 +95,10 @@ struct XLink {
     // through xbells_ep_; it holds bell_tx, passed with every handshake).
     // Of its own, and a socket: it can neither drain our wake-ups nor make
     // our writes block (an eventfd passed to it would let it do both).
-    int bell_rx = -1, bell_tx = -1;
+    // bell_rx is set under the table lock (link_for) and read by the
+    // drain under the progress lock, before which it is registered.
+    std::atomic<int> bell_rx{-1};
+    int bell_tx = -1;
 };
 inline constexpr std::uint32_t kMaxLinks = 256;
 
@@ -641,9 +644,10 @@ class Engine {
     std::size_t read_links() noexcept;
     void reap_links_locked() noexcept;
     // A link's bell pair, its receiving end in xbells_ep_ (made at the
-    // first link) under `index`; 0 or -errno. drop_bell: both closed.
-    int make_bell(std::uint32_t index, int *rx, int *tx) noexcept;
-    void drop_bell(int *rx, int *tx) noexcept;
+    // first link) under the link's index; 0 or -errno. drop_bell: both
+    // closed (progress_lock_ held).
+    int make_bell(XLink &l) noexcept;
+    void drop_bell(XLink &l) noexcept;
     // A queue that broke its rules: not read again, and every connection
     // with its peer broken (progress_lock_ held).
     void poison_link(XLink &l) noexcept;

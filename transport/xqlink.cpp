@@ -52,7 +52,7 @@ int Engine::link_for(pid_t pid, const char *name) noexcept {
     }
     XLink &l = *free;
     const std::uint32_t index = std::uint32_t(&l - links_);
-    if (const int rc = make_bell(index, &l.bell_rx, &l.bell_tx); rc != 0) {
+    if (const int rc = make_bell(l); rc != 0) {
         xq_unmap(base);
         sys.close(fd);
         return rc;
@@ -81,7 +81,7 @@ int Engine::link_for(pid_t pid, const char *name) noexcept {
     return int(&l - links_);
 }
 
-int Engine::make_bell(std::uint32_t index, int *rx, int *tx) noexcept {
+int Engine::make_bell(XLink &l) noexcept {
     int ep = xbells_ep_.load(std::memory_order_acquire);
     if (ep < 0) {
         // Made once, under the table lock (link_for's caller holds it).
@@ -91,28 +91,31 @@ int Engine::make_bell(std::uint32_t index, int *rx, int *tx) noexcept {
     }
     int pair[2];
     if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair) != 0) return -errno;
+    // Set before it is registered: a drain that finds it ready finds it.
+    l.bell_rx.store(pair[0], std::memory_order_release);
+    l.bell_tx = pair[1];
     epoll_event ev{};
     ev.events = EPOLLIN;
-    ev.data.u32 = index;
+    ev.data.u32 = std::uint32_t(&l - links_);
     if (epoll_ctl(ep, EPOLL_CTL_ADD, pair[0], &ev) != 0) {
         const int err = errno;
+        l.bell_rx.store(-1, std::memory_order_relaxed);
+        l.bell_tx = -1;
         sys.close(pair[0]);
         sys.close(pair[1]);
         return -err;
     }
-    *rx = pair[0];
-    *tx = pair[1];
     return 0;
 }
 
-void Engine::drop_bell(int *rx, int *tx) noexcept {
-    if (*rx >= 0) {
+void Engine::drop_bell(XLink &l) noexcept {
+    if (const int rx = l.bell_rx.exchange(-1, std::memory_order_relaxed); rx >= 0) {
         // Out of the set first: the peer's copy of the pair keeps the
         // socket alive, and with it an epoll entry a close would leave.
-        (void)epoll_ctl(xbells_ep_.load(std::memory_order_relaxed), EPOLL_CTL_DEL, *rx, nullptr);
-        sys.close(std::exchange(*rx, -1));
+        (void)epoll_ctl(xbells_ep_.load(std::memory_order_relaxed), EPOLL_CTL_DEL, rx, nullptr);
+        sys.close(rx);
     }
-    if (*tx >= 0) sys.close(std::exchange(*tx, -1));
+    if (l.bell_tx >= 0) sys.close(std::exchange(l.bell_tx, -1));
 }
 
 void Engine::take_xbells() noexcept {
@@ -127,7 +130,8 @@ void Engine::drain_xbells_locked() noexcept {
     const int n = sys.epoll_wait(xbells_ep_.load(std::memory_order_relaxed), ev, 16, 0);
     for (int i = 0; i < n; ++i) {
         const std::uint32_t at = ev[i].data.u32;
-        if (at >= kMaxLinks || links_[at].bell_rx < 0) continue;
+        const int rx = at < kMaxLinks ? links_[at].bell_rx.load(std::memory_order_acquire) : -1;
+        if (rx < 0) continue;
         // A ring is one byte; up to 16 at a time (more: still readable,
         // drained by the next pass).
         char bytes[16];
@@ -138,7 +142,7 @@ void Engine::drain_xbells_locked() noexcept {
             msgs[k].msg_hdr.msg_iov = &iov[k];
             msgs[k].msg_hdr.msg_iovlen = 1;
         }
-        (void)sys.recvmmsg(links_[at].bell_rx, msgs, 16, MSG_DONTWAIT, nullptr);
+        (void)sys.recvmmsg(rx, msgs, 16, MSG_DONTWAIT, nullptr);
     }
 }
 
@@ -267,7 +271,7 @@ void Engine::reap_links_locked() noexcept {
         l.in = XqReader{};
         if (l.in_fd >= 0) sys.close(l.in_fd);
         l.in_fd = -1;
-        drop_bell(&l.bell_rx, &l.bell_tx);
+        drop_bell(l);
         l.pid = 0;
         l.name[0] = '\0';
         links_used_.fetch_sub(1, std::memory_order_relaxed);
