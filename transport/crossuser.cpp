@@ -130,8 +130,8 @@ bool is_eventfd(int fd) noexcept {
 bool is_bell_socket(int fd) noexcept {
     int domain = 0, type = 0;
     socklen_t n = sizeof domain, m = sizeof type;
-    return getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &n) == 0 && domain == AF_UNIX &&
-           getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &m) == 0 && type == SOCK_DGRAM;
+    return sys.getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &n) == 0 && domain == AF_UNIX &&
+           sys.getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &m) == 0 && type == SOCK_DGRAM;
 }
 
 unsigned entry_mode() noexcept { return cross_user_on() ? 0644 : 0600; }

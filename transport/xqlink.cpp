@@ -85,7 +85,7 @@ int Engine::make_bell(XLink &l) noexcept {
     int ep = xbells_ep_.load(std::memory_order_acquire);
     if (ep < 0) {
         // Made once, under the table lock (link_for's caller holds it).
-        ep = epoll_create1(EPOLL_CLOEXEC);
+        ep = sys.epoll_create1(EPOLL_CLOEXEC);
         if (ep < 0) return -errno;
         xbells_ep_.store(ep, std::memory_order_release);
     }
@@ -97,7 +97,7 @@ int Engine::make_bell(XLink &l) noexcept {
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.u32 = std::uint32_t(&l - links_);
-    if (epoll_ctl(ep, EPOLL_CTL_ADD, pair[0], &ev) != 0) {
+    if (sys.epoll_ctl(ep, EPOLL_CTL_ADD, pair[0], &ev) != 0) {
         const int err = errno;
         l.bell_rx.store(-1, std::memory_order_relaxed);
         l.bell_tx = -1;
@@ -112,7 +112,7 @@ void Engine::drop_bell(XLink &l) noexcept {
     if (const int rx = l.bell_rx.exchange(-1, std::memory_order_relaxed); rx >= 0) {
         // Out of the set first: the peer's copy of the pair keeps the
         // socket alive, and with it an epoll entry a close would leave.
-        (void)epoll_ctl(xbells_ep_.load(std::memory_order_relaxed), EPOLL_CTL_DEL, rx, nullptr);
+        (void)sys.epoll_ctl(xbells_ep_.load(std::memory_order_relaxed), EPOLL_CTL_DEL, rx, nullptr);
         sys.close(rx);
     }
     if (l.bell_tx >= 0) sys.close(std::exchange(l.bell_tx, -1));
