@@ -85,12 +85,15 @@ int Engine::make_bell(XLink &l) noexcept {
     int ep = xbells_ep_.load(std::memory_order_acquire);
     if (ep < 0) {
         // Made once, under the table lock (link_for's caller holds it).
-        ep = sys.epoll_create1(EPOLL_CLOEXEC);
+        // Out of the application's low numbers, as the threads' bells.
+        ep = out_of_the_way(sys.epoll_create1(EPOLL_CLOEXEC));
         if (ep < 0) return -errno;
         xbells_ep_.store(ep, std::memory_order_release);
     }
     int pair[2];
     if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair) != 0) return -errno;
+    pair[0] = out_of_the_way(pair[0]);
+    pair[1] = out_of_the_way(pair[1]);
     // Set before it is registered: a drain that finds it ready finds it.
     l.bell_rx.store(pair[0], std::memory_order_release);
     l.bell_tx = pair[1];
