@@ -115,7 +115,9 @@ void *load_standins(void *(&handles)[std::size(standins)]) noexcept {
             continue;
         handles[i] = dlopen(path, RTLD_NOW | RTLD_LOCAL);
         if (handles[i]) any = handles[i];
-        else SD_LOG(debug, "stand-in %s not loaded (%s)", path, dlerror());
+        else SD_LOG(info, "stand-in %s not loaded (%s): libfabric loads the real %s, whose "
+                          "constructor sleeps about 100 ms in each process that builds an engine",
+                    path, dlerror(), s.soname);
     }
     return any;
 }
