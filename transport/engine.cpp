@@ -110,9 +110,6 @@ std::size_t Engine::progress_pass() noexcept {
 
 std::size_t Engine::pass_locked(bool *flush) noexcept {
     std::size_t taken = 0;
-    if (xbells_due_.load(std::memory_order_relaxed) &&
-        xbells_due_.exchange(false, std::memory_order_seq_cst))
-        drain_xbells_locked();
     // Peers of other uids write into queues of ours, not the provider's
     // region (xqlink.cpp); without any, this one relaxed load is all.
     if (links_used_.load(std::memory_order_relaxed)) {

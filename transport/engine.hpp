@@ -673,10 +673,9 @@ class Engine {
     // (outside the ranked order: nothing is taken under it).
     std::mutex mirror_lock_;
     std::atomic<int> xbells_ep_{-1};
-    // A sleeper found xbells_ep_ readable: the next pass drains the bells
-    // (before it reads the queues) under progress_lock_, as the links'
-    // bells are closed under it (reap_links_locked).
-    std::atomic<bool> xbells_due_{false};
+    // Held while the links' bells are drained and while one is closed
+    // (outside the lock order: nothing is taken under it).
+    std::mutex bells_lock_;
     void drain_xbells_locked() noexcept;
     void mirror_sleepers_locked() noexcept;
     char xq_msg_[sizeof(MsgHeader) + kMaxInline];  // a message copied out (progress_lock_)
