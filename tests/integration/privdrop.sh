@@ -156,7 +156,9 @@ else
     it_stop "$srv" TERM 3
 fi
 
-if echo_pair accept-fork root --accept-fork "$nobody" --half $((bytes / 2)); then
+stat_tool=()
+((it_kernel)) || stat_tool=(--stat-tool "$it_tools/sdirect-stat")
+if echo_pair accept-fork root --accept-fork "$nobody" --half $((bytes / 2)) "${stat_tool[@]}"; then
     inherited_ok accept-fork "the child (nobody) keeps nothing of root's registry or of the parent's region"
     # The client may have sent all its bytes before the upgrade, the echo
     # after it.
@@ -164,7 +166,7 @@ if echo_pair accept-fork root --accept-fork "$nobody" --half $((bytes / 2)); the
         "tx_fabric+rx_fabric>0" "tx_fabric+tx_kernel=$bytes" "rx_fabric+rx_kernel=$bytes"
 fi
 
-if echo_pair monitor root --monitor "$nobody" --piece 100000; then
+if echo_pair monitor root --monitor "$nobody" --piece 100000 "${stat_tool[@]}"; then
     inherited_ok monitor "the second child (nobody) keeps nothing of root's registry or of the parent's region"
     it_expect_mode "$pair_port" monitor-client direct none "upgrades=2" "leaves=1" \
         "rx_fabric>1000000" "tx_fabric+tx_kernel=$bytes" "rx_fabric+rx_kernel=$bytes"

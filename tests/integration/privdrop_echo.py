@@ -18,8 +18,9 @@
 # fabric region, holds no control socket bound in the old registry, and
 # the old registry and /dev/shm hold no file of its old engine.
 # --accept-fork UID: accepts the connection as it is, then forks (its copy
-# unused); the child becomes UID, echoes the first --half bytes (a
-# pause after its first byte lets its engine's build finish, so that it
+# unused); the child becomes UID, echoes the first --half bytes (after
+# its first byte it waits until --stat-tool lists the connection direct,
+# at most 10 s, or 0.3 s without it: its engine's build finishes, and it
 # takes the connection over from the idle parent) and stays, holding the
 # socket; the parent then echoes the rest itself, and tells the child to
 # exit once the client has closed. The child's bytes reach the parent
@@ -31,8 +32,8 @@
 # child lives, seteuid(UID) and back (the parent retires: it holds a
 # connection of its own); then, the first child gone, forks a second
 # child that becomes UID and echoes the rest while the parent keeps its
-# copy idle (a pause after its first byte lets its engine's build
-# finish). The second child prints "inherited ok" as --fork's does.
+# copy idle (after its first byte it waits as --accept-fork's child
+# does). The second child prints "inherited ok" as --fork's does.
 # --seteuid UID: only the effective uid changes (the ids are mixed
 # afterwards), before it listens.
 # After a change of uid the kernel makes a process not dumpable; like
@@ -43,6 +44,7 @@ import ctypes
 import hashlib
 import os
 import socket
+import subprocess
 import sys
 import time
 
@@ -105,7 +107,7 @@ def write_all(fd, b):
         b = b[os.write(fd, b):]
 
 
-def serve_split(s, uid, gid, half, old_registry):
+def serve_split(s, uid, gid, half, old_registry, stat_tool):
     c, _ = s.accept()
     data_r, data_w = os.pipe()  # the child's bytes, for the count and hash
     go_r, go_w = os.pipe()  # the parent tells the child it may exit
@@ -124,7 +126,7 @@ def serve_split(s, uid, gid, half, old_registry):
             c.sendall(b)
             write_all(data_w, b)
             if n == len(b):
-                time.sleep(0.3)
+                settle(c, stat_tool)
         os.close(data_w)
         say(inherited(old_registry, os.getppid()))
         os.read(go_r, 1)
@@ -139,6 +141,24 @@ def serve_split(s, uid, gid, half, old_registry):
     os.write(go_w, b"x")
     _, status = os.waitpid(kid, 0)
     return os.waitstatus_to_exitcode(status)
+
+
+def settle(c, stat_tool):
+    """After the child's first byte: its engine's build finishes, it takes
+    the connection over from the idle parent and upgrades it. With
+    sdirect-stat, until it lists the connection direct (at most 10 s: a
+    busy host builds engines slowly); else a fixed 0.3 s."""
+    if not stat_tool:
+        time.sleep(0.3)
+        return
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    mine = (f"pid={os.getpid()} ", f" fd={c.fileno()} ", " mode=direct ")
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        out = subprocess.run([stat_tool], env=env, capture_output=True, text=True).stdout
+        if any(all(w in line for w in mine) for line in out.splitlines()):
+            return
+        time.sleep(0.05)
 
 
 def say(*parts):
@@ -172,7 +192,7 @@ def drain(fd, sink):
         sink(b)
 
 
-def serve_monitor(s, uid, gid, piece, old_registry):
+def serve_monitor(s, uid, gid, piece, old_registry, stat_tool):
     c, _ = s.accept()
     h = hashlib.sha256()
     n = 0
@@ -211,7 +231,7 @@ def serve_monitor(s, uid, gid, piece, old_registry):
         # Its first byte starts its engine's build; its take-over comes at
         # a call after that (holders are looked at every 20 ms).
         echo(c, 1, lambda b: write_all(data_w, b))
-        time.sleep(0.3)
+        settle(c, stat_tool)
         echo(c, None, lambda b: write_all(data_w, b))
         os.close(data_w)
         say(inherited(old_registry, os.getppid()))
@@ -233,6 +253,7 @@ def main():
     p.add_argument("--seteuid", type=int)
     p.add_argument("--accept-fork", type=int)
     p.add_argument("--half", type=int, default=1500000)
+    p.add_argument("--stat-tool", default="")
     p.add_argument("--monitor", type=int)
     p.add_argument("--piece", type=int, default=100000)
     p.add_argument("--gid", type=int, default=65534)
@@ -255,9 +276,9 @@ def main():
         drop(a.after_listen, a.gid)
         say(inherited(a.old_registry, os.getpid(), files=True))
     if a.monitor is not None:
-        return serve_monitor(s, a.monitor, a.gid, a.piece, a.old_registry)
+        return serve_monitor(s, a.monitor, a.gid, a.piece, a.old_registry, a.stat_tool)
     if a.accept_fork is not None:
-        return serve_split(s, a.accept_fork, a.gid, a.half, a.old_registry)
+        return serve_split(s, a.accept_fork, a.gid, a.half, a.old_registry, a.stat_tool)
     if a.fork is None:
         serve(s)
         return 0
