@@ -14,7 +14,9 @@ namespace sd::transport {
 
 inline constexpr std::uint32_t kCtlMagic = 0x54434453;  // "SDCT"
 // 2: a request with a queue carries the link's bell as a fourth fd.
-inline constexpr std::uint16_t kCtlVersion = 2;
+// 3: the queue's header has the bell's latch (xqueue.hpp), which a peer
+// of version 2 would never clear.
+inline constexpr std::uint16_t kCtlVersion = 3;
 
 // request/reply: an upgrade (handshake.cpp). leave: another process that
 // holds one of our connections' sockets asks us to move it back to the

@@ -76,12 +76,7 @@ void Engine::unlock_progress() noexcept {
         if (round == 8) {
             // Enough of others' passes for this caller: a sleeper of ours
             // drains the doorbell and passes (rung as a peer rings it).
-            auto &word = page_->header.sleepers;
-            if ((word.load(std::memory_order_relaxed) & ~kRung) &&
-                !(word.fetch_or(kRung, std::memory_order_seq_cst) & kRung)) {
-                std::uint64_t one = 1;
-                (void)sys.write(doorbell_, &one, sizeof one);
-            }
+            ring_doorbell(page_->header.sleepers, doorbell_);
             return;
         }
         if (!progress_lock_.try_lock()) return;  // its holder serves it
@@ -631,29 +626,36 @@ int Engine::post_ring(Conn *c, const iovec *iov, int iovcnt, std::uint32_t len,
     return rc;
 }
 
+void Engine::ring_doorbell(std::atomic<std::uint32_t> &word, int doorbell) noexcept {
+    const std::uint32_t v = word.load(std::memory_order_relaxed);
+    // Rung already and not drained yet: its drainer takes our message in
+    // after its drain (Engine::take_ring).
+    if ((v & ~kRung) == 0 || (v & kRung) || doorbell < 0) return;
+    if (word.fetch_or(kRung, std::memory_order_seq_cst) & kRung) return;
+    const std::uint64_t one = 1;
+    (void)sys.write(doorbell, &one, sizeof one);
+}
+
 void Engine::ring(const Peer *p) noexcept {
     // Pairs with the sleeper's increment-then-recheck (wait.cpp): either it
     // sees our message on its recheck, or we see it counted here.
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    std::uint32_t sleepers = 0;
-    if (!p->cross) {
-        auto &word = p->page->header.sleepers;
-        const std::uint32_t v = word.load(std::memory_order_relaxed);
-        // Rung already and not drained yet: its drainer takes our message
-        // in after its drain (Engine::take_ring).
-        if ((v & ~kRung) == 0 || (v & kRung) || p->doorbell < 0) return;
-        if (word.fetch_or(kRung, std::memory_order_seq_cst) & kRung) return;
-        std::uint64_t one = 1;
-        (void)sys.write(p->doorbell, &one, sizeof one);
-        return;
-    } else if (const int xl = p->xl; xl >= 0) {
+    if (!p->cross) return ring_doorbell(p->page->header.sleepers, p->doorbell);
+    const int xl = p->xl;
+    if (xl < 0 || p->doorbell < 0) return;
+    {
         // Its count, as it copies it into the queue we write (we never map
-        // its page: announce_sleep).
+        // its page: announce_sleep), and the bell's latch there: rung
+        // already and not drained yet, its drainer takes our message in
+        // after its drain (drain_xbells_locked).
         std::lock_guard out(links_[xl].out.lock);
-        if (const char *q = links_[xl].out.base)
-            sleepers = reinterpret_cast<const XqHeader *>(q)->sleepers.load(std::memory_order_relaxed);
+        char *q = links_[xl].out.base;
+        if (!q) return;
+        auto *h = reinterpret_cast<XqHeader *>(q);
+        if (h->sleepers.load(std::memory_order_relaxed) == 0 || h->rung.load(std::memory_order_relaxed) ||
+            h->rung.exchange(1, std::memory_order_seq_cst))
+            return;
     }
-    if (sleepers == 0 || p->doorbell < 0) return;
     // Its bell is a datagram socket of its own (XLink::bell_tx): a full
     // queue means rung already, and no flag it sets makes us wait.
     const char one = 1;

@@ -442,6 +442,10 @@ class Engine {
     void announce_switch_locked(Conn *c) noexcept;
     // Rings the peer's doorbell if one of its threads sleeps.
     void ring(const Peer *p) noexcept;
+    // A doorbell eventfd and the sleepers word it goes with (a process
+    // page's, ours or a peer's): written when the word counts sleepers and
+    // its latch (kRung) was not set yet; the latch is set first.
+    static void ring_doorbell(std::atomic<std::uint32_t> &word, int doorbell) noexcept;
     // After a post to `c`: wakes the peer's thread that sleeps on it, by
     // writing that thread's own eventfd where the peer announced one
     // (ConnStat::waker) and we hold a copy of it; else ring(c->peer).

@@ -141,7 +141,9 @@ void Engine::drain_xbells_locked() noexcept {
     const int n = sys.epoll_wait(xbells_ep_.load(std::memory_order_relaxed), ev, 16, 0);
     for (int i = 0; i < n; ++i) {
         const std::uint32_t at = ev[i].data.u32;
-        const int rx = at < kMaxLinks ? links_[at].bell_rx.load(std::memory_order_acquire) : -1;
+        if (at >= kMaxLinks) continue;
+        XLink &l = links_[at];
+        const int rx = l.bell_rx.load(std::memory_order_acquire);
         if (rx < 0) continue;
         // A ring is one byte, and a peer rings at every post while we
         // have sleepers: all of them go (a bell left readable made every
@@ -159,6 +161,15 @@ void Engine::drain_xbells_locked() noexcept {
         }
         for (int round = 0; round < 32; ++round)
             if (sys.recvmmsg(rx, msgs, 64, MSG_DONTWAIT, nullptr) < 64) break;
+        // The latch after the drain (as take_ring): a ring whose latch we
+        // clear was sent before the pass that follows, which takes its
+        // message in; a writer that finds it clear rings again. A link
+        // still being made has its bell before its queue: only a live
+        // one's queue is read here (mapped until drop_bell, which waits
+        // for us).
+        const int st = l.state.load(std::memory_order_acquire);
+        if (st == kLinkLive || st == kLinkPoisoned || st == kLinkRetired)
+            reinterpret_cast<XqHeader *>(l.in.base)->rung.store(0, std::memory_order_seq_cst);
     }
 }
 
@@ -283,11 +294,13 @@ void Engine::reap_links_locked() noexcept {
     std::lock_guard mirror(mirror_lock_);
     for (XLink &l : links_) {
         if (l.state.load(std::memory_order_acquire) != kLinkRetired) continue;
+        // The bell first: a drain that finds it, under bells_lock_, finds
+        // the queue still mapped (it clears the latch there).
+        drop_bell(l);
         xq_unmap(l.in.base);
         l.in = XqReader{};
         if (l.in_fd >= 0) sys.close(l.in_fd);
         l.in_fd = -1;
-        drop_bell(l);
         l.pid = 0;
         l.name[0] = '\0';
         links_used_.fetch_sub(1, std::memory_order_relaxed);

@@ -17,7 +17,11 @@
 //   128  u64 tail   bytes the writer published (its own cache line)
 //   192  u32 sleepers  the reader's threads asleep (its process page's
 //        count, mirrored here by the reader: the writer rings its
-//        doorbell when not 0, and never maps the reader's page)
+//        bell when not 0, and never maps the reader's page)
+//   196  u32 rung  the bell's latch: set by the writer that rings, cleared
+//        by the reader when it drains the bell (one ring per drain, not
+//        one per message; either side may write it, and a wrong value
+//        costs only that pair's wake-ups or an extra ring)
 //  4096  data[kXqCap]   records at position % kXqCap, 8-byte aligned:
 //        u32 len, u32 zero, then len bytes of message (which may wrap
 //        past the end of data to its start), padded to 8 bytes.
@@ -51,9 +55,11 @@ struct XqHeader {
     alignas(64) std::atomic<std::uint64_t> head;
     alignas(64) std::atomic<std::uint64_t> tail;
     alignas(64) std::atomic<std::uint32_t> sleepers;
+    std::atomic<std::uint32_t> rung;
 };
 static_assert(offsetof(XqHeader, capacity) == 8);
 static_assert(offsetof(XqHeader, sleepers) == 192);
+static_assert(offsetof(XqHeader, rung) == 196);
 static_assert(offsetof(XqHeader, head) == 64);
 static_assert(offsetof(XqHeader, tail) == 128);
 static_assert(sizeof(XqHeader) <= kXqData);
