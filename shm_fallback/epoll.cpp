@@ -57,6 +57,11 @@ struct EpollSet {
     std::atomic<bool> any{false};
     std::size_t cursor = 0;  // fairness when maxevents is small
     std::atomic<unsigned> turn{0};  // odd: the kernel's events go first
+    // The kernel's last answer for the set had nothing for the
+    // application (none, or only our own companions' death hints): a
+    // wait's first look then leaves the kernel out if our entries have
+    // nothing either (its sleep's poll asks it).
+    std::atomic<bool> kernel_quiet{false};
     // Sleeping in the kernel's epoll_wait (kernel_sleep.hpp): at most one
     // thread at a time (`kernel_sleeper`, under `lock`), which owns `held`
     // (the streams whose asks it holds back) until it clears the flag.
@@ -522,7 +527,9 @@ int kernel_events(EpollSet *set, int epfd, epoll_event *out, int max, int *hints
     int k = sys.epoll_wait(epfd, out, max, 0);
     if (k < 0) return -errno;
     bool woken = false;
-    return keep_events(set, out, k, hints, &woken);
+    k = keep_events(set, out, k, hints, &woken);
+    set->kernel_quiet.store(k == 0, std::memory_order_relaxed);
+    return k;
 }
 
 bool epoll_peek(void *ctx) noexcept { return inner_ready(static_cast<EpollCtx *>(ctx)->set, 0); }
@@ -730,12 +737,24 @@ int epoll_wait_fds(int epfd, epoll_event *out, int max, int timeout_ms,
     }
     pollfd kfd{epfd, POLLIN, 0};
     EpollCtx ctx{set};
+    // The first look of a wait that may sleep, when the kernel's last
+    // answer for the set was quiet, asks the kernel only if our entries
+    // have something to report (then the kernel's events go with them, a
+    // dead peer's end among them): with nothing, the sleep's poll of the
+    // set asks it, and a spin asks within kAskKernelEveryNs. One system
+    // call less on each wait of a server whose set's kernel fds are
+    // quiet (a postgres backend's latch and postmaster pipe beside its
+    // direct connection).
+    bool first = timeout_ms != 0;
     int r = wait_loop(
         [&](bool ask_kernel) -> int {
+            const bool quiet_first =
+                first && ask_kernel && set->kernel_quiet.load(std::memory_order_relaxed);
+            first = false;
             // The kernel's events and ours take turns going first, so that
             // a small maxevents serves every ready entry in turn.
-            const bool kernel_first =
-                ask_kernel && (set->turn.fetch_add(1, std::memory_order_relaxed) & 1);
+            const bool kernel_first = ask_kernel && !quiet_first &&
+                                      (set->turn.fetch_add(1, std::memory_order_relaxed) & 1);
             for (;;) {
                 int n = 0, hints = 0, kernel = 0;
                 settle(set);
@@ -745,6 +764,7 @@ int epoll_wait_fds(int epfd, epoll_event *out, int max, int timeout_ms,
                     kernel = n;
                 }
                 scan(set, out, &n, max, &kernel);
+                if (quiet_first && n == 0) return 0;
                 if (ask_kernel && !kernel_first && n < max) {
                     int k = kernel_events(set, epfd, out + n, max - n, &hints);
                     if (k < 0) return n ? n : k;
