@@ -146,8 +146,9 @@ def serve_split(s, uid, gid, half, old_registry, stat_tool):
 def settle(c, stat_tool):
     """After the child's first byte: its engine's build finishes, it takes
     the connection over from the idle parent and upgrades it. With
-    sdirect-stat, until it lists the connection direct (at most 10 s: a
-    busy host builds engines slowly); else a fixed 0.3 s."""
+    sdirect-stat (on the registry of our new uid, where the library went
+    on), until it lists the connection direct (at most 10 s: a busy host
+    builds engines slowly); else a fixed 0.3 s."""
     if not stat_tool:
         time.sleep(0.3)
         return
@@ -155,10 +156,17 @@ def settle(c, stat_tool):
     mine = (f"pid={os.getpid()} ", f" fd={c.fileno()} ", " mode=direct ")
     end = time.monotonic() + 10
     while time.monotonic() < end:
-        out = subprocess.run([stat_tool], env=env, capture_output=True, text=True).stdout
+        # A call on the socket (the take-over comes at one, not while we
+        # only wait); it takes nothing.
+        try:
+            c.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            pass
+        time.sleep(0.02)
+        out = subprocess.run([stat_tool, "--dir", f"/dev/shm/sdirect-{os.getuid()}"], env=env,
+                             capture_output=True, text=True).stdout
         if any(all(w in line for w in mine) for line in out.splitlines()):
             return
-        time.sleep(0.05)
 
 
 def say(*parts):
