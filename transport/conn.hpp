@@ -16,6 +16,14 @@
 
 namespace sd::transport {
 
+// What a delivery need not wake: a sleeper the peer woke itself, which
+// looks at everything anyway once woken: its bell (-1: none) or its
+// poller slot's bit (0: none). wait.hpp: rung_waker, cross_rung.
+struct RungWaker {
+    int bell;
+    std::uint64_t slot_bit;
+};
+
 struct Conn;  // conn_impl.hpp
 
 // The 4-tuple as one side sees it; also the registry key.

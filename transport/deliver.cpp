@@ -122,7 +122,12 @@ void Engine::deliver(const char *buf, std::size_t len, const XLink *from) noexce
         return;
     }
     handle(m);
-    const std::uint64_t skip = c->wake_waiters_locked();
+    // A sleeper whose bell the peer (of another uid) rang itself wakes
+    // anyway: its word in the queue the message came through names it.
+    RungWaker cross{-1, 0};
+    if (from && c->id < kXqWakers)
+        cross = cross_rung(xq_wakers(from->in.base)[c->id].load(std::memory_order_acquire));
+    const std::uint64_t skip = c->wake_waiters_locked(cross);
     lock.unlock();
     // The connection outlives the pass (closing waits for the progress
     // lock), so its pollers' mask is still there.

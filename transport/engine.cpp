@@ -736,7 +736,7 @@ void Conn::wake_locked() noexcept {
     wake_pollers(pollers, wake_waiters_locked());
 }
 
-std::uint64_t Conn::wake_waiters_locked() noexcept {
+std::uint64_t Conn::wake_waiters_locked(RungWaker cross) noexcept {
     show_flow(true);
     rx_seq.fetch_add(1, std::memory_order_release);
     std::uint64_t one = 1;
@@ -746,11 +746,11 @@ std::uint64_t Conn::wake_waiters_locked() noexcept {
     // Nor the sleeper whose eventfd the peer wrote: it wakes anyway.
     const RungWaker rung = rung_waker(this);
     for (Waiter &w : waiters) {
-        if (w.rung || w.efd == own || w.efd == rung.bell) continue;
+        if (w.rung || w.efd == own || w.efd == rung.bell || w.efd == cross.bell) continue;
         w.rung = true;
         (void)sys.write(w.efd, &one, sizeof one);
     }
-    return rung.slot_bit;
+    return rung.slot_bit | cross.slot_bit;
 }
 
 void Engine::announce_switch(Conn *c) noexcept {

@@ -99,8 +99,36 @@ struct XLink {
     // drain under the progress lock, before which it is registered.
     std::atomic<int> bell_rx{-1};
     int bell_tx = -1;
+    // Made anew each time the slot takes a link (table lock; read after
+    // `state`): a sleeper's bell for an older link of the slot is stale.
+    std::atomic<std::uint32_t> serial{0};
+    // The peer's threads' bells (direct wake-ups, xqueue.hpp's wakers):
+    // sockets it passed over our link bell with a token each, under
+    // out.lock; the oldest goes when a new one finds the table full.
+    struct WakeFd {
+        std::uint32_t token = 0;
+        int fd = -1;
+    };
+    static constexpr int kWakeFds = 16;
+    WakeFd wake[kWakeFds];
+    unsigned wake_next = 0;
+    // Senders that took an fd of `wake` under out.lock and send on it
+    // after letting the lock go (a system call under it queued every
+    // other post of ours to the peer behind it): a bell taken out of the
+    // table is closed once none is in flight, never under a send.
+    std::atomic<int> wake_inflight{0};
 };
 inline constexpr std::uint32_t kMaxLinks = 256;
+// The token in the first bytes of a bell's registration (the rest: the
+// token), sent with SCM_RIGHTS over a link bell.
+inline constexpr std::uint32_t kXWakeMagic = 0x57584453;  // "SDXW"
+// A thread's bell for one link, the receiving end kept (wait.cpp).
+struct XBell {
+    int link = -1;
+    std::uint32_t serial = 0;
+    int rx = -1;
+    std::uint32_t token = 0;
+};
 
 // An RMA operation in flight; completed by progress(). `ctx` must come
 // first. It lives on the heap and may be given up while pending
@@ -501,6 +529,21 @@ class Engine {
     // too, and calls take_xbells() when it is readable.
     int xbells() const noexcept { return xbells_ep_.load(std::memory_order_acquire); }
     void take_xbells() noexcept;
+    // Direct wake-ups across users (xqueue.hpp's wakers). The link of a
+    // direct connection to a peer of another uid (its serial in *serial),
+    // or -1.
+    int xlink_of(const Conn *c, std::uint32_t *serial) noexcept;
+    // Passes `tx`, one end of a thread's bell, to the peer of `c` over
+    // its link bell, with `token` (the peer keeps it: take_wake_offer).
+    // 0 or -errno.
+    int offer_wake_bell(const Conn *c, int tx, std::uint32_t token) noexcept;
+    // Puts `word` (wait.hpp's CrossWake) in connection `id`'s word of
+    // link `xl`'s queue (if the link is still the one of `serial` and the
+    // word is free): the peer, when it posts to the connection, sends a
+    // byte on the bell of its token. True if it went in.
+    bool xwaker_announce(int xl, std::uint32_t serial, std::uint32_t id, std::uint64_t word) noexcept;
+    // Takes it out again: true if the peer had rung the bell meanwhile.
+    bool xwaker_withdraw(int xl, std::uint32_t serial, std::uint32_t id, std::uint64_t word) noexcept;
     // No thread enters the provider until reopen_provider() (regionlock.hpp):
     // before a call that ends the process's other threads wherever they
     // are (an exec replaces the image). True if the gate was closed.
@@ -673,14 +716,26 @@ class Engine {
     std::uint32_t quiet_passes_ = 0;  // progress_lock_
     static constexpr std::uint32_t kQuietPasses = 64;
     std::atomic<std::uint32_t> links_hi_{0};    // slots ever used: the passes stop there
-    // Orders the copies of our sleepers count into the links' queues
-    // (outside the ranked order: nothing is taken under it).
+    // Orders the copies of our sleepers count into the links' queues, and
+    // keeps our queues mapped while a sleeper writes its word in one
+    // (outside the ranked order: nothing is taken under it but, in
+    // reap_links_locked, bells_lock_ and a link's out.lock).
     std::mutex mirror_lock_;
     std::atomic<int> xbells_ep_{-1};
     // Held while the links' bells are drained and while one is closed
-    // (outside the lock order: nothing is taken under it).
+    // (outside the lock order: nothing is taken under it but a link's
+    // out.lock, a leaf).
     std::mutex bells_lock_;
     void drain_xbells_locked() noexcept;
+    // A datagram with fds on link `l`'s bell: a bell of a thread of the
+    // peer's, kept (under out.lock) if it is one; every other fd closed.
+    void take_wake_offer(XLink &l, const msghdr &m, unsigned len) noexcept;
+    void close_wake_fds_locked(XLink &l) noexcept;
+    void close_wake_fd_locked(XLink &l, XLink::WakeFd &w) noexcept;
+    // After a post to `c`, whose peer is of another uid: the peer's
+    // thread that announced its bell in the connection's word is woken on
+    // it. False if none was (the caller rings the link's bell).
+    bool ring_xwaker(const Conn *c) noexcept;
     void mirror_sleepers_locked() noexcept;
     char xq_msg_[sizeof(MsgHeader) + kMaxInline];  // a message copied out (progress_lock_)
 

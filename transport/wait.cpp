@@ -22,6 +22,7 @@
 #include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 namespace sd::transport {
@@ -54,6 +55,57 @@ int bell_get() noexcept {
         if (bell_fd >= 0) bell_mark = bell_marks.fetch_add(1, std::memory_order_relaxed) % kSlotMarks + 1;
     }
     return bell_fd;
+}
+
+// This thread's bells for links to peers of other uids (announce_cross):
+// the receiving ends, a few links at a time, the oldest replaced. An
+// entry whose offer failed keeps rx -1 with its link, so that the offer is
+// not made again at every sleep.
+constexpr int kXBells = 4;
+struct XBellCloser {
+    XBell *bells;
+    ~XBellCloser() {
+        for (int i = 0; i < kXBells; ++i)
+            if (bells[i].rx >= 0) sys.close(std::exchange(bells[i].rx, -1));
+    }
+};
+thread_local XBell xbells[kXBells];
+thread_local unsigned xbell_next = 0;
+std::atomic<std::uint32_t> xbell_tokens{0};
+
+// The calling thread's bell for the link of `c` (made, and offered to
+// the peer, at its first need); nullptr if none can be had.
+const XBell *xbell_for(Engine *e, Conn *c) noexcept {
+    std::uint32_t serial = 0;
+    const int xl = e->xlink_of(c, &serial);
+    if (xl < 0) return nullptr;
+    XBell *pick = nullptr;
+    for (XBell &b : xbells) {
+        if (b.link == xl && b.serial == serial) return b.rx >= 0 ? &b : nullptr;
+        if (!pick && b.link < 0) pick = &b;
+    }
+    if (!pick) pick = &xbells[xbell_next++ % kXBells];
+    if (pick->rx >= 0) sys.close(std::exchange(pick->rx, -1));
+    thread_local XBellCloser closer{xbells};
+    (void)closer;
+    *pick = XBell{xl, serial, -1, 0};
+    int pair[2];
+    if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair) != 0) return nullptr;
+    const int rx = out_of_the_way(pair[0]);
+    const int tx = out_of_the_way(pair[1]);
+    std::uint32_t token;
+    while ((token = xbell_tokens.fetch_add(1, std::memory_order_relaxed) + 1) == 0) {
+    }
+    // The peer holds the only other copy of the sending end.
+    const int rc = rx >= 0 && tx >= 0 ? e->offer_wake_bell(c, tx, token) : -EBADF;
+    if (tx >= 0) sys.close(tx);
+    if (rc != 0) {
+        if (rx >= 0) sys.close(rx);
+        return nullptr;
+    }
+    pick->rx = rx;
+    pick->token = token;
+    return pick;
 }
 
 // Safety net: even a lost doorbell costs at most this much.
@@ -89,6 +141,35 @@ bool withdraw_waker(Conn *c, std::uint64_t word) noexcept {
     return false;
 }
 
+bool announce_cross(Engine *e, Conn *c, std::uint32_t mark, CrossWake &w) noexcept {
+    // `peer` is published by the release store of state == direct.
+    if (!c->is_direct() || !c->peer->cross) return false;
+    const XBell *b = xbell_for(e, c);
+    if (!b) return false;
+    w = CrossWake{b->link, b->serial, c->id, std::uint64_t(mark & 0x7fffffff) << 32 | b->token, b->rx};
+    return e->xwaker_announce(w.xl, w.serial, w.id, w.word);
+}
+
+bool withdraw_cross(Engine *e, const CrossWake &w) noexcept {
+    return e->xwaker_withdraw(w.xl, w.serial, w.id, w.word);
+}
+
+
+void drain_cross_bell(int rx) noexcept {
+    // One byte a ring, one ring a sleep (the peer latches the word): a
+    // few more only from an older sleep, or a peer that floods its own
+    // wake-ups; what is left ends the next sleep at once, and goes then.
+    char bytes[16];
+    iovec iov[16];
+    mmsghdr msgs[16] = {};
+    for (int k = 0; k < 16; ++k) {
+        iov[k] = {bytes + k, 1};
+        msgs[k].msg_hdr.msg_iov = &iov[k];
+        msgs[k].msg_hdr.msg_iovlen = 1;
+    }
+    (void)sys.recvmmsg(rx, msgs, 16, MSG_DONTWAIT, nullptr);
+}
+
 int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
                bool (*ready)(void *), void *ctx, int timeout_ms) noexcept {
     Waiter w(bell_get());
@@ -103,15 +184,18 @@ int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
     // progress reads the queues of peers of other uids too.
     const std::uint64_t word = c ? bell_word() : 0;
     const bool announced = word && announce_waker(c, word);
+    CrossWake cw;
+    const bool xannounced = c && !announced && announce_cross(e, c, std::uint32_t(w.efd) + 1, cw);
     e->announce_sleep(1);
     e->progress_before_sleep();
     int rc = 0;
     if (!ready(ctx)) {
-        pollfd p[5];
+        pollfd p[6];
         nfds_t n = 0;
         p[n++] = {w.efd, POLLIN, 0};
         p[n++] = {e->doorbell(), POLLIN, 0};
         p[n++] = {e->xbells(), POLLIN, 0};  // -1 (none yet): skipped
+        p[n++] = {xannounced ? cw.rx : -1, POLLIN, 0};
         if (kernel_fd >= 0) p[n++] = {kernel_fd, kernel_events, 0};
         // `peer` is published by the release store of state == direct.
         if (c && c->is_direct() && c->peer->pidfd >= 0) p[n++] = {c->peer->pidfd, POLLIN, 0};
@@ -122,12 +206,14 @@ int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
             if (p[0].revents & POLLIN) drain(w.efd);
             if (p[1].revents & POLLIN) e->take_ring();
             if (p[2].revents & POLLIN) e->take_xbells();
+            if (p[3].revents & POLLIN) drain_cross_bell(cw.rx);
         }
     }
     // The peer wrote our bell: what it posted is taken in here, whatever
     // ended the sleep (a delivery of ours would wake the connection's
     // other waiters; none may be due if the sleep was over already).
     if (announced && withdraw_waker(c, word)) e->progress_before_sleep();
+    if (xannounced && withdraw_cross(e, cw)) e->progress_before_sleep();
     e->announce_sleep(-1);
     if (c) {
         std::lock_guard lock(c->rx_lock);
@@ -257,7 +343,7 @@ void Watch::on(PollerMask &m, void (*drop)(void *), void *hold) noexcept {
         recs_ = r;
         cap_ = cap;
     }
-    recs_[n_++] = {&m, drop, hold, nullptr, false};
+    recs_[n_++] = {&m, drop, hold, nullptr, false, false, -1, 0, 0};
     // Before the sleeper's last look (sleep_on_fds): a waker that changes
     // the state after that look sees the bit.
     m.bits.fetch_or(bit_, std::memory_order_seq_cst);
@@ -270,16 +356,43 @@ void Watch::on(Conn *c, void (*drop)(void *), void *hold) noexcept {
 }
 
 bool Watch::announce(std::uint64_t word) noexcept {
-    bool any = false;
-    for (std::size_t i = 0; i < n_; ++i)
-        if (recs_[i].c && (recs_[i].announced = announce_waker(recs_[i].c, word))) any = true;
+    bool any = false, cross = false;
+    Engine *e = Engine::current();
+    for (std::size_t i = 0; i < n_; ++i) {
+        Rec &r = recs_[i];
+        if (!r.c) continue;
+        if ((r.announced = announce_waker(r.c, word))) {
+            any = true;
+            continue;
+        }
+        CrossWake w;
+        if (!e || !announce_cross(e, r.c, std::uint32_t(word >> 32), w)) continue;
+        r.xannounced = true;
+        r.xl = w.xl;
+        r.serial = w.serial;
+        r.xword = w.word;
+        cross = true;
+        bool have = false;
+        for (int k = 0; k < nxrx_; ++k) have |= xrx_[k] == w.rx;
+        if (!have && nxrx_ < kCrossBells) xrx_[nxrx_++] = w.rx;
+    }
     if (any) word_ = word;
-    return any;
+    return any || cross;
 }
 
 bool Watch::withdraw() noexcept {
-    if (!word_) return false;
     bool rung = false;
+    if (nxrx_) {
+        Engine *e = Engine::current();
+        for (std::size_t i = 0; i < n_; ++i)
+            if (recs_[i].xannounced) {
+                Rec &r = recs_[i];
+                r.xannounced = false;
+                if (e && withdraw_cross(e, CrossWake{r.xl, r.serial, r.c->id, r.xword, -1})) rung = true;
+            }
+        nxrx_ = 0;
+    }
+    if (!word_) return rung;
     for (std::size_t i = 0; i < n_; ++i)
         if (recs_[i].announced) {
             recs_[i].announced = false;
@@ -301,6 +414,13 @@ RungWaker rung_waker(const Conn *c) noexcept {
     const std::uint32_t mark = std::uint32_t(w >> 32) & ~std::uint32_t(kWakeRung >> 32);
     if (mark > kSlotMarks) return {-1, std::uint64_t(1) << ((mark - kSlotMarks - 1) % kPollerSlots)};
     return {int(std::uint32_t(w)), 0};
+}
+
+RungWaker cross_rung(std::uint64_t word) noexcept {
+    if (!(word & kXWakeRung)) return {-1, 0};
+    const std::uint32_t mark = std::uint32_t(word >> 32) & 0x7fffffff;
+    if (mark > kSlotMarks) return {-1, std::uint64_t(1) << ((mark - kSlotMarks - 1) % kPollerSlots)};
+    return {int(mark) - 1, 0};
 }
 
 void wake_pollers(const PollerMask &m, std::uint64_t skip) noexcept {
@@ -366,6 +486,12 @@ SD_CHILD_PATH void pollers_after_fork_child() noexcept {
     // This thread's bell is the parent thread's eventfd too.
     if (bell_fd >= 0) sys.close(std::exchange(bell_fd, -1));
     renew(bell_mark, 0);
+    // And its bells for links are the parent's (the links are not ours).
+    for (XBell &b : xbells)
+        if (b.link >= 0) {
+            if (b.rx >= 0) sys.close(b.rx);
+            b = XBell{};
+        }
 }
 
 int thread_bell() noexcept { return bell_get(); }
@@ -416,9 +542,10 @@ int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int tim
         if (!in.ready(in.ctx)) {
             // The caller's fds first, so their revents land in place.
             constexpr nfds_t kInline = 64;
-            pollfd inline_fds[kInline + 3];
-            pollfd *all = n + 3 <= kInline + 3 ? inline_fds
-                                               : static_cast<pollfd *>(std::malloc((n + 3) * sizeof(pollfd)));
+            const nfds_t nx = nfds_t(watch.n_cross_bells());
+            pollfd inline_fds[kInline + 3 + 4];
+            pollfd *all = n <= kInline ? inline_fds
+                                       : static_cast<pollfd *>(std::malloc((n + 3 + nx) * sizeof(pollfd)));
             if (!all) {
                 rc = -ENOMEM;
             } else {
@@ -428,11 +555,13 @@ int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int tim
                 // The bells of peers of other uids: the doorbell's part
                 // for them (-1: none).
                 all[n + 2] = {standing_by ? -1 : e->xbells(), POLLIN, 0};
+                // This thread's bells for links to peers of other uids.
+                for (nfds_t k = 0; k < nx; ++k) all[n + 3 + k] = {watch.cross_bells()[k], POLLIN, 0};
                 int t = timeout_ms < 0 || timeout_ms > kSafetyMs ? kSafetyMs : timeout_ms;
                 // Accepted bytes wait for credits: look again soon.
                 if (e->flush_pending() && t > 1) t = 1;
                 timespec ts{t / 1000, long(t % 1000) * 1000000};
-                int r = sys.ppoll(all, n + 3, &ts, mask);
+                int r = sys.ppoll(all, n + 3 + nx, &ts, mask);
                 if (polled) *polled = r >= 0;
                 if (r < 0) {
                     rc = -errno;
@@ -444,6 +573,8 @@ int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int tim
                     }
                     if (!standing_by && (all[n + 1].revents & POLLIN)) e->take_ring(), --r;
                     if (!standing_by && (all[n + 2].revents & POLLIN)) e->take_xbells(), --r;
+                    for (nfds_t k = 0; k < nx; ++k)
+                        if (all[n + 3 + k].revents & POLLIN) drain_cross_bell(all[n + 3 + k].fd), --r;
                     for (nfds_t i = 0; i < n; ++i) fds[i].revents = all[i].revents;
                     rc = r;
                 }

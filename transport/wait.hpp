@@ -113,11 +113,19 @@ class Watch {
     void on_everything() noexcept;
     // Announces `word`, the eventfd the sleep polls (ConnStat::waker), on
     // each connection registered with on(Conn *) that has none announced:
-    // its peer may write that eventfd itself. True if any took it.
+    // its peer may write that eventfd itself; on those whose peer is of
+    // another uid, this thread's bell for that link (cross_bells()).
+    // True if any took either.
     bool announce(std::uint64_t word) noexcept;
     // Ends the announcements: true when a peer wrote the eventfd meanwhile
     // (the caller then takes in what is queued). Also at destruction.
     bool withdraw() noexcept;
+
+    // The receiving ends of this thread's bells that announce() put in
+    // the words of connections to peers of other uids (one per link):
+    // the sleep polls them too, and drains them (drain_cross_bell).
+    const int *cross_bells() const noexcept { return xrx_; }
+    int n_cross_bells() const noexcept { return nxrx_; }
 
   private:
     struct Rec {
@@ -126,11 +134,18 @@ class Watch {
         void *hold;
         Conn *c;         // the connection whose pollers `m` are, if any
         bool announced;  // word_ is in its slot
+        bool xannounced;  // this thread's bell for its link is in its word
+        int xl;
+        std::uint32_t serial;
+        std::uint64_t xword;
     };
     static constexpr std::size_t kInline = 16;
+    static constexpr int kCrossBells = 4;
     std::uint64_t bit_;  // 0: on the process-wide list, which every ring wakes
     bool everything_ = false;
     std::uint64_t word_ = 0;  // the word announced (0: none)
+    int xrx_[kCrossBells];
+    int nxrx_ = 0;
     Rec inline_[kInline];
     Rec *recs_ = inline_;
     std::size_t n_ = 0, cap_ = kInline;
@@ -202,16 +217,42 @@ int own_bell() noexcept;
 // have come after its sleep).
 // The word of the calling thread's bell (0: it has none).
 std::uint64_t bell_word() noexcept;
-// What a delivery to `c` need not wake: the sleeper that announced an
-// eventfd the peer wrote already (kWakeRung), which it looks at anyway
-// once woken: that bell (-1: none) or that poller slot's bit (0: none).
-struct RungWaker {
-    int bell;
-    std::uint64_t slot_bit;
-};
+// What a delivery to `c` need not wake (RungWaker, conn_impl.hpp): the
+// sleeper that announced an eventfd the peer wrote already (kWakeRung).
 RungWaker rung_waker(const Conn *c) noexcept;
 bool announce_waker(Conn *c, std::uint64_t word) noexcept;
 bool withdraw_waker(Conn *c, std::uint64_t word) noexcept;
+
+// Direct wake-ups across users. A peer of another uid cannot be given our
+// eventfds (whoever holds one can make our writes to it block, or drain
+// it), nor see our process page. So a thread that sleeps on a connection
+// to such a peer has a bell of its own for that link: a local datagram
+// socket pair, whose sending end went to the peer over the link's bell
+// (SCM_RIGHTS, with a token; the peer checks it is such a socket and
+// keeps at most 16 a link), and puts the token in the connection's word
+// of the queue that peer writes to us (xqueue.hpp's wakers) before its
+// last look. The peer that posts to the connection latches the word and
+// sends one byte on that bell (MSG_DONTWAIT: it never waits), and only
+// that thread wakes, where the link's bell woke the watcher, which woke
+// the thread. Withdrawn when the sleep ends: true when the peer rang
+// meanwhile (the caller then takes in what is queued). A few links per
+// thread (4); beyond, the link's bell as before.
+// The word: the token (bits 0-31), what the sleep polls (bits 32-62: a
+// poller slot's mark, as in ConnStat::waker, or the bell's fd + 1), and
+// the peer's latch (bit 63). A delivery from the link skips the sleep it
+// names when the latch is set (cross_rung): it wakes anyway. A peer can
+// forge the word only for its own connections.
+struct CrossWake {
+    int xl = -1;
+    std::uint32_t serial = 0, id = 0;
+    std::uint64_t word = 0;
+    int rx = -1;
+};
+bool announce_cross(Engine *e, Conn *c, std::uint32_t mark, CrossWake &w) noexcept;
+RungWaker cross_rung(std::uint64_t word) noexcept;
+bool withdraw_cross(Engine *e, const CrossWake &w) noexcept;
+// Takes what the peer sent on a bell found readable.
+void drain_cross_bell(int rx) noexcept;
 
 // Spinning pays only while a CPU is free for it and the answer comes
 // within the spin. So a waiter spins only while it holds the spin slot of

@@ -158,6 +158,10 @@ int copy_of(WakeCache *w, const Peer *p, const std::atomic<std::uint64_t> &slot,
 
 void Engine::ring(const Conn *c) noexcept {
     const Peer *p = c->peer;
+    if (p->cross) {
+        if (!ring_xwaker(c)) ring(p);
+        return;
+    }
     WakeCache *w = p->wake;
     if (!w) return ring(p);
     std::atomic<std::uint64_t> &slot = p->page->slots[c->peer_id].waker;

@@ -12,8 +12,10 @@
 // itself makes no sense. It cannot shrink the queue we map (sealed, and
 // checked when passed), so no access of ours ever faults.
 #include "conn_impl.hpp"
+#include "crossuser.hpp"
 #include "engine.hpp"
 #include "log.hpp"
+#include "procpage.hpp"
 #include "sys.hpp"
 
 #include <cerrno>
@@ -21,12 +23,15 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <utility>
 
 namespace sd::transport {
+
+static_assert(kXqWakers == kSlots, "a queue's wakers are indexed by connection id");
 
 int Engine::link_for(pid_t pid, const char *name) noexcept {
     XLink *free = nullptr;
@@ -66,6 +71,7 @@ int Engine::link_for(pid_t pid, const char *name) noexcept {
     l.pid = pid;
     std::snprintf(l.name, sizeof l.name, "%s", name);
     l.refs = 1;
+    l.serial.fetch_add(1, std::memory_order_relaxed);
     // Counted before our sleepers are copied in: a thread that announces
     // its sleep either sees the count (and copies into this queue too) or
     // is in the page's count copied here (announce_sleep: the two fences).
@@ -150,17 +156,28 @@ void Engine::drain_xbells_locked() noexcept {
         // sleep of its watcher end at once, mariadbd's watcher polling
         // 30 times a query), 64 at a time, within a bound (a peer that
         // keeps ringing cannot keep us here; what it left is drained by
-        // the next pass).
-        char bytes[64];
-        iovec iov[64];
-        mmsghdr msgs[64] = {};
-        for (int k = 0; k < 64; ++k) {
-            iov[k] = {bytes + k, 1};
-            msgs[k].msg_hdr.msg_iov = &iov[k];
-            msgs[k].msg_hdr.msg_iovlen = 1;
+        // the next pass). A datagram with fds is a bell of one of the
+        // peer's threads (take_wake_offer).
+        constexpr int kBatch = 64;
+        constexpr std::size_t kCtl = CMSG_SPACE(4 * sizeof(int));
+        char bytes[kBatch][8];
+        alignas(cmsghdr) char ctl[kBatch][kCtl];
+        iovec iov[kBatch];
+        mmsghdr msgs[kBatch];
+        for (int round = 0; round < 32; ++round) {
+            for (int k = 0; k < kBatch; ++k) {
+                iov[k] = {bytes[k], sizeof bytes[k]};
+                msgs[k] = {};
+                msgs[k].msg_hdr.msg_iov = &iov[k];
+                msgs[k].msg_hdr.msg_iovlen = 1;
+                msgs[k].msg_hdr.msg_control = ctl[k];
+                msgs[k].msg_hdr.msg_controllen = kCtl;
+            }
+            const int got = sys.recvmmsg(rx, msgs, kBatch, MSG_DONTWAIT | MSG_CMSG_CLOEXEC, nullptr);
+            for (int k = 0; k < got; ++k)
+                if (msgs[k].msg_hdr.msg_controllen > 0) take_wake_offer(l, msgs[k].msg_hdr, msgs[k].msg_len);
+            if (got < kBatch) break;
         }
-        for (int round = 0; round < 32; ++round)
-            if (sys.recvmmsg(rx, msgs, 64, MSG_DONTWAIT, nullptr) < 64) break;
         // The latch after the drain (as take_ring): a ring whose latch we
         // clear was sent before the pass that follows, which takes its
         // message in; a writer that finds it clear rings again. A link
@@ -171,6 +188,146 @@ void Engine::drain_xbells_locked() noexcept {
         if (st == kLinkLive || st == kLinkPoisoned || st == kLinkRetired)
             reinterpret_cast<XqHeader *>(l.in.base)->rung.store(0, std::memory_order_seq_cst);
     }
+}
+
+void Engine::take_wake_offer(XLink &l, const msghdr &m, unsigned len) noexcept {
+    // Every fd that came is ours to close but the one bell we keep: a
+    // peer may send anything, as many as fit.
+    int fds[4];
+    int nfds = 0;
+    for (cmsghdr *h = CMSG_FIRSTHDR(&m); h; h = CMSG_NXTHDR(const_cast<msghdr *>(&m), h)) {
+        if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS) continue;
+        const std::size_t k = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (std::size_t j = 0; j < k; ++j) {
+            int fd;
+            std::memcpy(&fd, CMSG_DATA(h) + j * sizeof(int), sizeof fd);
+            if (nfds < 4) fds[nfds++] = fd;
+            else sys.close(fd);
+        }
+    }
+    std::uint32_t word[2];
+    std::memcpy(word, static_cast<const char *>(m.msg_iov[0].iov_base), sizeof word);
+    const bool offer = nfds == 1 && len == sizeof word && word[0] == kXWakeMagic && word[1] != 0 &&
+                       is_bell_socket(fds[0]);
+    if (!offer) {
+        for (int j = 0; j < nfds; ++j) sys.close(fds[j]);
+        return;
+    }
+    const int fd = out_of_the_way(fds[0]);
+    if (fd < 0) return;
+    std::lock_guard out(l.out.lock);
+    XLink::WakeFd *put = nullptr;
+    for (XLink::WakeFd &w : l.wake)
+        if (w.fd >= 0 && w.token == word[1]) put = &w;
+    if (!put)
+        for (XLink::WakeFd &w : l.wake)
+            if (!put && w.fd < 0) put = &w;
+    if (!put) put = &l.wake[l.wake_next++ % XLink::kWakeFds];
+    if (put->fd >= 0) close_wake_fd_locked(l, *put);
+    put->fd = fd;
+    put->token = word[1];
+}
+
+void Engine::close_wake_fd_locked(XLink &l, XLink::WakeFd &w) noexcept {
+    // Out of the table first (no sender takes it from now on: we hold
+    // out.lock), closed once the sends that took it are over (each a
+    // non-blocking system call).
+    const int fd = std::exchange(w.fd, -1);
+    w.token = 0;
+    while (l.wake_inflight.load(std::memory_order_seq_cst) != 0) sched_yield();
+    sys.close(fd);
+}
+
+void Engine::close_wake_fds_locked(XLink &l) noexcept {
+    for (XLink::WakeFd &w : l.wake)
+        if (w.fd >= 0) close_wake_fd_locked(l, w);
+}
+
+int Engine::xlink_of(const Conn *c, std::uint32_t *serial) noexcept {
+    // `peer` is published by the release store of state == direct.
+    if (!c->is_direct()) return -1;
+    const Peer *p = c->peer;
+    if (!p || !p->cross || p->xl < 0 || p->doorbell < 0) return -1;
+    XLink &l = links_[p->xl];
+    if (l.state.load(std::memory_order_acquire) != kLinkLive) return -1;
+    *serial = l.serial.load(std::memory_order_relaxed);
+    return p->xl;
+}
+
+int Engine::offer_wake_bell(const Conn *c, int tx, std::uint32_t token) noexcept {
+    if (!c->is_direct() || !c->peer || !c->peer->cross || c->peer->doorbell < 0) return -EPERM;
+    const std::uint32_t word[2] = {kXWakeMagic, token};
+    iovec iov{const_cast<std::uint32_t *>(word), sizeof word};
+    alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))] = {};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = ctl;
+    m.msg_controllen = sizeof ctl;
+    cmsghdr *h = CMSG_FIRSTHDR(&m);
+    h->cmsg_level = SOL_SOCKET;
+    h->cmsg_type = SCM_RIGHTS;
+    h->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(h), &tx, sizeof tx);
+    return sys.sendmsg(c->peer->doorbell, &m, MSG_DONTWAIT | MSG_NOSIGNAL) == ssize_t(sizeof word) ? 0 : -errno;
+}
+
+bool Engine::xwaker_announce(int xl, std::uint32_t serial, std::uint32_t id, std::uint64_t word) noexcept {
+    if (xl < 0 || xl >= int(kMaxLinks) || id >= kXqWakers) return false;
+    // Under mirror_lock_: the queue stays mapped (reap_links_locked).
+    std::lock_guard mirror(mirror_lock_);
+    XLink &l = links_[xl];
+    if (l.state.load(std::memory_order_acquire) != kLinkLive || l.serial.load(std::memory_order_relaxed) != serial)
+        return false;
+    std::uint64_t none = 0;
+    // Before the sleeper's last look (seq_cst): a peer that posts after
+    // that look sees the word (Engine::ring).
+    return xq_wakers(l.in.base)[id].compare_exchange_strong(none, word, std::memory_order_seq_cst);
+}
+
+bool Engine::xwaker_withdraw(int xl, std::uint32_t serial, std::uint32_t id, std::uint64_t word) noexcept {
+    std::lock_guard mirror(mirror_lock_);
+    XLink &l = links_[xl];
+    const int st = l.state.load(std::memory_order_acquire);
+    if ((st != kLinkLive && st != kLinkPoisoned) || l.serial.load(std::memory_order_relaxed) != serial)
+        return false;
+    auto &w = xq_wakers(l.in.base)[id];
+    // The peer may have written anything there: only our own word goes.
+    std::uint64_t v = w.load(std::memory_order_relaxed);
+    while ((v & ~kXWakeRung) == word)
+        if (w.compare_exchange_weak(v, 0, std::memory_order_seq_cst)) return v & kXWakeRung;
+    return false;
+}
+
+bool Engine::ring_xwaker(const Conn *c) noexcept {
+    const Peer *p = c->peer;
+    const int xl = p->xl;
+    if (xl < 0 || c->peer_id >= kXqWakers) return false;
+    XLink &l = links_[xl];
+    int fd = -1;
+    {
+        std::lock_guard out(l.out.lock);
+        if (!l.out.base) return false;
+        auto &w = xq_wakers(l.out.base)[c->peer_id];
+        // Pairs with the sleeper's announce-then-recheck: either it sees
+        // our message on its recheck, or we see its word here.
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+        std::uint64_t v = w.load(std::memory_order_relaxed);
+        if (!v) return false;
+        // Written already and not withdrawn yet: its sleeper takes our
+        // message in when it withdraws the word.
+        if (v & kXWakeRung) return true;
+        for (const XLink::WakeFd &f : l.wake)
+            if (f.fd >= 0 && f.token == std::uint32_t(v)) fd = f.fd;
+        if (fd < 0 || !w.compare_exchange_strong(v, v | kXWakeRung, std::memory_order_seq_cst)) return false;
+        l.wake_inflight.fetch_add(1, std::memory_order_seq_cst);
+    }
+    // A socket of the peer's thread (checked when it came): a full queue
+    // means woken already; anything else, the link's bell as before.
+    const char one = 1;
+    const bool sent = sys.send(fd, &one, 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1 || errno == EAGAIN;
+    l.wake_inflight.fetch_sub(1, std::memory_order_release);
+    return sent;
 }
 
 void Engine::announce_sleep(int delta) noexcept {
@@ -224,6 +381,7 @@ void Engine::link_put(int xl) noexcept {
         l.out.base = nullptr;
         l.out.dev = 0;
         l.out.ino = 0;
+        close_wake_fds_locked(l);
     }
     l.peer.store(nullptr, std::memory_order_relaxed);
     l.state.store(kLinkRetired, std::memory_order_release);
@@ -297,6 +455,12 @@ void Engine::reap_links_locked() noexcept {
         // The bell first: a drain that finds it, under bells_lock_, finds
         // the queue still mapped (it clears the latch there).
         drop_bell(l);
+        {
+            // A drain before the bell's close may have taken a bell after
+            // link_put closed the others.
+            std::lock_guard out(l.out.lock);
+            close_wake_fds_locked(l);
+        }
         xq_unmap(l.in.base);
         l.in = XqReader{};
         if (l.in_fd >= 0) sys.close(l.in_fd);

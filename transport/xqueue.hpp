@@ -22,7 +22,14 @@
 //        by the reader when it drains the bell (one ring per drain, not
 //        one per message; either side may write it, and a wrong value
 //        costs only that pair's wake-ups or an extra ring)
-//  4096  data[kXqCap]   records at position % kXqCap, 8-byte aligned:
+//  4096  u64 wakers[kXqWakers]  direct wake-ups, by the reader's
+//        connection id: a thread of the reader that sleeps on that
+//        connection puts the token of its bell for this link there
+//        (bits 0-31; the bell, one end of a datagram socket pair, went to
+//        the writer over the link's bell beforehand), and the writer that
+//        posts to the connection sets bit 63 (kXWakeRung) and sends a
+//        byte on that bell instead of the link's (Engine::ring)
+// 36864  data[kXqCap]   records at position % kXqCap, 8-byte aligned:
 //        u32 len, u32 zero, then len bytes of message (which may wrap
 //        past the end of data to its start), padded to 8 bytes.
 //
@@ -30,6 +37,8 @@
 // publishes a record whole with a release store of tail, the reader frees
 // it with a release store of head.
 #pragma once
+
+#include "lock_order.hpp"
 
 #include <atomic>
 #include <cstddef>
@@ -43,7 +52,10 @@ namespace sd::transport {
 inline constexpr std::uint32_t kXqMagic = 0x51584453;  // "SDXQ"
 inline constexpr std::uint16_t kXqVersion = 1;
 inline constexpr std::size_t kXqCap = std::size_t(1) << 20;
-inline constexpr std::size_t kXqData = 4096;
+inline constexpr std::size_t kXqWakersAt = 4096;
+inline constexpr std::size_t kXqWakers = 4096;  // = kSlots, the connection ids
+inline constexpr std::uint64_t kXWakeRung = std::uint64_t(1) << 63;
+inline constexpr std::size_t kXqData = kXqWakersAt + kXqWakers * 8;
 inline constexpr std::size_t kXqSize = kXqData + kXqCap;
 inline constexpr std::size_t kXqRecHead = 8;  // u32 len, u32 zero
 
@@ -62,9 +74,14 @@ static_assert(offsetof(XqHeader, sleepers) == 192);
 static_assert(offsetof(XqHeader, rung) == 196);
 static_assert(offsetof(XqHeader, head) == 64);
 static_assert(offsetof(XqHeader, tail) == 128);
-static_assert(sizeof(XqHeader) <= kXqData);
+static_assert(sizeof(XqHeader) <= kXqWakersAt);
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
 static_assert(kXqCap % 8 == 0 && kXqRecHead % 8 == 0);
+
+// The wakers area of a mapped queue.
+inline std::atomic<std::uint64_t> *xq_wakers(char *base) noexcept {
+    return reinterpret_cast<std::atomic<std::uint64_t> *>(base + kXqWakersAt);
+}
 
 // Bytes a message of `len` takes in the queue.
 constexpr std::uint64_t xq_record(std::uint64_t len) noexcept {
@@ -91,7 +108,9 @@ void xq_unmap(char *base) noexcept;
 // shared tail says is never read back but once, when the queue is mapped
 // (a writer of an earlier attachment may have left records).
 struct XqWriter {
-    std::mutex lock;
+    // A few looks before a futex sleep (lock_order.hpp): a process's
+    // threads post to one peer at once.
+    FutexMutex lock;
     char *base = nullptr;
     std::uint64_t tail = 0;
     dev_t dev = 0;

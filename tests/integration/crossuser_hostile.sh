@@ -2,7 +2,9 @@
 # A hostile peer of another uid: a root echo server (the victim) serves at
 # once an honest client of a third uid (daemon), which sends checksummed
 # bytes for 4 s, and a nobody client (xuser_hostile.py), direct with it,
-# which fills to the top and makes blocking every bell it holds (an
+# which sends over every local datagram socket it holds offers of a
+# thread's bell, most of them bad (the victim's fd count must stay
+# bounded), fills to the top and makes blocking every bell it holds (an
 # eventfd shared with the victim would make the victim's next ring wait
 # for ever), says it has sleepers and has the victim answer it, then
 # forges messages for the victim's other connections in the queue
@@ -41,8 +43,25 @@ for seed in 1 2 3; do
         --port "$port" --seconds 4 --seed "$seed"
     honest=$it_pid
     sleep 0.3
+    # The victim itself (it_start's pid is its wrapper's).
+    victim="$(pgrep -n -f "xuser_echo.py server --port $port")"
+    fds_before=$(ls "/proc/$victim/fd" 2>/dev/null | wc -l)
     it_run "hostile-$seed" 20 "${as_nobody[@]}" "$it_py" "$it_dir/xuser_hostile.py" \
-        --port "$port" --seed "$seed" </dev/null >"$it_tmp/hostile-$seed.log" 2>&1
+        --port "$port" --seed "$seed" </dev/null >"$it_tmp/hostile-$seed.log" 2>&1 &
+    hostile=$!
+    # Counted while the hostile peer pauses after its offers: the victim
+    # has its link to it then (a dozen fds: the connection, the queues,
+    # the bells) and at most 16 bells of it; a leak would be hundreds.
+    for ((i = 0; i < 200; i++)); do
+        grep -q '^offers' "$it_tmp/hostile-$seed.log" 2>/dev/null && break
+        sleep 0.05
+    done
+    sleep 0.5
+    fds_after=$(ls "/proc/$victim/fd" 2>/dev/null | wc -l)
+    wait "$hostile"
+    offers="$(awk '/^offers/ {print $2}' "$it_tmp/hostile-$seed.log")"
+    [[ -n "$victim" && "$fds_before" -gt 3 && "${offers:-0}" -gt 0 && "$fds_after" -le $((fds_before + 40)) ]]
+    it_check $? "seed $seed: the hostile peer sent the victim ${offers:-no} offers of bells (pipes, three fds at once, fds on rings, real ones): the victim's fds $fds_before before, $fds_after after"
     bells="$(awk '/^bells/ {print $2}' "$it_tmp/hostile-$seed.log")"
     [[ "${bells:-0}" -gt 0 ]]
     it_check $? "seed $seed: the hostile peer filled to the top and made blocking every bell it holds (${bells:-none}), then had the victim answer it ($(grep -h '^answered\|^no answer' "$it_tmp/hostile-$seed.log"))"

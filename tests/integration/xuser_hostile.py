@@ -72,7 +72,40 @@ if not theirs:
     print("no queue", flush=True)
     raise SystemExit(0)
 
-# First the bells, while its connection is direct: every eventfd it holds
+# First, over every local datagram socket it holds (the victim's link
+# bell, and the bells of the victim's threads it was offered), offers of
+# a thread's bell that the victim must refuse and close: a pipe, three fds
+# at once, an fd on a one-byte ring; and real ones, of which the victim
+# keeps only a few a link. The victim's fd count must not grow with them.
+offers = 0
+pipe_r, pipe_w = os.pipe()
+pair_a, pair_b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+for name in os.listdir("/proc/self/fd"):
+    fd = int(name)
+    try:
+        if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+            continue
+        s = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        continue
+    if s.family == socket.AF_UNIX and s.type == socket.SOCK_DGRAM and fd not in (pair_a.fileno(), pair_b.fileno()):
+        rights = socket.SCM_RIGHTS
+        try:
+            for k in range(1000):
+                offer = struct.pack("<II", 0x57584453, k + 1)
+                s.sendmsg([offer], [(socket.SOL_SOCKET, rights, struct.pack("<i", pipe_r))], socket.MSG_DONTWAIT)
+                s.sendmsg([offer], [(socket.SOL_SOCKET, rights, struct.pack("<3i", pair_a.fileno(), pair_b.fileno(), pipe_w))],
+                          socket.MSG_DONTWAIT)
+                s.sendmsg([b"z"], [(socket.SOL_SOCKET, rights, struct.pack("<i", pair_b.fileno()))], socket.MSG_DONTWAIT)
+                s.sendmsg([offer], [(socket.SOL_SOCKET, rights, struct.pack("<i", pair_b.fileno()))], socket.MSG_DONTWAIT)
+                offers += 4
+        except OSError:
+            pass
+    s.close()
+print("offers", offers, flush=True)
+time.sleep(1.0)
+
+# Then the bells, while its connection is direct: every eventfd it holds
 # (its own, and any a peer passed it) drained, then filled to the top and
 # made blocking (the flags are the open file's, shared by every process
 # that holds it): a victim that rang one of them would wait in that write
