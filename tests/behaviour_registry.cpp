@@ -30,7 +30,7 @@ namespace {
 // local address, peer address), fabric address, ring address and key.
 struct CtlRequest {
     std::uint32_t magic = 0x54434453;
-    std::uint16_t version = 3;  // kCtlVersion
+    std::uint16_t version = 4;  // kCtlVersion
     std::uint16_t type = 1;  // upgrade request
     std::int32_t pid = 0;
     std::uint32_t conn_id = 1, gen = 1, window = 1u << 20, status = 0, dumpable = 1;

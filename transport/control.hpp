@@ -15,8 +15,9 @@ namespace sd::transport {
 inline constexpr std::uint32_t kCtlMagic = 0x54434453;  // "SDCT"
 // 2: a request with a queue carries the link's bell as a fourth fd.
 // 3: the queue's header has the bell's latch (xqueue.hpp), which a peer
-// of version 2 would never clear.
-inline constexpr std::uint16_t kCtlVersion = 3;
+// of version 2 would never clear. 4: the queue has its wakers' words
+// (36 KiB before its data), and a link bell may carry a thread's bell.
+inline constexpr std::uint16_t kCtlVersion = 4;
 
 // request/reply: an upgrade (handshake.cpp). leave: another process that
 // holds one of our connections' sockets asks us to move it back to the
