@@ -22,6 +22,7 @@
 #include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -62,11 +63,28 @@ int bell_get() noexcept {
 // entry whose offer failed keeps rx -1 with its link, so that the offer is
 // not made again at every sleep.
 constexpr int kXBells = 4;
+// The receiving ends held by all threads, within a sixteenth of the fd
+// limit (16 to 256), as the copies of peers' eventfds (wake.cpp): a
+// server with a thread per connection must not spend its fds on them.
+std::atomic<int> xbells_held{0};
+int xbells_budget() noexcept {
+    static const int budget = [] {
+        rlimit rl{};
+        getrlimit(RLIMIT_NOFILE, &rl);
+        const rlim_t lim = rl.rlim_cur == RLIM_INFINITY ? 4096 : rl.rlim_cur;
+        return int(std::clamp<rlim_t>(lim / 16, 16, 256));
+    }();
+    return budget;
+}
+void xbell_close(XBell &b) noexcept {
+    if (b.rx < 0) return;
+    sys.close(std::exchange(b.rx, -1));
+    xbells_held.fetch_sub(1, std::memory_order_relaxed);
+}
 struct XBellCloser {
     XBell *bells;
     ~XBellCloser() {
-        for (int i = 0; i < kXBells; ++i)
-            if (bells[i].rx >= 0) sys.close(std::exchange(bells[i].rx, -1));
+        for (int i = 0; i < kXBells; ++i) xbell_close(bells[i]);
     }
 };
 thread_local XBell xbells[kXBells];
@@ -85,10 +103,11 @@ const XBell *xbell_for(Engine *e, Conn *c) noexcept {
         if (!pick && b.link < 0) pick = &b;
     }
     if (!pick) pick = &xbells[xbell_next++ % kXBells];
-    if (pick->rx >= 0) sys.close(std::exchange(pick->rx, -1));
+    xbell_close(*pick);
     thread_local XBellCloser closer{xbells};
     (void)closer;
     *pick = XBell{xl, serial, -1, 0};
+    if (xbells_held.load(std::memory_order_relaxed) >= xbells_budget()) return nullptr;
     int pair[2];
     if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair) != 0) return nullptr;
     const int rx = out_of_the_way(pair[0]);
@@ -103,6 +122,7 @@ const XBell *xbell_for(Engine *e, Conn *c) noexcept {
         if (rx >= 0) sys.close(rx);
         return nullptr;
     }
+    xbells_held.fetch_add(1, std::memory_order_relaxed);
     pick->rx = rx;
     pick->token = token;
     return pick;
@@ -492,6 +512,7 @@ SD_CHILD_PATH void pollers_after_fork_child() noexcept {
             if (b.rx >= 0) sys.close(b.rx);
             b = XBell{};
         }
+    renew(xbells_held, 0);
 }
 
 int thread_bell() noexcept { return bell_get(); }
