@@ -213,7 +213,10 @@ Proc spawn(const Scratch &scratch, const Launch &l) {
     if (pid == 0) {
         dup2(out, 1);
         dup2(err, 2);
-        const int reset[] = {SIGPIPE, SIGALRM, SIGUSR1, SIGINT, SIGCHLD};
+        // As the peers expect them, whatever the harness inherited (under
+        // nohup, SIGHUP is ignored, and an ignored signal stays so
+        // across exec: a peer killed by SIGHUP would live on).
+        const int reset[] = {SIGPIPE, SIGALRM, SIGUSR1, SIGINT, SIGCHLD, SIGHUP, SIGQUIT};
         for (int sig : reset) signal(sig, SIG_DFL);
         signal(SIGTERM, l.ignore_sigterm ? SIG_IGN : SIG_DFL);
         sigset_t none;
