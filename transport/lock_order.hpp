@@ -57,9 +57,9 @@
 // undefined). Code that may
 // run under a lock of its caller asks `held()` instead of trying.
 //
-// Outside the order, plain std::mutex: each guards one table and takes no
-// other lock of the library under it, so a thread may take one whatever it
-// holds. Under them, as under any lock, a free or munmap may run the
+// Outside the order, plain std::mutex (XqWriter::lock a FutexMutex): each
+// guards one table and takes no other lock of the library under it but
+// as listed, so a thread may take one whatever it holds. Under them, as under any lock, a free or munmap may run the
 // registration cache's hooks, which take the cache's lock: the innermost
 // of all, under which nothing is taken (its provider calls are made
 // outside it).
@@ -71,9 +71,14 @@
 //   RegCache::lock_ regcache.cpp      the registration cache (hooks: anywhere)
 //   grant_lock      crossuser.cpp     a file's ACL, read, extended, written back
 //   XqWriter::lock  xqueue.hpp        a peer of another uid's queue: one post's
-//                                     copy into it, a swap for a new one
-//   mirror_lock_    xqlink.cpp        our sleepers count copied into our queues;
-//                                     taken under the table and progress locks
+//                                     copy into it, a swap for a new one, the
+//                                     peer's threads' bells (a FutexMutex)
+//   mirror_lock_    xqlink.cpp        our sleepers count copied into our queues,
+//                                     a sleeper's word in one; taken under the
+//                                     table and progress locks; bells_lock_ and
+//                                     XqWriter::lock under it (reap_links_locked)
+//   bells_lock_     xqlink.cpp        the links' bells drained, one closed;
+//                                     XqWriter::lock under it (a bell kept)
 //   dirs_lock       verdict.cpp       the other registries found beside ours
 //   addrs_lock      verdict.cpp       this host's addresses
 //
