@@ -396,6 +396,16 @@ ssize_t kernel_writev(int fd, const iovec *iov, int iovcnt, int flags) noexcept 
     return sys.sendmsg(fd, &mh, flags);
 }
 
+int fd_budget() noexcept {
+    static const int budget = [] {
+        rlimit rl{};
+        getrlimit(RLIMIT_NOFILE, &rl);
+        const rlim_t lim = rl.rlim_cur == RLIM_INFINITY ? 4096 : rl.rlim_cur;
+        return int(std::clamp<rlim_t>(lim / 16, 16, 256));
+    }();
+    return budget;
+}
+
 int out_of_the_way(int fd) noexcept {
     if (fd < 0) return fd;
     rlimit rl{};

@@ -204,4 +204,10 @@ ssize_t kernel_writev(int fd, const iovec *iov, int iovcnt, int flags) noexcept;
 // it, not come back as ours. `fd` itself if it cannot be moved.
 int out_of_the_way(int fd) noexcept;
 
+// How many fds one kind of the library's own (copies of peers' eventfds,
+// threads' bells for links) may hold at once: a sixteenth of the fd limit
+// at the first call, 16 to 256, so that they never take the
+// application's fds.
+int fd_budget() noexcept;
+
 }  // namespace sd::transport

@@ -22,7 +22,6 @@
 #include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -63,19 +62,9 @@ int bell_get() noexcept {
 // entry whose offer failed keeps rx -1 with its link, so that the offer is
 // not made again at every sleep.
 constexpr int kXBells = 4;
-// The receiving ends held by all threads, within a sixteenth of the fd
-// limit (16 to 256), as the copies of peers' eventfds (wake.cpp): a
-// server with a thread per connection must not spend its fds on them.
+// The receiving ends held by all threads, within fd_budget(): a server
+// with a thread per connection must not spend its fds on them.
 std::atomic<int> xbells_held{0};
-int xbells_budget() noexcept {
-    static const int budget = [] {
-        rlimit rl{};
-        getrlimit(RLIMIT_NOFILE, &rl);
-        const rlim_t lim = rl.rlim_cur == RLIM_INFINITY ? 4096 : rl.rlim_cur;
-        return int(std::clamp<rlim_t>(lim / 16, 16, 256));
-    }();
-    return budget;
-}
 void xbell_close(XBell &b) noexcept {
     if (b.rx < 0) return;
     sys.close(std::exchange(b.rx, -1));
@@ -107,7 +96,7 @@ const XBell *xbell_for(Engine *e, Conn *c) noexcept {
     thread_local XBellCloser closer{xbells};
     (void)closer;
     *pick = XBell{xl, serial, -1, 0};
-    if (xbells_held.load(std::memory_order_relaxed) >= xbells_budget()) return nullptr;
+    if (xbells_held.load(std::memory_order_relaxed) >= fd_budget()) return nullptr;
     int pair[2];
     if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair) != 0) return nullptr;
     const int rx = out_of_the_way(pair[0]);

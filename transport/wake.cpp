@@ -10,14 +10,12 @@
 
 #include "sys.hpp"
 
-#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <mutex>
 #include <new>
 #include <sched.h>
-#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -54,20 +52,8 @@ struct WakeCache {
 
 namespace {
 
-// The copies this process holds, of all its peers, and their bound: a
-// sixteenth of the fd limit (16 to 256), so that they never take the
-// application's fds.
+// The copies this process holds, of all its peers, within fd_budget().
 std::atomic<int> copies_held{0};
-
-int copies_budget() noexcept {
-    static const int budget = [] {
-        rlimit rl{};
-        getrlimit(RLIMIT_NOFILE, &rl);
-        const rlim_t lim = rl.rlim_cur == RLIM_INFINITY ? 4096 : rl.rlim_cur;
-        return int(std::clamp<rlim_t>(lim / 16, 16, 256));
-    }();
-    return budget;
-}
 
 }  // namespace
 
@@ -109,7 +95,7 @@ int copy_of(WakeCache *w, const Peer *p, const std::atomic<std::uint64_t> &slot,
     // the next in turn, as long as copies stay rare beside hits.
     const unsigned i = w->next % WakeCache::kEntries;
     const int old = w->fd[i].load(std::memory_order_relaxed);
-    if (old < 0 ? copies_held.load(std::memory_order_relaxed) >= copies_budget()
+    if (old < 0 ? copies_held.load(std::memory_order_relaxed) >= fd_budget()
                 : w->replaced * 4 > w->hits.load(std::memory_order_relaxed))
         return -1;
     int fd = int(syscall(SYS_pidfd_getfd, p->pidfd, int(std::uint32_t(word)), 0));
