@@ -47,8 +47,9 @@ CtlMsg reply_to(pid_t self, CtlType type) noexcept {
     return m;
 }
 
-ssize_t send_ctl(int fd, const CtlMsg &m, const int *fds, int nfds, int flags) noexcept {
-    iovec iov{const_cast<CtlMsg *>(&m), sizeof m};
+ssize_t send_with_fds(int fd, const void *buf, std::size_t len, const int *fds, int nfds,
+                      int flags) noexcept {
+    iovec iov{const_cast<void *>(buf), len};
     msghdr mh{};
     mh.msg_iov = &iov;
     mh.msg_iovlen = 1;
@@ -69,6 +70,25 @@ ssize_t send_ctl(int fd, const CtlMsg &m, const int *fds, int nfds, int flags) n
     return sys.sendmsg(fd, &mh, MSG_NOSIGNAL | flags);
 }
 
+int take_fds(const msghdr &mh, int *fds, int want) noexcept {
+    int got = 0;
+    for (cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(const_cast<msghdr *>(&mh), cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+        int cnt = int((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        for (int i = 0; i < cnt; ++i) {
+            int f;
+            std::memcpy(&f, CMSG_DATA(cm) + std::size_t(i) * sizeof(int), sizeof f);
+            if (got < want) fds[got++] = f;
+            else sys.close(f);
+        }
+    }
+    return got;
+}
+
+ssize_t send_ctl(int fd, const CtlMsg &m, const int *fds, int nfds, int flags) noexcept {
+    return send_with_fds(fd, &m, sizeof m, fds, nfds, flags);
+}
+
 int recv_ctl(int fd, CtlMsg &m, int *fds, int want, int flags) noexcept {
     for (int i = 0; i < want; ++i) fds[i] = -1;
     iovec iov{&m, sizeof m};
@@ -81,17 +101,7 @@ int recv_ctl(int fd, CtlMsg &m, int *fds, int want, int flags) noexcept {
     ssize_t n = sys.recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | flags);
     if (n < 0) return -errno;
     if (n == 0) return -EPIPE;  // the other side closed
-    int got = 0;
-    for (cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
-        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
-        int cnt = int((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-        for (int i = 0; i < cnt; ++i) {
-            int f;
-            std::memcpy(&f, CMSG_DATA(cm) + std::size_t(i) * sizeof(int), sizeof f);
-            if (got < want) fds[got++] = f;
-            else sys.close(f);
-        }
-    }
+    (void)take_fds(mh, fds, want);
     bool ok = n == sizeof m && !(mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) &&
               m.magic == kCtlMagic && m.version == kCtlVersion;
     if (!ok) {

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <sys/socket.h>
 #include <sys/types.h>
 
 namespace sd::transport {
@@ -68,6 +69,14 @@ void ctl_path(char *out, std::size_t n, pid_t pid, const char *dir = nullptr) no
 
 // A message of `type` from `self`, every other field zero.
 CtlMsg reply_to(pid_t self, CtlType type) noexcept;
+
+// One datagram of `len` bytes with up to 4 fds (SCM_RIGHTS), MSG_NOSIGNAL
+// and `flags`: sendmsg's result (-1 and errno; EINVAL beyond 4 fds).
+ssize_t send_with_fds(int fd, const void *buf, std::size_t len, const int *fds, int nfds,
+                      int flags) noexcept;
+// The fds a received message carries (SCM_RIGHTS): the first `want` land
+// in fds[], every other one is closed. How many landed.
+int take_fds(const msghdr &mh, int *fds, int want) noexcept;
 
 // The control thread sends with MSG_DONTWAIT: its answer goes into a
 // fresh connection's empty queue, and a blocked send would stall every

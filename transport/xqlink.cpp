@@ -12,6 +12,7 @@
 // itself makes no sense. It cannot shrink the queue we map (sealed, and
 // checked when passed), so no access of ours ever faults.
 #include "conn_impl.hpp"
+#include "control.hpp"
 #include "crossuser.hpp"
 #include "engine.hpp"
 #include "log.hpp"
@@ -194,17 +195,7 @@ void Engine::take_wake_offer(XLink &l, const msghdr &m, unsigned len) noexcept {
     // Every fd that came is ours to close but the one bell we keep: a
     // peer may send anything, as many as fit.
     int fds[4];
-    int nfds = 0;
-    for (cmsghdr *h = CMSG_FIRSTHDR(&m); h; h = CMSG_NXTHDR(const_cast<msghdr *>(&m), h)) {
-        if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS) continue;
-        const std::size_t k = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (std::size_t j = 0; j < k; ++j) {
-            int fd;
-            std::memcpy(&fd, CMSG_DATA(h) + j * sizeof(int), sizeof fd);
-            if (nfds < 4) fds[nfds++] = fd;
-            else sys.close(fd);
-        }
-    }
+    const int nfds = take_fds(m, fds, 4);
     std::uint32_t word[2];
     std::memcpy(word, static_cast<const char *>(m.msg_iov[0].iov_base), sizeof word);
     const bool offer = nfds == 1 && len == sizeof word && word[0] == kXWakeMagic && word[1] != 0 &&
@@ -257,19 +248,9 @@ int Engine::xlink_of(const Conn *c, std::uint32_t *serial) noexcept {
 int Engine::offer_wake_bell(const Conn *c, int tx, std::uint32_t token) noexcept {
     if (!c->is_direct() || !c->peer || !c->peer->cross || c->peer->doorbell < 0) return -EPERM;
     const std::uint32_t word[2] = {kXWakeMagic, token};
-    iovec iov{const_cast<std::uint32_t *>(word), sizeof word};
-    alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))] = {};
-    msghdr m{};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = ctl;
-    m.msg_controllen = sizeof ctl;
-    cmsghdr *h = CMSG_FIRSTHDR(&m);
-    h->cmsg_level = SOL_SOCKET;
-    h->cmsg_type = SCM_RIGHTS;
-    h->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(h), &tx, sizeof tx);
-    return sys.sendmsg(c->peer->doorbell, &m, MSG_DONTWAIT | MSG_NOSIGNAL) == ssize_t(sizeof word) ? 0 : -errno;
+    return send_with_fds(c->peer->doorbell, word, sizeof word, &tx, 1, MSG_DONTWAIT) == ssize_t(sizeof word)
+               ? 0
+               : -errno;
 }
 
 bool Engine::xwaker_announce(int xl, std::uint32_t serial, std::uint32_t id, std::uint64_t word) noexcept {
