@@ -123,9 +123,11 @@ void Engine::deliver(const char *buf, std::size_t len, const XLink *from) noexce
     }
     handle(m);
     // A sleeper whose bell the peer (of another uid) rang itself wakes
-    // anyway: its word in the queue the message came through names it.
+    // anyway: its word in the queue the message came through names it
+    // (only such peers have words there: a queue of our uid's is not
+    // looked at).
     RungWaker cross{-1, 0};
-    if (from && c->id < kXqWakers)
+    if (from && c->peer->cross && c->id < kXqWakers)
         cross = cross_rung(xq_wakers(from->in.base)[c->id].load(std::memory_order_acquire));
     const std::uint64_t skip = c->wake_waiters_locked(cross);
     lock.unlock();
