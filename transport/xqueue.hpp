@@ -26,7 +26,8 @@
 //        connection id: a thread of the reader that sleeps on that
 //        connection puts the token of its bell for this link there
 //        (bits 0-31; the bell, one end of a datagram socket pair, went to
-//        the writer over the link's bell beforehand), and the writer that
+//        the writer over the link's bell beforehand; bits 32-62 say what
+//        the sleep polls, wait.hpp's CrossWake), and the writer that
 //        posts to the connection sets bit 63 (kXWakeRung) and sends a
 //        byte on that bell instead of the link's (Engine::ring)
 // 36864  data[kXqCap]   records at position % kXqCap, 8-byte aligned:
