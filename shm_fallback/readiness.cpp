@@ -45,6 +45,10 @@ bool user_view(Stream *s, short &bits, short &ask) noexcept {
             b |= kReadBits | POLLRDHUP;
         // Leaving: sends take the kernel socket once what is owed to it is there.
         if (v.writable) b |= kWriteBits;
+        if (v.kernel_sends) {
+            pollfd k{s->fd.load(std::memory_order_relaxed), POLLOUT, 0};
+            if (sys.poll(&k, 1, 0) > 0 && (k.revents & POLLOUT)) b |= kWriteBits;
+        }
         // Both directions shut (the peer's FIN or our SHUT_RD, and our
         // SHUT_WR, on the fabric or on the kernel before the upgrade): TCP
         // reports a hang-up.

@@ -695,7 +695,7 @@ int Stream::readable_bytes() noexcept {
     if (sys.ioctl(kfd(), FIONREAD, &kernel) != 0) return -errno;
     if (Prefix *p = prefix.load(std::memory_order_acquire))
         kernel = int(std::min<std::uint64_t>(std::uint64_t(kernel) + prefix_left(p), 0x7fffffff));
-    if (!c || !transport::on_fabric(c)) return kernel;
+    if (!c || !transport::may_read_fabric(c)) return kernel;
     engine->progress();
     const std::int64_t n = transport::readable_now(c, kernel);
     return n < 0 ? kernel : int(n);

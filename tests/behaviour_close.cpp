@@ -81,11 +81,17 @@ TEST_CASE("after shutdown(SHUT_WR) the peer reads all data then EOF, and the hal
 TEST_CASE("a connection shut down before its upgrade refuses sends with EPIPE after it, and "
           "poll reports IN|OUT|RDHUP|HUP once both directions are shut",
           "[shutdown]") {
-    for (const char *part : {"wr", "rdwr"}) {
+    // "wr-late": the connecting end, which answers the upgrade, reads the
+    // peer's commit 300 ms late (SDIRECT_COMMIT_PAUSE_US): the answer, the
+    // peer's FIN and its close all come on the fabric before, and every
+    // result (EOF, poll, EPIPE) is given while it still commits.
+    for (const std::string part : {"wr", "rdwr", "wr-late"}) {
         INFO("--part " << part);
         PairSpec spec;
-        spec.args = {"--scenario", "shut-then-upgrade", "--part", part};
-        const bool rdwr = std::string(part) == "rdwr";
+        const bool late = part == "wr-late";
+        spec.args = {"--scenario", "shut-then-upgrade", "--part", late ? "wr" : part};
+        if (late) spec.env = {"SDIRECT_COMMIT_PAUSE_US=300000"};
+        const bool rdwr = part == "rdwr";
         const bool ran = run_pair(spec, [rdwr](Pair &pair, const Placement &pl) {
             if (pl.expect(false) != Expect::direct) return;
             // Direct when the checks ran: upgraded once, after the request

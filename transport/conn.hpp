@@ -92,6 +92,9 @@ bool is_direct(const Conn *c) noexcept;
 bool is_leaving(const Conn *c) noexcept;
 // Direct or leaving: the fabric has (or had) bytes of it.
 bool on_fabric(const Conn *c) noexcept;
+// On the fabric, or committing (the peer may have switched already, and
+// our receives take what follows its switch point).
+bool may_read_fabric(const Conn *c) noexcept;
 // Not direct yet, but an upgrade may still make it so.
 bool upgrading(const Conn *c) noexcept;
 // Its counters (sdirect-stat shows them).
@@ -168,13 +171,17 @@ struct FabricView {
     // kernel, so not final yet): the kernel has what comes next.
     bool read_out = false;
     bool writable = false;  // credits, or (leaving) nothing owed to the kernel
+    // Committing (the peer switched, our answering thread has yet to read
+    // its commit): the kernel socket takes our sends, and says whether
+    // it is writable.
+    bool kernel_sends = false;
     bool fin_sent = false;  // our FIN or CLOSE went on the fabric
     bool reset = false;     // the peer's reset came
     bool reset_unreported = false;
     std::uint64_t ready = 0;  // bytes a recv takes now
 };
-// False when the kernel socket answers (not on the fabric, its fabric part
-// read, or before the peer's switch point).
+// False when the kernel socket answers (not on the fabric nor committing,
+// its fabric part read, or before the peer's switch point).
 bool fabric_view(Conn *c, FabricView &v) noexcept;
 // The poll/select/epoll sleeps watching it.
 PollerMask &pollers_of(Conn *c) noexcept;

@@ -16,6 +16,9 @@ bool on_fabric(const Conn *c) noexcept {
     const ConnState s = state_of(c);
     return s == ConnState::direct || s == ConnState::leaving;
 }
+bool may_read_fabric(const Conn *c) noexcept {
+    return on_fabric(c) || state_of(c) == ConnState::committing;
+}
 bool upgrading(const Conn *c) noexcept { return c->upgrading(); }
 ConnStat &stats(Conn *c) noexcept { return *c->stat; }
 
@@ -108,7 +111,13 @@ void wake(Conn *c) noexcept {
 bool fabric_view(Conn *c, FabricView &v) noexcept {
     const ConnState st = c->state.load(std::memory_order_acquire);
     v.leaving = st == ConnState::leaving;
-    if (st != ConnState::direct && !v.leaving) return false;
+    // Committing: we accepted the peer's upgrade and our thread that
+    // answered it has not read its commit yet. A peer that switched sent
+    // its commit first, and what follows its switch point is on the
+    // fabric already (our receives take it): the receive side is ours to
+    // report; our sends still go to the kernel socket.
+    v.kernel_sends = st == ConnState::committing;
+    if (st != ConnState::direct && !v.leaving && !v.kernel_sends) return false;
     std::lock_guard lock(c->rx_lock);
     // Leaving the fabric with all of it read: the kernel answers from now on.
     if (v.leaving && c->settle_left_locked()) return false;
@@ -123,8 +132,9 @@ bool fabric_view(Conn *c, FabricView &v) noexcept {
     v.broken = c->broken.load(std::memory_order_relaxed);
     v.ready = c->rx_ready();
     v.read_out = v.leaving && !v.ready && c->peer_end != kNoOffset && c->rx_off >= c->peer_end;
-    v.writable = v.leaving ? !c->tx_owed.load(std::memory_order_acquire)
-                           : c->credits.load(std::memory_order_acquire) > 0 || v.closed || v.eof;
+    v.writable = v.kernel_sends ? false
+                 : v.leaving    ? !c->tx_owed.load(std::memory_order_acquire)
+                                : c->credits.load(std::memory_order_acquire) > 0 || v.closed || v.eof;
     v.fin_sent = c->fin_sent(std::memory_order_relaxed);
     const ResetState r = c->reset.load(std::memory_order_acquire);
     v.reset = r != ResetState::none;

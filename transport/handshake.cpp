@@ -567,6 +567,7 @@ void Engine::answer_upgrade(int fd, CtlMsg &req, int proof, int bell, int queue,
     if (my_queue >= 0) sys.close(my_queue);
     if (my_bell >= 0) sys.close(my_bell);
     if (answered == sizeof rep) {
+        if (const std::uint32_t us = settings().commit_pause_us) pause_us(us);
         const std::uint64_t deadline =
             monotonic_ns() + std::uint64_t(settings().upgrade_timeout_ms) * 1000000;
         CtlMsg word{};

@@ -42,13 +42,6 @@ bool back_arrived(void *ctx) noexcept {
     return c->back_complete() || c->gone();
 }
 
-// SDIRECT_LEAVE_PAUSE_US (tests): the whole pause, signals or not.
-void pause_us(std::uint32_t us) noexcept {
-    timespec ts{time_t(us / 1000000), long(us % 1000000) * 1000};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
-
 // Writes what it can of buf[*done, len) into the kernel socket without
 // blocking. 0 when all is written, -EAGAIN, or -errno.
 int write_some(int fd, const char *buf, std::uint32_t len, std::uint32_t *done) noexcept {

@@ -123,6 +123,11 @@ constexpr Setting table[] = {
      "For tests: microseconds the delivery of a peer's leave pauses once "
      "this side's senders can see the connection leaving, which widens the "
      "window in which a send of ours races our answer. 0: no pause."},
+    {"SDIRECT_COMMIT_PAUSE_US", SettingKind::integer, "0",
+     "For tests: microseconds this side waits, after accepting a peer's "
+     "upgrade, before it reads the peer's commit, which widens the window in "
+     "which the peer's first fabric bytes arrive before the commit is read. "
+     "0: no pause."},
     {"SDIRECT_ENGINE_WAIT_MS", SettingKind::integer, "1000",
      "How long connect() and accept() may wait for the process's fabric "
      "engine while it is first built (~6 ms; longer where libfabric loads "
@@ -318,6 +323,7 @@ void load_settings() noexcept {
     values.upgrade_timeout_ms = integer(Key::upgrade_timeout_ms);
     values.leave_timeout_ms = integer(Key::leave_timeout_ms);
     values.leave_pause_us = integer(Key::leave_pause_us);
+    values.commit_pause_us = integer(Key::commit_pause_us);
     values.engine_wait_ms = integer(Key::engine_wait_ms);
     values.upgrade_after_ms = integer(Key::upgrade_after_ms);
     values.build_after_ms = integer(Key::build_after_ms);

@@ -43,6 +43,7 @@ enum class Key : std::uint8_t {
     upgrade_timeout_ms,
     leave_timeout_ms,
     leave_pause_us,
+    commit_pause_us,
     engine_wait_ms,
     upgrade_after_ms,
     build_after_ms,
@@ -78,6 +79,7 @@ struct Settings {
     std::uint32_t upgrade_timeout_ms;
     std::uint32_t leave_timeout_ms;  // longest wait for a peer to answer our leave
     std::uint32_t leave_pause_us;    // tests: a peer's leave is delivered this much slower
+    std::uint32_t commit_pause_us;   // tests: a peer's commit is read this much later
     std::uint32_t engine_wait_ms;  // connect/accept wait this long for the engine
     std::uint32_t upgrade_after_ms;  // a connection asks to go direct at this age (0: at once)
     std::uint32_t build_after_ms;    // ... and at this age when its ask would start a build
