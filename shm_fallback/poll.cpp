@@ -214,7 +214,9 @@ int poll_fds(pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask) noexce
                 if (ask_kernel && first && p.hints_only) {
                     first = false;
                     if (const int n = poll_finish(p); n != 0) {
-                        poll_prepare(p);
+                        // The round as prepared (poll_finish left it as it
+                        // was, the kernel's answers being none yet), now
+                        // with the hints.
                         if (sys.poll(p.k, p.n, 0) < 0) return -errno;
                         return poll_finish(p);
                     }

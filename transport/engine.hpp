@@ -128,6 +128,11 @@ struct XBell {
     std::uint32_t serial = 0;
     int rx = -1;
     std::uint32_t token = 0;
+    // rx -1: the offer failed (the peer's bell full, our fd budget spent);
+    // not made again before this time (CLOCK_MONOTONIC ns), nor more
+    // often than `backoff_ns`, which doubles at each failure.
+    std::uint64_t retry_ns = 0;
+    std::uint64_t backoff_ns = 0;
 };
 
 // An RMA operation in flight; completed by progress(). `ctx` must come

@@ -59,9 +59,12 @@ int bell_get() noexcept {
 
 // This thread's bells for links to peers of other uids (announce_cross):
 // the receiving ends, a few links at a time, the oldest replaced. An
-// entry whose offer failed keeps rx -1 with its link, so that the offer is
-// not made again at every sleep.
+// entry whose offer failed keeps rx -1 with its link, and the offer is
+// made again only after a pause that doubles at each failure (10 ms up to
+// 5 s), not at every sleep.
 constexpr int kXBells = 4;
+constexpr std::uint64_t kXBellFirstRetryNs = 10000000;
+constexpr std::uint64_t kXBellLastRetryNs = 5000000000;
 // The receiving ends held by all threads, within fd_budget(): a server
 // with a thread per connection must not spend its fds on them.
 std::atomic<int> xbells_held{0};
@@ -87,15 +90,23 @@ const XBell *xbell_for(Engine *e, Conn *c) noexcept {
     const int xl = e->xlink_of(c, &serial);
     if (xl < 0) return nullptr;
     XBell *pick = nullptr;
+    std::uint64_t backoff = 0;
     for (XBell &b : xbells) {
-        if (b.link == xl && b.serial == serial) return b.rx >= 0 ? &b : nullptr;
+        if (b.link == xl && b.serial == serial) {
+            if (b.rx >= 0) return &b;
+            if (monotonic_ns() < b.retry_ns) return nullptr;
+            pick = &b;  // failed before: again, in place
+            backoff = b.backoff_ns;
+            break;
+        }
         if (!pick && b.link < 0) pick = &b;
     }
     if (!pick) pick = &xbells[xbell_next++ % kXBells];
     xbell_close(*pick);
     thread_local XBellCloser closer{xbells};
     (void)closer;
-    *pick = XBell{xl, serial, -1, 0};
+    backoff = backoff ? std::min(2 * backoff, kXBellLastRetryNs) : kXBellFirstRetryNs;
+    *pick = XBell{xl, serial, -1, 0, monotonic_ns() + backoff, backoff};
     if (xbells_held.load(std::memory_order_relaxed) >= fd_budget()) return nullptr;
     int pair[2];
     if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair) != 0) return nullptr;
@@ -114,6 +125,7 @@ const XBell *xbell_for(Engine *e, Conn *c) noexcept {
     xbells_held.fetch_add(1, std::memory_order_relaxed);
     pick->rx = rx;
     pick->token = token;
+    pick->backoff_ns = 0;
     return pick;
 }
 
@@ -417,18 +429,28 @@ void Watch::on_everything() noexcept {
     wide.bits.fetch_or(bit_, std::memory_order_seq_cst);
 }
 
+namespace {
+
+// The poller slot a waker's mark names (marks past kSlotMarks), as the bit
+// of its slot; 0 for a mark of any other waiter.
+std::uint64_t slot_bit_of(std::uint32_t mark) noexcept {
+    return mark > kSlotMarks ? std::uint64_t(1) << ((mark - kSlotMarks - 1) % kPollerSlots) : 0;
+}
+
+}  // namespace
+
 RungWaker rung_waker(const Conn *c) noexcept {
     const std::uint64_t w = c->stat->waker.load(std::memory_order_acquire);
     if (!(w & kWakeRung)) return {-1, 0};
     const std::uint32_t mark = std::uint32_t(w >> 32) & ~std::uint32_t(kWakeRung >> 32);
-    if (mark > kSlotMarks) return {-1, std::uint64_t(1) << ((mark - kSlotMarks - 1) % kPollerSlots)};
+    if (const std::uint64_t bit = slot_bit_of(mark)) return {-1, bit};
     return {int(std::uint32_t(w)), 0};
 }
 
 RungWaker cross_rung(std::uint64_t word) noexcept {
     if (!(word & kXWakeRung)) return {-1, 0};
     const std::uint32_t mark = std::uint32_t(word >> 32) & 0x7fffffff;
-    if (mark > kSlotMarks) return {-1, std::uint64_t(1) << ((mark - kSlotMarks - 1) % kPollerSlots)};
+    if (const std::uint64_t bit = slot_bit_of(mark)) return {-1, bit};
     return {int(mark) - 1, 0};
 }
 
@@ -553,7 +575,7 @@ int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int tim
             // The caller's fds first, so their revents land in place.
             constexpr nfds_t kInline = 64;
             const nfds_t nx = nfds_t(watch.n_cross_bells());
-            pollfd inline_fds[kInline + 3 + 4];
+            pollfd inline_fds[kInline + 3 + Watch::kCrossBells];
             pollfd *all = n <= kInline ? inline_fds
                                        : static_cast<pollfd *>(std::malloc((n + 3 + nx) * sizeof(pollfd)));
             if (!all) {

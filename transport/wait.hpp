@@ -126,6 +126,8 @@ class Watch {
     // the sleep polls them too, and drains them (drain_cross_bell).
     const int *cross_bells() const noexcept { return xrx_; }
     int n_cross_bells() const noexcept { return nxrx_; }
+    // At most this many (the links of one sleep's first few connections).
+    static constexpr int kCrossBells = 4;
 
   private:
     struct Rec {
@@ -140,7 +142,6 @@ class Watch {
         std::uint64_t xword;
     };
     static constexpr std::size_t kInline = 16;
-    static constexpr int kCrossBells = 4;
     std::uint64_t bit_;  // 0: on the process-wide list, which every ring wakes
     bool everything_ = false;
     std::uint64_t word_ = 0;  // the word announced (0: none)
