@@ -5,7 +5,7 @@
 # loaded server. Races that a quiet host almost never shows come up here
 # (a poll answered from the kernel while our control thread had yet to
 # read an upgrade's commit failed 1 run in 4 of its case this way, and
-# about 1 CI run in 30). Not part of CI: a round takes ~10 minutes.
+# only now and then in CI). Not part of CI: a round takes ~10 minutes.
 #
 # usage: busy.sh [--rounds N] [--hogs K] [--suites "S1 S2 ..."] [--filter F]
 #   --rounds   rounds (default 1)
