@@ -28,8 +28,8 @@ bool user_view(Stream *s, short &bits, short &ask) noexcept {
     } else {
         // SO_RCVLOWAT: readable from that many bytes on, as TCP's poll.
         if (v.ready >= std::uint64_t(s->rcvlowat.load(std::memory_order_relaxed))) b |= kReadBits;
-        // Leaving, with the fabric part read (but bytes still owed to the
-        // kernel, so not final yet): the kernel has what comes next.
+        // Leaving (or committing after the peer's leave), with the fabric
+        // part read (not final yet): the kernel has what comes next.
         if (v.read_out) {
             char probe;
             ssize_t n = sys.recv(s->fd.load(std::memory_order_relaxed), &probe, 1,

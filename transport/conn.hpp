@@ -167,8 +167,8 @@ struct FabricView {
     bool fin = false;       // the peer's FIN (or close) came
     bool closed = false;    // the peer reads no more (close, death)
     bool eof = false;       // the companion socket said EOF, the fabric nothing
-    // Leaving, and the fabric part is read (bytes still owed to the
-    // kernel, so not final yet): the kernel has what comes next.
+    // Leaving (or committing after the peer's leave came), and the fabric
+    // part is read (not final yet): the kernel has what comes next.
     bool read_out = false;
     bool writable = false;  // credits, or (leaving) nothing owed to the kernel
     // Committing (the peer switched, our answering thread has yet to read

@@ -131,7 +131,9 @@ bool fabric_view(Conn *c, FabricView &v) noexcept {
     v.closed = c->peer_closed.load(std::memory_order_relaxed);
     v.broken = c->broken.load(std::memory_order_relaxed);
     v.ready = c->rx_ready();
-    v.read_out = v.leaving && !v.ready && c->peer_end != kNoOffset && c->rx_off >= c->peer_end;
+    // (Committing too: the peer may have left before our commit was read.)
+    v.read_out = (v.leaving || v.kernel_sends) && !v.ready && c->peer_end != kNoOffset &&
+                 c->rx_off >= c->peer_end;
     v.writable = v.kernel_sends ? false
                  : v.leaving    ? !c->tx_owed.load(std::memory_order_acquire)
                                 : c->credits.load(std::memory_order_acquire) > 0 || v.closed || v.eof;

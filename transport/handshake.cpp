@@ -401,18 +401,22 @@ void Engine::try_initiate(Conn *c) noexcept {
 }
 
 void Engine::go_direct(Conn *c) noexcept {
-    c->stat->reason.store(std::uint32_t(Reason::none), std::memory_order_relaxed);
     c->stat->mode.store(std::uint32_t(Mode::direct), std::memory_order_relaxed);
     c->stat->upgrades.fetch_add(1, std::memory_order_relaxed);
     c->move_to(ConnState::direct);
     unpublish(c);
     std::lock_guard rx(c->rx_lock);
+    // Direct: no reason to be elsewhere, unless the peer's leave came
+    // before (its reason is the connection's then).
+    if (c->peer_end == kNoOffset)
+        c->stat->reason.store(std::uint32_t(Reason::none), std::memory_order_relaxed);
     // The peer's leave came before we went direct: the initiator may send
     // the moment it has committed, before the responder reads the commit,
     // and a leave too (a fork child that claims the socket right after the
-    // upgrade: sshd's pre-auth child). on_leave did all but the move to
-    // leaving, which it cannot make from committing; made here, as it
-    // would have been, so that our answer goes before any byte of ours.
+    // upgrade: sshd's pre-auth child; a server that hands the socket to an
+    // exec'd program). on_leave did all but the move to leaving, which it
+    // cannot make from committing; made here, as it would have been, so
+    // that our answer goes before any byte of ours.
     if (c->peer_end != kNoOffset && c->move(ConnState::direct, ConnState::leaving)) {
         SD_LOG(debug, "fd %d: the peer's leave came before its commit was read: leaving at once",
                c->stat->fd);

@@ -110,10 +110,14 @@ void Engine::on_leave(Conn *c, const MsgHeader &h) noexcept {
     SD_LOG(debug, "conn %u/%u: the peer's fabric stream ends at %llu (%llu arrived)%s", c->id,
            c->gen, (unsigned long long)h.offset, (unsigned long long)c->rx_expect(),
            (h.flags & kLeaveFirst) ? " (it leaves first)" : "");
-    // Why it left (its side's reason), for sdirect-stat here too.
+    // Why it left (its side's reason), for sdirect-stat here too. Unless
+    // ours is there already (our leave crossed it); while we commit, the
+    // reason there is from before the upgrade (a lookup's no_peer) and
+    // goes.
     const std::uint32_t why = h.flags >> 8;
     if (why && why < std::uint32_t(Reason::count_) &&
-        c->stat->reason.load(std::memory_order_relaxed) == std::uint32_t(Reason::none))
+        (c->stat->reason.load(std::memory_order_relaxed) == std::uint32_t(Reason::none) ||
+         c->state.load(std::memory_order_acquire) == ConnState::committing))
         c->stat->reason.store(why, std::memory_order_relaxed);
     // Ours was logged where we left; this one is the peer's doing.
     if (h.flags & kLeaveFirst)

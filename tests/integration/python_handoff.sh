@@ -32,12 +32,19 @@ export SDIRECT_ENGINE_WAIT_MS="${SDIRECT_ENGINE_WAIT_MS:-30000}"
 
 conns=3
 
-# phase NAME ROLE END SERVER-OPTIONS SIZES PACE: END is "direct" or the
-# reasons (a regex) the connections stay on the kernel with.
+# phase NAME ROLE END SERVER-OPTIONS SIZES PACE [LATE]: END is "direct" or
+# the reasons (a regex) the connections stay on the kernel with. LATE=1:
+# the client reads each upgrade's commit 0.1 s late (SDIRECT_COMMIT_PAUSE_US;
+# the server initiates), so the server's leave at its hand-over comes
+# first; each connection must still go direct (the commit read) and then
+# say why it went back, its own sends all on the kernel meanwhile.
 phase() {
-    local name=$1 role=$2 end=$3 option=$4 sizes=$5 pace=$6
-    local total direct kernel shared idle txf txk why text back
-    SDIRECT_LOG=info it_py_pair "$name" fork_echo.py "$role" --clients "$conns" $option \
+    local name=$1 role=$2 end=$3 option=$4 sizes=$5 pace=$6 late=${7:-0}
+    local total direct kernel shared idle txf txk why text back upgraded
+    local pause=0
+    ((late)) && pause=100000
+    SDIRECT_COMMIT_PAUSE_US=$pause SDIRECT_LOG=info it_py_pair "$name" fork_echo.py "$role" \
+        --clients "$conns" $option \
         -- --conns "$conns" --rounds 200 --sizes "$sizes" --pace "$pace" || return
     if ((it_kernel)); then
         it_log "$name: mode check skipped (SDIRECT_IT_KERNEL=1)"
@@ -49,7 +56,14 @@ phase() {
     back=$(grep -c "back in kernel mode" "$it_tmp/$name-client.log" || true)
     text="$name client: $total connections (direct $direct, kernel $kernel: $why), tx_fabric $txf B, tx_kernel $txk B; $back rearmed"
     local one="kernel/($end)x[0-9]+"
-    if [[ $end == direct ]]; then
+    if ((late)); then
+        upgraded=$(grep -c "upgraded to direct" "$it_tmp/$name-client.log" || true)
+        if ((total == conns && kernel == conns && upgraded == conns)) && [[ "$why" =~ ^$one(,$one)*$ ]]; then
+            it_ok "$text, $upgraded upgrades: direct once its commit was read, then on the kernel for the peer's reason"
+        else
+            it_bad "$text, $upgraded upgrades; expected $conns connections direct once, then kernel/$end"
+        fi
+    elif [[ $end == direct ]]; then
         if ((total == conns && direct == conns && back == conns)); then
             it_ok "$text: direct, then the kernel while shared, then direct again"
         else
@@ -70,4 +84,5 @@ phase exec exec "shared|exec" "--handoff-after=50" 1000,100000,3145728 0
 phase spawn spawn exec "--handoff-after=50" 1000,100000,3145728 0
 phase posix_spawn posix_spawn exec "--handoff-after=50" 1000,100000,3145728 0
 phase system system exec "--handoff-after=50" 1000,100000,3145728 0
+phase posix_spawn-late posix_spawn exec "--handoff-after=50" 1000,100000 0 1
 it_finish
