@@ -401,15 +401,21 @@ void Engine::try_initiate(Conn *c) noexcept {
 }
 
 void Engine::go_direct(Conn *c) noexcept {
+    {
+        // Direct: no reason to be elsewhere, unless the peer's leave came
+        // already (its reason is the connection's then). Cleared before
+        // the state says direct: a leave delivered after that move finds
+        // none there and puts its own (on_leave); one delivered before it
+        // finds us committing and puts its own too.
+        std::lock_guard rx(c->rx_lock);
+        if (c->peer_end == kNoOffset)
+            c->stat->reason.store(std::uint32_t(Reason::none), std::memory_order_relaxed);
+    }
     c->stat->mode.store(std::uint32_t(Mode::direct), std::memory_order_relaxed);
     c->stat->upgrades.fetch_add(1, std::memory_order_relaxed);
     c->move_to(ConnState::direct);
     unpublish(c);
     std::lock_guard rx(c->rx_lock);
-    // Direct: no reason to be elsewhere, unless the peer's leave came
-    // before (its reason is the connection's then).
-    if (c->peer_end == kNoOffset)
-        c->stat->reason.store(std::uint32_t(Reason::none), std::memory_order_relaxed);
     // The peer's leave came before we went direct: the initiator may send
     // the moment it has committed, before the responder reads the commit,
     // and a leave too (a fork child that claims the socket right after the
