@@ -4,6 +4,8 @@
 // table before main() runs; nothing else happens until the first TCP connection (the
 // end is an atexit hook the engine build registers:
 // transport/engine_setup.cpp).
+#include <cerrno>
+
 #include "fork_protocol/fork.hpp"
 #include "fork_protocol/handover.hpp"
 #include "shm_fallback/readiness.hpp"
@@ -25,6 +27,9 @@ namespace {
 // (shim_spawn.cpp's, 102, and C++ static initialisers), so that the real libc
 // functions are there before anything of ours may call them.
 __attribute__((constructor(101))) void sdirect_start() {
+    // The program's main starts with the errno it would have without us
+    // (our probes of fds 0-2, settings files and so on leave theirs).
+    const int saved_errno = errno;
     sd::transport::resolve_sys();
     sd::intercept::memhooks_check();
     sd::transport::load_settings();
@@ -39,6 +44,7 @@ __attribute__((constructor(101))) void sdirect_start() {
     sd::forking::inherit_init();
     sd::forking::install();
     if (sd::transport::settings().enable) sd::intercept::std_streams_init();
+    errno = saved_errno;
 }
 
 }  // namespace

@@ -40,7 +40,9 @@ struct Entry {
     epoll_event ev{};          // as the application registered it
     bool trimmed = false;      // kernel registration is the death hint only
     bool armed = true;         // EPOLLONESHOT has not fired
-    std::uint32_t seen_rx = ~0u, seen_tx = ~0u;  // EPOLLET: what was reported
+    // EPOLLET: the counts and events at the last report (none yet: fresh).
+    bool fresh = true;
+    std::uint32_t seen_rx = 0, seen_tx = 0, seen_bits = 0;
 };
 
 }  // namespace
@@ -169,6 +171,22 @@ void untrim(EpollSet *set, Entry &e) noexcept {
     e.trimmed = false;
 }
 
+// Whether something came since the entry's last report that would wake an
+// edge-triggered watcher of TCP with its events: bytes arriving wake the
+// watchers of input only, space coming back after there was none (or a
+// send that may try again) or the socket turning writable those of
+// output only, and a change of state (the peer's end, a reset, an error)
+// every watcher.
+bool edge_news(const Entry &e, std::uint32_t rx, std::uint32_t tx, std::uint32_t all) noexcept {
+    constexpr std::uint32_t kInput = EPOLLIN | EPOLLRDNORM | EPOLLRDBAND | EPOLLPRI;
+    constexpr std::uint32_t kOutput = EPOLLOUT | EPOLLWRNORM | EPOLLWRBAND;
+    constexpr std::uint32_t kState = EPOLLRDHUP | EPOLLHUP | EPOLLERR;
+    if (rx != e.seen_rx && (e.ev.events & kInput)) return true;
+    if (tx != e.seen_tx && (e.ev.events & kOutput)) return true;
+    const std::uint32_t turned = all & ~e.seen_bits;
+    return (turned & kState) || ((turned & EPOLLOUT) && (e.ev.events & kOutput));
+}
+
 // The events of one entry now, as epoll_wait would report them, or 0.
 // `commit`: the report happens (EPOLLET and EPOLLONESHOT state advance).
 std::uint32_t entry_events(EpollSet *set, Entry &e, bool commit, int depth) noexcept {
@@ -195,16 +213,19 @@ std::uint32_t entry_events(EpollSet *set, Entry &e, bool commit, int depth) noex
     const std::uint32_t want = (e.ev.events & (EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLPRI |
                                                EPOLLRDNORM | EPOLLWRNORM)) |
                                EPOLLERR | EPOLLHUP;
-    std::uint32_t ev = std::uint32_t(std::uint16_t(bits)) & want;
+    const std::uint32_t all = std::uint16_t(bits);
+    std::uint32_t ev = all & want;
     if (!ev) return 0;
     if (e.ev.events & EPOLLET) {
         Conn *c = e.s->conn.load(std::memory_order_acquire);
         std::uint32_t rx, tx;
         transport::arrivals(c, rx, tx);
-        if (rx == e.seen_rx && tx == e.seen_tx) return 0;  // nothing new since the last report
+        if (!e.fresh && !edge_news(e, rx, tx, all)) return 0;
         if (commit) {
+            e.fresh = false;
             e.seen_rx = rx;
             e.seen_tx = tx;
+            e.seen_bits = all;
         }
     }
     if (commit && (e.ev.events & EPOLLONESHOT)) e.armed = false;
@@ -466,7 +487,7 @@ int epoll_control(int epfd, int op, int fd, epoll_event *ev) noexcept {
                 it->ev = *ev;
                 it->trimmed = trimmed;
                 it->armed = true;
-                it->seen_rx = it->seen_tx = ~0u;
+                it->fresh = true;
             }
         } else if (op == EPOLL_CTL_DEL && it != v.end()) {
             entry_drop(*it);

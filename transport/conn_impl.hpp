@@ -184,7 +184,7 @@ struct Conn {
     // Readiness (poll/select/epoll): bumped on every arrival, so an
     // edge-triggered watcher knows something new came.
     std::atomic<std::uint32_t> rx_seq{0};  // data, fin, close, state change
-    std::atomic<std::uint32_t> tx_seq{0};  // credits returned, or a send may try again
+    std::atomic<std::uint32_t> tx_seq{0};  // credits back from none, or a send may try again
     // The companion socket reported EOF or an error while the fabric said
     // nothing: the peer may be gone; readers must look (recv sorts it out).
     std::atomic<bool> kernel_eof{false};

@@ -108,10 +108,10 @@ void Engine::deliver(const char *buf, std::size_t len, const XLink *from) noexce
             return;
         }
     }
-    if (h.credits) {
-        c->credits.fetch_add(h.credits, std::memory_order_acq_rel);
+    // Space coming back is an edge only after there was none (TCP wakes
+    // an edge-triggered writer only after a send or a poll found it full).
+    if (h.credits && !c->credits.fetch_add(h.credits, std::memory_order_acq_rel))
         c->tx_seq.fetch_add(1, std::memory_order_release);
-    }
     bump(c->stat->rx_msgs, 1);
     if (!lock.owns_lock()) lock.lock();
     Rx m{*this, c, h, buf + sizeof h};

@@ -311,6 +311,7 @@ int Engine::write_owed_locked(Conn *c) noexcept {
         if (rc) return rc;
     }
     c->tx_owed.store(false, std::memory_order_release);
+    c->tx_seq.fetch_add(1, std::memory_order_release);  // writable again
     return 0;
 }
 

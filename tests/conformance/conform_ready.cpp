@@ -201,6 +201,33 @@ void epoll_edge_out(Out &o) {
     p.close_both();
 }
 
+// What wakes an edge-triggered watcher of output only: not bytes coming
+// in, not space coming back that never ran out; the peer's end does.
+void epoll_edge_out_quiet(Out &o) {
+    Pair p = make_pair();
+    set_nonblock(p.a, true);
+    const int ep = ::epoll_create1(0);
+    epoll_event ev{};
+    ev.events = EPOLLOUT | EPOLLET;
+    ::epoll_ctl(ep, EPOLL_CTL_ADD, p.a, &ev);
+    unsigned e;
+    o.r("initial", ep_wait(ep, 0, &e));
+    o.r("send-in", ::send(p.b, "in", 2, 0));
+    o.r("after-in", ep_wait(ep, 100, &e));
+    static char chunk[65536];
+    o.r("send-out", ::send(p.a, chunk, sizeof chunk, 0));
+    std::string got;
+    drain(p.b, &got, 300);
+    o.r("drained", long(got.size()));
+    o.r("after-drain", ep_wait(ep, 100, &e));
+    ::shutdown(p.b, SHUT_WR);
+    o.r("fin", ep_wait(ep, 2000, &e));
+    o.epevents("e-fin", e);
+    o.r("after-fin", ep_wait(ep, 50, &e));
+    ::close(ep);
+    p.close_both();
+}
+
 void epoll_closed_fd(Out &o) {
     Pair p = make_pair();
     const int ep = ::epoll_create1(0);
@@ -411,6 +438,7 @@ void add_ready_cases(std::vector<Case> &all) {
     add(all, "epoll-edge", epoll_edge);
     add(all, "epoll-oneshot", epoll_oneshot);
     add(all, "epoll-edge-out", epoll_edge_out);
+    add(all, "epoll-edge-out-quiet", epoll_edge_out_quiet);
     add(all, "epoll-dup-closed", epoll_closed_fd);
     add(all, "poll-wakes", poll_wakes);
     add(all, "nonblock-fcntl", nonblock_flags);
