@@ -39,7 +39,12 @@ struct Entry {
     EpollSet *inner = nullptr; // ... or an epoll set inside this one (reference held)
     epoll_event ev{};          // as the application registered it
     bool trimmed = false;      // kernel registration is the death hint only
-    bool armed = true;         // EPOLLONESHOT has not fired
+    bool armed = true;         // EPOLLONESHOT has not fired, nor is it parked
+    // Deleted by the application while trimmed: the kernel keeps the hint
+    // registration, so that adding the socket again (as event loops do
+    // between a write and a read) makes no system call. Absent to the
+    // application in every other way.
+    bool parked = false;
     // EPOLLET: the counts and events at the last report (none yet: fresh).
     bool fresh = true;
     std::uint32_t seen_rx = 0, seen_tx = 0, seen_bits = 0;
@@ -108,6 +113,17 @@ void entry_drop(Entry &e) noexcept {
     if (e.inner) set_release(e.inner);
     e.s = nullptr;
     e.inner = nullptr;
+}
+
+// At most this many parked entries in a set; a delete beyond them goes to
+// the kernel.
+constexpr int kMaxParked = 16;
+
+// `any` after a change of the entries (set->lock held).
+void note_any(EpollSet *set) noexcept {
+    const bool any = std::any_of(set->entries.begin(), set->entries.end(),
+                                 [](const Entry &e) { return !e.parked; });
+    set->any.store(any, std::memory_order_release);
 }
 
 // Sets are only ever looked up by the thread calling into the set, with a
@@ -253,7 +269,7 @@ void drop_closed(EpollSet *set) noexcept {
             entry_drop(e);
             return true;
         }))
-        set->any.store(!set->entries.empty(), std::memory_order_release);
+        note_any(set);
 }
 
 // Drops from out[0..*n) the events whose data is `data`; returns how many.
@@ -437,6 +453,38 @@ int kernel_ctl(int epfd, int op, int fd, epoll_event *ev, Stream *s, Entry *e,
     return sys.epoll_ctl(epfd, op, fd, ev) == 0 ? 0 : -errno;
 }
 
+// Our state answers for the entry's socket now, through the fd it was
+// registered with: its kernel registration may stay the hint.
+bool answers_here(const Entry &e) noexcept {
+    short bits = 0, ask = 0;
+    return e.s && user_view(e.s, bits, ask) && fd_is(e.fd, e.s);
+}
+
+// EPOLL_CTL_DEL of entry `e`, parked instead when it can be (set->lock held).
+bool park(EpollSet *set, Entry &e) noexcept {
+    if (!e.trimmed || (e.ev.events & EPOLLEXCLUSIVE)) return false;
+    if (std::count_if(set->entries.begin(), set->entries.end(),
+                      [](const Entry &x) { return x.parked; }) >= kMaxParked)
+        return false;
+    if (!answers_here(e)) return false;
+    e.parked = true;
+    e.armed = false;
+    note_any(set);
+    return true;
+}
+
+// EPOLL_CTL_ADD of the parked entry `e` with `ev`, done without the kernel
+// if its hint registration can stand for it (set->lock held).
+bool unpark(EpollSet *set, Entry &e, const epoll_event *ev) noexcept {
+    if (!ev || (ev->events & EPOLLEXCLUSIVE) || !answers_here(e)) return false;
+    e.ev = *ev;
+    e.parked = false;
+    e.armed = true;
+    e.fresh = true;
+    note_any(set);
+    return true;
+}
+
 }  // namespace
 
 int epoll_control(int epfd, int op, int fd, epoll_event *ev) noexcept {
@@ -456,15 +504,37 @@ int epoll_control(int epfd, int op, int fd, epoll_event *ev) noexcept {
     int r = 0;
     {
         std::lock_guard lock(set->lock);
+        bool trimmed = false;
         auto &v = set->entries;
         auto it = std::find_if(v.begin(), v.end(), [&](const Entry &e) {
             return e.fd == fd && (s ? e.s == s : e.inner == inner);
         });
+        // A parked entry is not there for the application; added again
+        // while our state answers, it comes back without a system call.
+        // Otherwise its hint registration goes before the kernel is asked.
+        if (it != v.end() && it->parked) {
+            if (op != EPOLL_CTL_ADD) {
+                // The kernel's checks before it looks the fd up: a bad op,
+                // no event, MOD with EPOLLEXCLUSIVE.
+                const bool looked_up =
+                    op == EPOLL_CTL_DEL ||
+                    (op == EPOLL_CTL_MOD && ev && !(ev->events & EPOLLEXCLUSIVE));
+                r = !looked_up && sys.epoll_ctl(epfd, op, fd, ev) != 0 ? -errno : -ENOENT;
+                goto done;
+            }
+            if (unpark(set, *it, ev)) goto done;
+            (void)sys.epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
+            entry_drop(*it);
+            v.erase(it);
+            it = v.end();
+        }
+        // A delete of a trimmed entry whose socket our state answers parks
+        // it: the kernel's answer would be 0.
+        if (op == EPOLL_CTL_DEL && it != v.end() && park(set, *it)) goto done;
         // The kernel has the registration in every case (trimmed or not):
         // its answer stands (EEXIST, ENOENT, EINVAL ...), except for MOD of
         // an exclusive entry, which it refuses but would accept on the
         // hint registration that replaced it.
-        bool trimmed = false;
         if (op == EPOLL_CTL_MOD && it != v.end() && (it->ev.events & EPOLLEXCLUSIVE)) {
             r = -EINVAL;
         } else if ((r = kernel_ctl(epfd, op, fd, ev, s, it != v.end() ? &*it : nullptr,
@@ -492,8 +562,9 @@ int epoll_control(int epfd, int op, int fd, epoll_event *ev) noexcept {
         } else if (op == EPOLL_CTL_DEL && it != v.end()) {
             entry_drop(*it);
             v.erase(it);
-            set->any.store(!v.empty(), std::memory_order_release);
+            note_any(set);
         }
+    done:
         // A thread asleep in the kernel on this set looks at it again.
         if (set->kernel_sleeper) kernel_sleep_signal(set->wake_fd, &set->signalled);
     }
@@ -533,7 +604,7 @@ int keep_events(EpollSet *set, epoll_event *out, int k, int *hints, bool *woken)
         bool ours = false;
         {
             std::lock_guard lock(set->lock);
-            for (const Entry &e : set->entries) ours |= e.s == hinted && e.trimmed;
+            for (const Entry &e : set->entries) ours |= e.s == hinted && e.trimmed && !e.parked;
         }
         if (ours) kernel_hint(hinted);
     }
@@ -611,6 +682,7 @@ int epoll_alone(EpollSet *set, int epfd, epoll_event *out, int max, int timeout_
         drop_closed(set);
         for (Entry &e : set->entries) {
             bool held = false;
+            if (e.parked) continue;  // its hint is no event
             if (!e.s || e.trimmed || !kernel_may_answer(e.s, &held, true)) return kNotHere;
         }
     }
@@ -643,6 +715,7 @@ int epoll_in_kernel(EpollSet *set, int epfd, epoll_event *out, int max, int time
             drop_closed(set);
             for (Entry &e : set->entries) {
                 bool held = false;
+                if (e.parked) continue;  // its hint is no event
                 // A trimmed entry answers from our state; an inner set
                 // may hold anything.
                 ok = e.s && !e.trimmed && kernel_may_answer(e.s, &held, false);

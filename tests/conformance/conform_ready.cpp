@@ -228,6 +228,69 @@ void epoll_edge_out_quiet(Out &o) {
     p.close_both();
 }
 
+// An event loop's churn: a socket deleted and added again between its
+// write and its read, and what the set says of it in between.
+void epoll_del_add(Out &o) {
+    Pair p = make_pair();
+    const int ep = ::epoll_create1(0);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = 7;
+    unsigned e;
+    o.r("add", ::epoll_ctl(ep, EPOLL_CTL_ADD, p.a, &ev));
+    o.r("add-again", ::epoll_ctl(ep, EPOLL_CTL_ADD, p.a, &ev));
+    ::send(p.b, "x", 1, 0);
+    o.r("ready", ep_wait(ep, 2000, &e));
+    o.r("del", ::epoll_ctl(ep, EPOLL_CTL_DEL, p.a, nullptr));
+    o.r("deleted-wait", ep_wait(ep, 50, &e));
+    o.r("del-again", ::epoll_ctl(ep, EPOLL_CTL_DEL, p.a, nullptr));
+    o.r("mod-deleted", ::epoll_ctl(ep, EPOLL_CTL_MOD, p.a, &ev));
+    o.r("bad-op-deleted", ::epoll_ctl(ep, 77, p.a, &ev));
+    epoll_event excl{};
+    excl.events = EPOLLIN | EPOLLEXCLUSIVE;
+    o.r("mod-exclusive-deleted", ::epoll_ctl(ep, EPOLL_CTL_MOD, p.a, &excl));
+    ev.events = EPOLLOUT;
+    ev.data.u64 = 8;
+    o.r("add-out", ::epoll_ctl(ep, EPOLL_CTL_ADD, p.a, &ev));
+    epoll_event got{};
+    o.r("out", ::epoll_wait(ep, &got, 1, 2000));
+    o.epevents("e-out", got.events);
+    o.r("data-out", long(got.data.u64));
+    o.r("del2", ::epoll_ctl(ep, EPOLL_CTL_DEL, p.a, nullptr));
+    ev.events = EPOLLIN | EPOLLET;
+    ev.data.u64 = 9;
+    o.r("add-in-et", ::epoll_ctl(ep, EPOLL_CTL_ADD, p.a, &ev));
+    o.r("in", ::epoll_wait(ep, &got, 1, 2000));
+    o.epevents("e-in", got.events);
+    o.r("data-in", long(got.data.u64));
+    o.r("in-again", ep_wait(ep, 50, &e));
+    char c;
+    o.r("recv", ::recv(p.a, &c, 1, 0));
+    o.r("del3", ::epoll_ctl(ep, EPOLL_CTL_DEL, p.a, nullptr));
+    // Closed while deleted, its number taken by another socket.
+    const int fd = p.a;
+    ::close(p.a);
+    Pair q = make_pair();
+    const int moved = q.a == fd ? -1 : ::dup2(q.a, fd);
+    o.r("same-number", moved == -1 || moved == fd);
+    ev.events = EPOLLIN;
+    ev.data.u64 = 10;
+    o.r("add-new", ::epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev));
+    o.r("new-quiet", ep_wait(ep, 50, &e));
+    ::send(q.b, "y", 1, 0);
+    o.r("new-ready", ::epoll_wait(ep, &got, 1, 2000));
+    o.r("data-new", long(got.data.u64));
+    ::send(p.b, "z", 1, 0);
+    epoll_event all[4]{};
+    o.r("only-new", ::epoll_wait(ep, all, 4, 50));
+    o.r("only-new-data", long(all[0].data.u64));
+    if (moved == fd) ::close(fd);
+    p.a = -1;
+    ::close(ep);
+    p.close_both();
+    q.close_both();
+}
+
 void epoll_closed_fd(Out &o) {
     Pair p = make_pair();
     const int ep = ::epoll_create1(0);
@@ -439,6 +502,7 @@ void add_ready_cases(std::vector<Case> &all) {
     add(all, "epoll-oneshot", epoll_oneshot);
     add(all, "epoll-edge-out", epoll_edge_out);
     add(all, "epoll-edge-out-quiet", epoll_edge_out_quiet);
+    add(all, "epoll-del-add", epoll_del_add);
     add(all, "epoll-dup-closed", epoll_closed_fd);
     add(all, "poll-wakes", poll_wakes);
     add(all, "nonblock-fcntl", nonblock_flags);
