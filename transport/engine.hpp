@@ -32,6 +32,7 @@ struct Peer {
     fi_addr_t addr = FI_ADDR_UNSPEC;
     int doorbell = -1;                 // its eventfd, passed with SCM_RIGHTS
     int pidfd = -1;                    // readable once it has exited
+    std::uint64_t pidfd_serial = 0;    // names this pidfd among all of the process's
     ProcPage *page = nullptr;  // its process page: read, but for the sink claim words
     std::uint32_t conns = 0;           // connections using it (under conn lock)
     RegionLock region;                 // its shm region's lock, watched before each send

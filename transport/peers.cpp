@@ -16,6 +16,7 @@
 #include "log.hpp"
 #include "settings.hpp"
 #include "sys.hpp"
+#include "wait.hpp"
 
 #include <cstddef>
 #include <cstdio>
@@ -140,6 +141,7 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
         p->cross = true;
         std::snprintf(p->dir, sizeof p->dir, "%s", dir);
         p->pidfd = int(syscall(SYS_pidfd_open, pid, 0));
+        p->pidfd_serial = next_watch_serial();
     } else {
         char path[300];
         std::snprintf(path, sizeof path, "%s/p%d", settings().registry, int(pid));
@@ -163,6 +165,7 @@ Peer *Engine::attach_peer(pid_t pid, const char *addr, int doorbell, Reason *why
         p->page = static_cast<ProcPage *>(map);
         p->doorbell = doorbell;
         p->pidfd = int(syscall(SYS_pidfd_open, pid, 0));
+        p->pidfd_serial = next_watch_serial();
         if (pid != pid_ && p->pidfd >= 0) p->wake = wake_cache_new();
     }
     if (xl >= 0) {

@@ -20,6 +20,7 @@
 #include <ctime>
 #include <fcntl.h>
 #include <sched.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -191,6 +192,106 @@ void drain_cross_bell(int rx) noexcept {
     (void)sys.recvmmsg(rx, msgs, 16, MSG_DONTWAIT, nullptr);
 }
 
+namespace {
+
+// This thread's sleep set: an epoll fd holding what a blocking sleep
+// (sleep_once) waits on, each fd registered once and kept while it stays
+// the same: the thread's bell, the engine's doorbell and its link bells'
+// epoll fd, and the sleep's own (its bell for a link to a peer of another
+// uid, the socket's kernel fd, the peer's pidfd), replaced when a sleep
+// names others. All edge-triggered: a write of the bell ends the sleep
+// with no drain after it (the eventfd's count only grows); an edge that
+// came while the thread was awake ends its next sleep at once (one look
+// too many at most); and a registration left behind (an fd of a sleep
+// before, its file kept open elsewhere) wakes it at most once an event.
+// One epoll_wait a sleep, where a poll of up to six fds (each registered
+// and removed by the kernel every time) and the bell's read were two
+// system calls.
+struct SleepSet {
+    struct Slot {
+        int fd = -1;
+        const void *owner = nullptr;  // what the fd belongs to (nullptr: unknown)
+        std::uint64_t serial = 0;     // ... and which one of its kind
+        std::uint32_t events = 0;
+    };
+    int ep = -1;  // -2: could not be made
+    Slot slots[6];
+};
+enum SleepTag : std::uint64_t { kTagBell, kTagDoorbell, kTagXbells, kTagCross, kTagKernel, kTagPidfd };
+thread_local SleepSet sleep_set;
+
+struct SleepSetCloser {
+    ~SleepSetCloser() {
+        if (sleep_set.ep >= 0) sys.close(std::exchange(sleep_set.ep, -1));
+    }
+};
+
+std::atomic<std::uint64_t> watch_serials{0};
+
+// Slot `tag` of the set holds `fd` (of `owner`, the `serial`th) with
+// `events`: registered anew when any of them differs, or when the owner is
+// unknown. An fd of -1 leaves the slot as it is. false: the kernel refused.
+bool sleep_track(SleepTag tag, int fd, const void *owner, std::uint64_t serial,
+                 std::uint32_t events) noexcept {
+    SleepSet::Slot &s = sleep_set.slots[tag];
+    if (fd < 0) return true;
+    if (owner && s.fd == fd && s.owner == owner && s.serial == serial && s.events == events)
+        return true;
+    // The old number may be another slot's now (its file closed, the
+    // number given again): that registration stays.
+    if (s.fd >= 0 && std::none_of(std::begin(sleep_set.slots), std::end(sleep_set.slots),
+                                  [&](const SleepSet::Slot &o) { return &o != &s && o.fd == s.fd; }))
+        (void)sys.epoll_ctl(sleep_set.ep, EPOLL_CTL_DEL, s.fd, nullptr);
+    s = SleepSet::Slot{};
+    epoll_event ev{};
+    ev.events = events | EPOLLET;
+    ev.data.u64 = tag;
+    // EEXIST: the same file under the same number, left by a slot before.
+    if (sys.epoll_ctl(sleep_set.ep, EPOLL_CTL_ADD, fd, &ev) != 0 &&
+        (errno != EEXIST || sys.epoll_ctl(sleep_set.ep, EPOLL_CTL_MOD, fd, &ev) != 0))
+        return false;
+    s = SleepSet::Slot{fd, owner, serial, events};
+    return true;
+}
+
+// The sleep set holds what this sleep waits on; false: sleep by poll.
+bool sleep_set_for(Engine *e, int bell, const CrossWake *cw, int kernel_fd, short kernel_events,
+                   Conn *c) noexcept {
+    if (sleep_set.ep == -2) return false;
+    if (sleep_set.ep < 0) {
+        const int ep = out_of_the_way(sys.epoll_create1(EPOLL_CLOEXEC));
+        if (ep < 0) {
+            sleep_set.ep = -2;
+            return false;
+        }
+        sleep_set.ep = ep;
+        thread_local SleepSetCloser closer;
+        (void)closer;
+    }
+    bool ok = sleep_track(kTagBell, bell, &bell_fd, bell_mark, EPOLLIN) &&
+              sleep_track(kTagDoorbell, e->doorbell(), e, 0, EPOLLIN) &&
+              sleep_track(kTagXbells, e->xbells(), e, 0, EPOLLIN);
+    if (ok && cw) ok = sleep_track(kTagCross, cw->rx, &xbells, cw->word, EPOLLIN);
+    if (ok && kernel_fd >= 0)
+        ok = sleep_track(kTagKernel, kernel_fd, c, c ? std::uint64_t(c->id) << 32 | c->gen : 0,
+                         std::uint16_t(kernel_events));
+    // `peer` is published by the release store of state == direct.
+    if (ok && c && c->is_direct() && c->peer->pidfd >= 0)
+        ok = sleep_track(kTagPidfd, c->peer->pidfd, c->peer, c->peer->pidfd_serial, EPOLLIN);
+    return ok;
+}
+
+void sleep_set_forget() noexcept {
+    if (sleep_set.ep >= 0) sys.close(sleep_set.ep);
+    sleep_set = SleepSet{};
+}
+
+}  // namespace
+
+std::uint64_t next_watch_serial() noexcept {
+    return watch_serials.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
 int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
                bool (*ready)(void *), void *ctx, int timeout_ms) noexcept {
     Waiter w(bell_get());
@@ -210,7 +311,25 @@ int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
     e->announce_sleep(1);
     e->progress_before_sleep();
     int rc = 0;
-    if (!ready(ctx)) {
+    const int t = timeout_ms < 0 || timeout_ms > kSafetyMs ? kSafetyMs : timeout_ms;
+    if (ready(ctx)) {
+    } else if (sleep_set_for(e, w.efd, xannounced ? &cw : nullptr, kernel_fd, kernel_events, c)) {
+        epoll_event got[6];
+        const int r = sys.epoll_wait(sleep_set.ep, got, 6, t);
+        if (r < 0 && errno == EINTR) rc = -EINTR;
+        if (r < 0 && errno == EBADF) sleep_set_forget();  // closed under us (close_range)
+        for (int i = 0; i < r; ++i) {
+            switch (got[i].data.u64) {
+            case kTagDoorbell: e->take_ring(); break;
+            case kTagXbells: e->take_xbells(); break;
+            case kTagCross:
+                // Only this sleep's: an older one's number may be anything now.
+                if (xannounced && sleep_set.slots[kTagCross].fd == cw.rx) drain_cross_bell(cw.rx);
+                break;
+            default: break;
+            }
+        }
+    } else {
         pollfd p[6];
         nfds_t n = 0;
         p[n++] = {w.efd, POLLIN, 0};
@@ -220,7 +339,6 @@ int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
         if (kernel_fd >= 0) p[n++] = {kernel_fd, kernel_events, 0};
         // `peer` is published by the release store of state == direct.
         if (c && c->is_direct() && c->peer->pidfd >= 0) p[n++] = {c->peer->pidfd, POLLIN, 0};
-        int t = timeout_ms < 0 || timeout_ms > kSafetyMs ? kSafetyMs : timeout_ms;
         int r = sys.poll(p, n, t);
         if (r < 0 && errno == EINTR) rc = -EINTR;
         if (r > 0) {
@@ -514,8 +632,10 @@ SD_CHILD_PATH void pollers_after_fork_child() noexcept {
     if (!standby.empty()) new (&standby) WaiterList();
     renew(watch_taken, false);
     renew(watching, false);
-    // This thread's bell is the parent thread's eventfd too.
+    // This thread's bell is the parent thread's eventfd too, and its
+    // sleep set the parent thread's epoll instance.
     if (bell_fd >= 0) sys.close(std::exchange(bell_fd, -1));
+    sleep_set_forget();
     renew(bell_mark, 0);
     // And its bells for links are the parent's (the links are not ours).
     for (XBell &b : xbells)

@@ -199,6 +199,10 @@ void pollers_after_fork_child() noexcept;
 int thread_bell() noexcept;
 // The calling thread's bell if made, else -1 (never makes one).
 int own_bell() noexcept;
+// A number no earlier call returned in this process: names an fd that a
+// blocking sleep keeps registered (a peer's pidfd), so that a later fd of
+// the same number is not taken for it.
+std::uint64_t next_watch_serial() noexcept;
 
 // Direct wake-ups. A thread that sleeps on a direct connection announces
 // the eventfd it sleeps on (its bell in sleep_once, its poller slot's in
