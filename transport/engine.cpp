@@ -634,6 +634,7 @@ void Engine::ring_doorbell(std::atomic<std::uint32_t> &word, int doorbell) noexc
     if (word.fetch_or(kRung, std::memory_order_seq_cst) & kRung) return;
     const std::uint64_t one = 1;
     (void)sys.write(doorbell, &one, sizeof one);
+    make_way();
 }
 
 void Engine::ring(const Peer *p) noexcept {
@@ -660,6 +661,7 @@ void Engine::ring(const Peer *p) noexcept {
     // queue means rung already, and no flag it sets makes us wait.
     const char one = 1;
     (void)sys.send(p->doorbell, &one, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    make_way();
 }
 
 void Engine::maybe_return_credits(Conn *c) noexcept {
@@ -749,6 +751,7 @@ std::uint64_t Conn::wake_waiters_locked(RungWaker cross) noexcept {
         if (w.rung || w.efd == own || w.efd == rung.bell || w.efd == cross.bell) continue;
         w.rung = true;
         (void)sys.write(w.efd, &one, sizeof one);
+        make_way();
     }
     return rung.slot_bit | cross.slot_bit;
 }

@@ -585,7 +585,7 @@ void wake_pollers(const PollerMask &m, std::uint64_t skip) noexcept {
         const int i = __builtin_ctzll(bits);
         bits &= bits - 1;
         if (int fd = slot_fds[i].load(std::memory_order_acquire) - 1; fd >= 0)
-            (void)sys.write(fd, &one, sizeof one);
+            (void)sys.write(fd, &one, sizeof one), make_way();
     }
     if (n_pollers.load(std::memory_order_seq_cst) == 0) return;
     std::lock_guard lock(pollers_lock);
@@ -842,10 +842,14 @@ namespace {
 struct SpinHistory {
     unsigned fails = 0;
     unsigned skip = 0;
+    std::uint64_t rest_until = 0;  // no spin before (SpinSlot::preempted)
 };
 thread_local SpinHistory spin_history;
 
 inline constexpr unsigned kMaxSpinSkip = 64;
+
+// The slot this thread's spin holds, if any (make_way leaves it alone).
+thread_local std::atomic<std::uint64_t> *own_spin = nullptr;
 
 }  // namespace
 
@@ -857,6 +861,7 @@ std::uint64_t SpinSlot::start(std::uint64_t now, std::uint64_t ns) noexcept {
         --spin_history.skip;
         return now;
     }
+    if (now < spin_history.rest_until) return now;
     const int cpu = sched_getcpu();
     std::atomic<std::uint64_t> &slot = t.slots[cpu < 0 ? 0 : cpu % t.count];
     std::uint64_t v = slot.load(std::memory_order_relaxed);
@@ -865,12 +870,30 @@ std::uint64_t SpinSlot::start(std::uint64_t now, std::uint64_t ns) noexcept {
         slot.compare_exchange_strong(v, stamp, std::memory_order_acq_rel)) {
         held_ = &slot;
         stamp_ = stamp;
+        own_spin = &slot;
         return now + ns;
     }
     // Held by a live spinner: it ends its spin for us.
     if (v && now - v <= kStaleSpinNs && !(v & kWanted))
         slot.fetch_or(kWanted, std::memory_order_relaxed);
     return now;
+}
+
+void make_way() noexcept {
+    // Never the first to map the table: a process that never spun has
+    // nothing of it to read.
+    if (!spin_mapped.load(std::memory_order_relaxed)) return;
+    const SpinTable &t = spin_table();
+    for (int i = 0; i < t.count; ++i) {
+        std::atomic<std::uint64_t> &slot = t.slots[i];
+        const std::uint64_t v = slot.load(std::memory_order_relaxed);
+        if (v && !(v & SpinSlot::kWanted) && &slot != own_spin)
+            slot.fetch_or(SpinSlot::kWanted, std::memory_order_relaxed);
+    }
+}
+
+void SpinSlot::preempted(std::uint64_t now) noexcept {
+    spin_history.rest_until = now + kSpinRestNs;
 }
 
 void SpinSlot::drop(bool satisfied) noexcept {
@@ -880,6 +903,7 @@ void SpinSlot::drop(bool satisfied) noexcept {
         mine == (stamp_ | kWanted))
         held_->compare_exchange_strong(mine, 0, std::memory_order_acq_rel);
     held_ = nullptr;
+    own_spin = nullptr;
     SpinHistory &h = spin_history;
     if (satisfied) {
         h.fails = 0;

@@ -303,12 +303,28 @@ class SpinSlot {
         return held_ && (held_->load(std::memory_order_relaxed) & kWanted);
     }
     static constexpr std::uint64_t kWanted = 1;
+    // The spin was descheduled at `now` (its clock jumped): another thread
+    // wanted this CPU, and was kept waiting by us until the scheduler
+    // stepped in. The spin ends; this thread's waits do not spin for a
+    // while (kSpinRestNs).
+    void preempted(std::uint64_t now) noexcept;
+    // A gap between two of a spin's clock reads (kClockMisses looks apart,
+    // a few µs) longer than this was the scheduler's.
+    static constexpr std::uint64_t kPreemptedNs = 20'000;
+    static constexpr std::uint64_t kSpinRestNs = 5'000'000;
 
   private:
     void drop(bool satisfied) noexcept;
     std::atomic<std::uint64_t> *held_ = nullptr;
     std::uint64_t stamp_ = 0;
 };
+
+// A sleeping thread of ours was just woken (its bell, a doorbell, a
+// poller's eventfd written): the spins under way in this registry end, so
+// that it finds a CPU rather than waiting behind spinners. A spin pays
+// when a CPU is free for it; when threads outnumber CPUs it only delays
+// the thread whose work it waits for.
+void make_way() noexcept;
 
 // After EINTR from our own sleep: would the kernel have restarted the
 // call? True when every installed handler has SA_RESTART.
@@ -394,6 +410,7 @@ inline constexpr unsigned kClockMisses = 16;
 template <typename W>
 inline long wait_on_bell(W &w, SpinSlot &slot) noexcept {
     std::uint64_t spin_until = 0, now = 0;
+    std::uint64_t last_read = 0;  // the spin's previous clock read (0: none yet)
     bool spin_started = false;
     unsigned misses = 0;
     for (;;) {
@@ -401,6 +418,7 @@ inline long wait_on_bell(W &w, SpinSlot &slot) noexcept {
         if (r == kMoved) {
             spin_started = false;
             misses = 0;
+            last_read = 0;
             continue;
         }
         if (r == kLookAgain) continue;
@@ -410,7 +428,16 @@ inline long wait_on_bell(W &w, SpinSlot &slot) noexcept {
             w.spinning();
             continue;
         }
-        if (!spin_started || misses % kClockMisses == 0) now = monotonic_ns();
+        if (!spin_started || misses % kClockMisses == 0) {
+            now = monotonic_ns();
+            // Descheduled while it spun: stop taking the CPU from others.
+            if (spin_started && last_read && now < spin_until + SpinSlot::kPreemptedNs &&
+                now - last_read > SpinSlot::kPreemptedNs) {
+                slot.preempted(now);
+                spin_until = now;
+            }
+            last_read = now;
+        }
         if (!spin_started) {
             spin_until = slot.start(now, w.spin_ns);
             spin_started = true;
@@ -420,7 +447,7 @@ inline long wait_on_bell(W &w, SpinSlot &slot) noexcept {
             continue;
         }
         if ((r = w.missed(now)) != kWaitOn) {
-            if (r == kMoved) spin_started = false;
+            if (r == kMoved) spin_started = false, last_read = 0;
             else if (r != kLookAgain) return r;
             continue;
         }
@@ -434,6 +461,7 @@ inline long wait_on_bell(W &w, SpinSlot &slot) noexcept {
         now = monotonic_ns();
         if (w.sleep(now) == -EINTR && (r = w.interrupted()) != kWaitOn) return r;
         misses = kClockMisses - 1;  // the miss after a sleep reads the clock
+        last_read = 0;
     }
 }
 

@@ -9,6 +9,7 @@
 #include "engine.hpp"
 
 #include "sys.hpp"
+#include "wait.hpp"
 
 #include <atomic>
 #include <cerrno>
@@ -168,7 +169,7 @@ void Engine::ring(const Conn *c) noexcept {
             const bool latched = slot.compare_exchange_strong(v, v | kWakeRung, std::memory_order_seq_cst);
             if (latched) (void)sys.write(fd, &one, sizeof one);
             w->inflight.fetch_sub(1, std::memory_order_release);
-            if (latched) return;
+            if (latched) return make_way();
             continue;
         }
         w->inflight.fetch_sub(1, std::memory_order_release);
@@ -177,7 +178,7 @@ void Engine::ring(const Conn *c) noexcept {
         if (fd < 0) break;
         if (slot.compare_exchange_strong(v, v | kWakeRung, std::memory_order_seq_cst)) {
             (void)sys.write(fd, &one, sizeof one);
-            return;
+            return make_way();
         }
     }
     ring(p);

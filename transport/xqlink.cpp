@@ -18,6 +18,7 @@
 #include "log.hpp"
 #include "procpage.hpp"
 #include "sys.hpp"
+#include "wait.hpp"
 
 #include <cerrno>
 #include <cstddef>
@@ -308,6 +309,7 @@ bool Engine::ring_xwaker(const Conn *c) noexcept {
     const char one = 1;
     const bool sent = sys.send(fd, &one, 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1 || errno == EAGAIN;
     l.wake_inflight.fetch_sub(1, std::memory_order_release);
+    make_way();
     return sent;
 }
 
