@@ -139,12 +139,18 @@ int ep_wait(int ep, int timeout_ms, unsigned *events) {
     return n;
 }
 
-void epoll_edge(Out &o) {
-    Pair p = make_pair();
+// A new epoll set watching `fd` for `events`.
+int epoll_on(int fd, unsigned events) {
     const int ep = ::epoll_create1(0);
     epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLET;
-    ::epoll_ctl(ep, EPOLL_CTL_ADD, p.a, &ev);
+    ev.events = events;
+    ::epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+    return ep;
+}
+
+void epoll_edge(Out &o) {
+    Pair p = make_pair();
+    const int ep = epoll_on(p.a, EPOLLIN | EPOLLET);
     unsigned e;
     o.r("idle", ep_wait(ep, 50, &e));
     ::send(p.b, "one", 3, 0);
@@ -165,16 +171,15 @@ void epoll_edge(Out &o) {
 
 void epoll_oneshot(Out &o) {
     Pair p = make_pair();
-    const int ep = ::epoll_create1(0);
-    epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLONESHOT;
-    ::epoll_ctl(ep, EPOLL_CTL_ADD, p.a, &ev);
+    const int ep = epoll_on(p.a, EPOLLIN | EPOLLONESHOT);
     unsigned e;
     ::send(p.b, "one", 3, 0);
     o.r("first", ep_wait(ep, 2000, &e));
     o.r("disarmed", ep_wait(ep, 50, &e));
     ::send(p.b, "two", 3, 0);
     o.r("still-disarmed", ep_wait(ep, 50, &e));
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLONESHOT;
     o.r("rearm", ::epoll_ctl(ep, EPOLL_CTL_MOD, p.a, &ev));
     o.r("rearmed", ep_wait(ep, 0, &e));
     o.epevents("e", e);
@@ -185,10 +190,7 @@ void epoll_oneshot(Out &o) {
 void epoll_edge_out(Out &o) {
     Pair p = make_pair();
     set_nonblock(p.a, true);
-    const int ep = ::epoll_create1(0);
-    epoll_event ev{};
-    ev.events = EPOLLOUT | EPOLLET;
-    ::epoll_ctl(ep, EPOLL_CTL_ADD, p.a, &ev);
+    const int ep = epoll_on(p.a, EPOLLOUT | EPOLLET);
     unsigned e;
     o.r("initial", ep_wait(ep, 0, &e));
     o.r("again", ep_wait(ep, 50, &e));
@@ -206,10 +208,7 @@ void epoll_edge_out(Out &o) {
 void epoll_edge_out_quiet(Out &o) {
     Pair p = make_pair();
     set_nonblock(p.a, true);
-    const int ep = ::epoll_create1(0);
-    epoll_event ev{};
-    ev.events = EPOLLOUT | EPOLLET;
-    ::epoll_ctl(ep, EPOLL_CTL_ADD, p.a, &ev);
+    const int ep = epoll_on(p.a, EPOLLOUT | EPOLLET);
     unsigned e;
     o.r("initial", ep_wait(ep, 0, &e));
     o.r("send-in", ::send(p.b, "in", 2, 0));
@@ -293,10 +292,7 @@ void epoll_del_add(Out &o) {
 
 void epoll_closed_fd(Out &o) {
     Pair p = make_pair();
-    const int ep = ::epoll_create1(0);
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ::epoll_ctl(ep, EPOLL_CTL_ADD, p.a, &ev);
+    const int ep = epoll_on(p.a, EPOLLIN);
     const int d = ::dup(p.a);
     ::close(p.a);
     p.a = d;
@@ -304,6 +300,7 @@ void epoll_closed_fd(Out &o) {
     unsigned e;
     // The registration belongs to the open file, which the dup keeps.
     o.r("dup-keeps", ep_wait(ep, 2000, &e));
+    epoll_event ev{};
     o.r("del-closed", ::epoll_ctl(ep, EPOLL_CTL_DEL, d + 1000, &ev));
     ::close(ep);
     p.close_both();
