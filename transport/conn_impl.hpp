@@ -12,7 +12,7 @@
 #include "reset_state.hpp"
 #include "wire.hpp"
 
-#include <boost/intrusive/slist.hpp>
+#include <boost/intrusive/list.hpp>
 #include <rdma/fi_domain.h>
 
 #include <atomic>
@@ -28,15 +28,22 @@ struct Peer;
 using RxLock = std::unique_lock<RankedMutex<Rank::rx>>;
 
 // A thread blocked on a connection; woken through its own eventfd. Lives
-// on the waiting thread's stack, linked into the connection's list.
-struct Waiter : boost::intrusive::slist_base_hook<boost::intrusive::link_mode<
-                    boost::intrusive::normal_link>> {
+// on the waiting thread's stack, linked into the connection's list (or a
+// list of sleeps): doubly linked, so that it leaves in constant time
+// (walking the list touched every other sleeper's stack).
+struct Waiter : boost::intrusive::list_base_hook<boost::intrusive::link_mode<
+                    boost::intrusive::safe_link>> {
     explicit Waiter(int fd) noexcept : efd(fd) {}
     int efd;
     bool handed = false;  // given the doorbell's watch while standing by (wait.cpp)
     bool rung = false;    // written once by a delivery (Conn::wake_locked), under rx_lock
 };
-using WaiterList = boost::intrusive::slist<Waiter, boost::intrusive::constant_time_size<false>>;
+using WaiterList = boost::intrusive::list<Waiter, boost::intrusive::constant_time_size<false>>;
+
+// Takes `w` off `list` if it is on it (on no other list).
+inline void unlink_waiter(WaiterList &list, Waiter &w) noexcept {
+    if (w.is_linked()) list.erase(list.iterator_to(w));
+}
 
 // The peer's read zero-copy advertisement being read here (receive side,
 // under rx_lock). At most one per connection: its sender waits in send()

@@ -777,6 +777,6 @@ void Engine::announce_switch_locked(Conn *c) noexcept {
 
 void Conn::add_waiter(Waiter *w) noexcept { waiters.push_front(*w); }
 
-void Conn::remove_waiter(Waiter *w) noexcept { waiters.remove_if([w](const Waiter &x) { return &x == w; }); }
+void Conn::remove_waiter(Waiter *w) noexcept { unlink_waiter(waiters, *w); }
 
 }  // namespace sd::transport

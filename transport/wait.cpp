@@ -744,7 +744,7 @@ int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int tim
     if (standing_by) {
         std::lock_guard lock(watch_lock);
         if (w.handed) watching = true;  // taken off the list by the hander
-        else standby.remove_if([&w](const Waiter &x) { return &x == &w; });
+        else unlink_waiter(standby, w);
     }
     own_slot_bit = 0;
     if (slot >= 0) {
@@ -752,7 +752,7 @@ int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int tim
     } else {
         n_pollers.fetch_sub(1, std::memory_order_relaxed);
         std::lock_guard lock(pollers_lock);
-        pollers.remove_if([&w](const Waiter &x) { return &x == &w; });
+        unlink_waiter(pollers, w);
     }
     return rc;
 }
