@@ -24,6 +24,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 namespace sd::transport {
@@ -228,6 +229,15 @@ struct SleepSetCloser {
 
 std::atomic<std::uint64_t> watch_serials{0};
 
+// epoll_ctl on the sleep set, as the system call itself: the set only
+// watches the fds it holds, never reads or writes them. (A sanitizer's
+// wrapper counts a registration as a use of the fd, and the
+// application's close of a socket that a blocked recv watches, which the
+// kernel allows and poll() never reported, as a race.)
+int sleep_ctl(int op, int fd, epoll_event *ev) noexcept {
+    return int(syscall(SYS_epoll_ctl, sleep_set.ep, op, fd, ev));
+}
+
 // Slot `tag` of the set holds `fd` (of `owner`, the `serial`th) with
 // `events`: registered anew when any of them differs, or when the owner is
 // unknown. An fd of -1 leaves the slot as it is. false: the kernel refused.
@@ -241,14 +251,14 @@ bool sleep_track(SleepTag tag, int fd, const void *owner, std::uint64_t serial,
     // number given again): that registration stays.
     if (s.fd >= 0 && std::none_of(std::begin(sleep_set.slots), std::end(sleep_set.slots),
                                   [&](const SleepSet::Slot &o) { return &o != &s && o.fd == s.fd; }))
-        (void)sys.epoll_ctl(sleep_set.ep, EPOLL_CTL_DEL, s.fd, nullptr);
+        (void)sleep_ctl(EPOLL_CTL_DEL, s.fd, nullptr);
     s = SleepSet::Slot{};
     epoll_event ev{};
     ev.events = events | EPOLLET;
     ev.data.u64 = tag;
     // EEXIST: the same file under the same number, left by a slot before.
-    if (sys.epoll_ctl(sleep_set.ep, EPOLL_CTL_ADD, fd, &ev) != 0 &&
-        (errno != EEXIST || sys.epoll_ctl(sleep_set.ep, EPOLL_CTL_MOD, fd, &ev) != 0))
+    if (sleep_ctl(EPOLL_CTL_ADD, fd, &ev) != 0 &&
+        (errno != EEXIST || sleep_ctl(EPOLL_CTL_MOD, fd, &ev) != 0))
         return false;
     s = SleepSet::Slot{fd, owner, serial, events};
     return true;
