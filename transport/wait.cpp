@@ -327,7 +327,9 @@ int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
         epoll_event got[6];
         const int r = sys.epoll_wait(sleep_set.ep, got, 6, t);
         if (r < 0 && errno == EINTR) rc = -EINTR;
-        if (r < 0 && errno == EBADF) sleep_set_forget();  // closed under us (close_range)
+        // Closed under us (a close_range of the application's): the number
+        // is not ours any more, maybe another file's. Made afresh next time.
+        if (r < 0 && errno != EINTR) sleep_set = SleepSet{};
         for (int i = 0; i < r; ++i) {
             switch (got[i].data.u64) {
             case kTagDoorbell: e->take_ring(); break;
