@@ -69,6 +69,14 @@ struct EpollSet {
     // wait's first look then leaves the kernel out if our entries have
     // nothing either (its sleep's poll asks it).
     std::atomic<bool> kernel_quiet{false};
+    // Registrations the application made through us of fds that are not
+    // ours (a listener, a pipe), less those it deleted: 0, and every entry
+    // of ours trimmed (`all_trimmed`, as the last scan found), means the
+    // kernel holds nothing of the application's in the set, only our hints.
+    // (A registration whose fd was closed stays counted: the kernel is
+    // asked as before.)
+    std::atomic<int> foreign{0};
+    std::atomic<bool> all_trimmed{false};
     // Sleeping in the kernel's epoll_wait (kernel_sleep.hpp): at most one
     // thread at a time (`kernel_sleeper`, under `lock`), which owns `held`
     // (the streams whose asks it holds back) until it clears the flag.
@@ -292,6 +300,10 @@ void scan(EpollSet *set, epoll_event *out, int *n, int max, int *kernel) noexcep
     drop_closed(set);
     auto &v = set->entries;
     const std::size_t size = v.size();
+    set->all_trimmed.store(std::all_of(v.begin(), v.end(), [](const Entry &e) {
+                               return e.parked || (e.s && e.trimmed);
+                           }),
+                           std::memory_order_relaxed);
     for (std::size_t k = 0; k < size && *n < max; ++k) {
         Entry &e = v[(set->cursor + k) % size];
         const bool was_trimmed = e.trimmed;
@@ -498,8 +510,12 @@ int epoll_control(int epfd, int op, int fd, epoll_event *ev) noexcept {
     }
     EpollSet *inner = set && !s && fd != epfd ? set_acquire(fd) : nullptr;
     if (!s && !inner) {
+        const int r = sys.epoll_ctl(epfd, op, fd, ev) == 0 ? 0 : -errno;
+        if (set && r == 0 && op == EPOLL_CTL_ADD) set->foreign.fetch_add(1, std::memory_order_relaxed);
+        if (set && r == 0 && op == EPOLL_CTL_DEL && set->foreign.load(std::memory_order_relaxed) > 0)
+            set->foreign.fetch_sub(1, std::memory_order_relaxed);
         if (set) set_release(set);
-        return sys.epoll_ctl(epfd, op, fd, ev) == 0 ? 0 : -errno;
+        return r;
     }
     int r = 0;
     {
@@ -839,15 +855,22 @@ int epoll_wait_fds(int epfd, epoll_event *out, int max, int timeout_ms,
     // call less on each wait of a server whose set's kernel fds are
     // quiet (a postgres backend's latch and postmaster pipe beside its
     // direct connection).
+    // And when the kernel holds nothing of the application's in the set
+    // (EpollSet::foreign), a look whose entries report asks it nothing:
+    // what it could add is a hint, which matters only when our entries
+    // have nothing (redis-benchmark's set of its own connections: one
+    // epoll_wait less a wait).
     bool first = timeout_ms != 0;
     int r = wait_loop(
         [&](bool ask_kernel) -> int {
             const bool quiet_first =
                 first && ask_kernel && set->kernel_quiet.load(std::memory_order_relaxed);
             first = false;
+            const bool only_hints = set->foreign.load(std::memory_order_relaxed) == 0 &&
+                                    set->all_trimmed.load(std::memory_order_relaxed);
             // The kernel's events and ours take turns going first, so that
             // a small maxevents serves every ready entry in turn.
-            const bool kernel_first = ask_kernel && !quiet_first &&
+            const bool kernel_first = ask_kernel && !quiet_first && !only_hints &&
                                       (set->turn.fetch_add(1, std::memory_order_relaxed) & 1);
             for (;;) {
                 int n = 0, hints = 0, kernel = 0;
@@ -859,7 +882,10 @@ int epoll_wait_fds(int epfd, epoll_event *out, int max, int timeout_ms,
                 }
                 scan(set, out, &n, max, &kernel);
                 if (quiet_first && n == 0) return 0;
-                if (ask_kernel && !kernel_first && n < max) {
+                // (As the scan just found it.)
+                const bool hints_only = set->foreign.load(std::memory_order_relaxed) == 0 &&
+                                        set->all_trimmed.load(std::memory_order_relaxed);
+                if (ask_kernel && !kernel_first && n < max && !(hints_only && n > 0)) {
                     int k = kernel_events(set, epfd, out + n, max - n, &hints);
                     if (k < 0) return n ? n : k;
                     n += k;
@@ -888,6 +914,9 @@ SD_CHILD_PATH void epoll_after_fork_child() noexcept {
             transport::renew(set->lock);
             if (!set->entries.empty()) set->entries.clear();
             transport::renew(set->any, false);
+            // The kernel's set holds the parent's registrations too, which
+            // the child knows nothing of: it always asks the kernel.
+            transport::renew(set->foreign, 1);
             // The parent's references (fork_child recounted them).
             if (!set->held.empty()) set->held.clear();
             transport::renew(set->kernel_sleeper, false);
