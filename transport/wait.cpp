@@ -323,7 +323,10 @@ int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
     int rc = 0;
     const int t = timeout_ms < 0 || timeout_ms > kSafetyMs ? kSafetyMs : timeout_ms;
     if (ready(ctx)) {
-    } else if (sleep_set_for(e, w.efd, xannounced ? &cw : nullptr, kernel_fd, kernel_events, c)) {
+    } else if (c && c->is_direct() &&
+               sleep_set_for(e, w.efd, xannounced ? &cw : nullptr, kernel_fd, kernel_events, c)) {
+        // (A connection not direct, on its way or on the kernel, polls as
+        // before: its kernel socket's level, not an edge, wakes it.)
         epoll_event got[6];
         const int r = sys.epoll_wait(sleep_set.ep, got, 6, t);
         if (r < 0 && errno == EINTR) rc = -EINTR;
