@@ -472,6 +472,13 @@ bool answers_here(const Entry &e) noexcept {
     return e.s && user_view(e.s, bits, ask) && fd_is(e.fd, e.s);
 }
 
+// The kernel holds nothing of the application's in the set, only our
+// hints (EpollSet::foreign, as the last scan found the entries).
+bool only_hints(const EpollSet *set) noexcept {
+    return set->foreign.load(std::memory_order_relaxed) == 0 &&
+           set->all_trimmed.load(std::memory_order_relaxed);
+}
+
 // EPOLL_CTL_DEL of entry `e`, parked instead when it can be (set->lock held).
 bool park(EpollSet *set, Entry &e) noexcept {
     if (!e.trimmed || (e.ev.events & EPOLLEXCLUSIVE)) return false;
@@ -866,11 +873,9 @@ int epoll_wait_fds(int epfd, epoll_event *out, int max, int timeout_ms,
             const bool quiet_first =
                 first && ask_kernel && set->kernel_quiet.load(std::memory_order_relaxed);
             first = false;
-            const bool only_hints = set->foreign.load(std::memory_order_relaxed) == 0 &&
-                                    set->all_trimmed.load(std::memory_order_relaxed);
             // The kernel's events and ours take turns going first, so that
             // a small maxevents serves every ready entry in turn.
-            const bool kernel_first = ask_kernel && !quiet_first && !only_hints &&
+            const bool kernel_first = ask_kernel && !quiet_first && !only_hints(set) &&
                                       (set->turn.fetch_add(1, std::memory_order_relaxed) & 1);
             for (;;) {
                 int n = 0, hints = 0, kernel = 0;
@@ -883,9 +888,7 @@ int epoll_wait_fds(int epfd, epoll_event *out, int max, int timeout_ms,
                 scan(set, out, &n, max, &kernel);
                 if (quiet_first && n == 0) return 0;
                 // (As the scan just found it.)
-                const bool hints_only = set->foreign.load(std::memory_order_relaxed) == 0 &&
-                                        set->all_trimmed.load(std::memory_order_relaxed);
-                if (ask_kernel && !kernel_first && n < max && !(hints_only && n > 0)) {
+                if (ask_kernel && !kernel_first && n < max && !(n > 0 && only_hints(set))) {
                     int k = kernel_events(set, epfd, out + n, max - n, &hints);
                     if (k < 0) return n ? n : k;
                     n += k;
