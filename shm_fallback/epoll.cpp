@@ -57,6 +57,9 @@ namespace detail {
 struct EpollSet {
     std::atomic<int> refs{1};
     int epfd = -1;
+    // A number no other set of this process had (a sleep keeps the
+    // kernel's set registered under it: transport::Interest).
+    const std::uint64_t serial = transport::next_watch_serial();
     transport::RankedMutex<transport::Rank::epoll> lock;
     std::vector<Entry> entries;
     // Whether `entries` holds any: set under `lock` at each change, read
@@ -838,7 +841,7 @@ int epoll_wait_fds(int epfd, epoll_event *out, int max, int timeout_ms,
             if (left == 0) break;
             pollfd k{epfd, POLLIN, 0};
             int w = transport::sleep_on_fds(engine, &k, 1, mask, left,
-                                            {got_entries, enlist_set_only, set});
+                                            {got_entries, enlist_set_only, set, set, set->serial});
             if (w == -EINTR || (w == -1 && errno == EINTR)) {
                 set_release(set);
                 return -EINTR;
@@ -897,7 +900,7 @@ int epoll_wait_fds(int epfd, epoll_event *out, int max, int timeout_ms,
                 // Only hints: their sockets now report; look again.
             }
         },
-        &kfd, 1, timeout_ms, mask, {epoll_peek, epoll_enlist, &ctx});
+        &kfd, 1, timeout_ms, mask, {epoll_peek, epoll_enlist, &ctx, set, set->serial});
     set_release(set);
     return r;
 }

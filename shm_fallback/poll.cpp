@@ -226,7 +226,10 @@ int poll_fds(pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask) noexce
                 if (ask_kernel && sys.poll(p.k, p.n, 0) < 0) return -errno;
                 return poll_finish(p);
             },
-            k.get(), n, timeout_ms, mask, {poll_peek, poll_enlist, &p});
+            k.get(), n, timeout_ms, mask,
+            // One socket of ours: the sleep set may keep it registered.
+            {poll_peek, poll_enlist, &p, n == 1 && ours[0] ? ours[0] : nullptr,
+             n == 1 && ours[0] ? ours[0]->serial : 0});
         if (r == 0) {
             // Timed out: every revents reads 0, as the kernel leaves them.
             for (nfds_t i = 0; i < n; ++i) fds[i].revents = 0;

@@ -178,7 +178,7 @@ bool withdraw_cross(Engine *e, const CrossWake &w) noexcept {
 }
 
 
-void drain_cross_bell(int rx) noexcept {
+int drain_cross_bell(int rx) noexcept {
     // One byte a ring, one ring a sleep (the peer latches the word): a
     // few more only from an older sleep, or a peer that floods its own
     // wake-ups; what is left ends the next sleep at once, and goes then.
@@ -190,36 +190,67 @@ void drain_cross_bell(int rx) noexcept {
         msgs[k].msg_hdr.msg_iov = &iov[k];
         msgs[k].msg_hdr.msg_iovlen = 1;
     }
-    (void)sys.recvmmsg(rx, msgs, 16, MSG_DONTWAIT, nullptr);
+    return sys.recvmmsg(rx, msgs, 16, MSG_DONTWAIT, nullptr);
 }
 
 namespace {
 
-// This thread's sleep set: an epoll fd holding what a blocking sleep
-// (sleep_once) waits on, each fd registered once and kept while it stays
-// the same: the thread's bell, the engine's doorbell and its link bells'
-// epoll fd, and the sleep's own (its bell for a link to a peer of another
-// uid, the socket's kernel fd, the peer's pidfd), replaced when a sleep
-// names others. All edge-triggered: a write of the bell ends the sleep
-// with no drain after it (the eventfd's count only grows); an edge that
-// came while the thread was awake ends its next sleep at once (one look
-// too many at most); and a registration left behind (an fd of a sleep
-// before, its file kept open elsewhere) wakes it at most once an event.
-// One epoll_wait a sleep, where a poll of up to six fds (each registered
-// and removed by the kernel every time) and the bell's read were two
-// system calls.
+// This thread's sleep set: an epoll fd holding what a sleep waits on,
+// each fd registered once and kept while it stays the same: the thread's
+// bell (blocking recv and send, sleep_once) or its poller slot's eventfd
+// (poll/select/epoll, sleep_on_fds), the engine's doorbell and its link
+// bells' epoll fd, and the sleep's own (its bell for a link to a peer of
+// another uid, the socket's kernel fd, the peer's pidfd, the
+// application's one kernel fd of a poll or its epoll set), replaced when a
+// sleep names others. One epoll_wait a sleep, where a poll of up to six
+// fds (each registered and removed by the kernel every time) and the
+// bell's read were two system calls.
+//
+// All but the application's fd are edge-triggered: a write of a bell ends
+// the sleep with no drain after it (an eventfd's count only grows; a link
+// bell's bytes are taken every kCrossDrainEvery wake-ups, below the
+// socket's capacity); an edge that came while the thread was awake ends
+// its next sleep at once (one look too many at most); and a registration
+// left behind (an fd of a sleep before, its file kept open elsewhere)
+// wakes it at most once an event. The application's fd is level-triggered
+// and one-shot, as poll() sees it: ready when registered or armed again
+// (after it reported), it reports once; its data carries a generation, so
+// that a report of a registration left behind is told apart.
+enum SleepTag : std::uint64_t {
+    kTagBell,
+    kTagDoorbell,
+    kTagXbells,
+    kTagCross,
+    kTagKernel,
+    kTagPidfd,
+    kTagSlot,
+    kTagApp,
+    kTags
+};
 struct SleepSet {
     struct Slot {
         int fd = -1;
         const void *owner = nullptr;  // what the fd belongs to (nullptr: unknown)
         std::uint64_t serial = 0;     // ... and which one of its kind
         std::uint32_t events = 0;
+        bool armed = true;            // kTagApp: not reported since armed
+        std::uint32_t gen = 0;        // kTagApp: the registration's generation
     };
     int ep = -1;  // -2: could not be made
-    Slot slots[6];
+    Slot slots[kTags];
+    // Wake-ups by the bell in kTagCross since its bytes were last taken.
+    unsigned cross_owed = 0;
+    std::uint32_t app_gens = 0;
+    // The application's fd that the kernel refused to hold (a file that
+    // epoll cannot watch, a set nested too deep): its sleeps poll.
+    const void *refused_owner = nullptr;
+    std::uint64_t refused_serial = 0;
 };
-enum SleepTag : std::uint64_t { kTagBell, kTagDoorbell, kTagXbells, kTagCross, kTagKernel, kTagPidfd };
 thread_local SleepSet sleep_set;
+
+// A link bell's bytes are taken at this many wake-ups: one byte a ring,
+// at most one ring a sleep, and the socket holds a few hundred.
+constexpr unsigned kCrossDrainEvery = 16;
 
 struct SleepSetCloser {
     ~SleepSetCloser() {
@@ -238,35 +269,65 @@ int sleep_ctl(int op, int fd, epoll_event *ev) noexcept {
     return int(syscall(SYS_epoll_ctl, sleep_set.ep, op, fd, ev));
 }
 
+epoll_event sleep_event(SleepTag tag, const SleepSet::Slot &s) noexcept {
+    epoll_event ev{};
+    if (tag == kTagApp) {
+        ev.events = s.events | EPOLLONESHOT;
+        ev.data.u64 = std::uint64_t(s.gen) << 32 | tag;
+    } else {
+        ev.events = s.events | EPOLLET;
+        ev.data.u64 = tag;
+    }
+    return ev;
+}
+
 // Slot `tag` of the set holds `fd` (of `owner`, the `serial`th) with
 // `events`: registered anew when any of them differs, or when the owner is
-// unknown. An fd of -1 leaves the slot as it is. false: the kernel refused.
+// unknown; the application's fd armed again once it reported. An fd of -1
+// leaves the slot as it is. false: the kernel refused. `*fresh`: newly
+// registered.
 bool sleep_track(SleepTag tag, int fd, const void *owner, std::uint64_t serial,
-                 std::uint32_t events) noexcept {
+                 std::uint32_t events, bool *fresh = nullptr) noexcept {
     SleepSet::Slot &s = sleep_set.slots[tag];
     if (fd < 0) return true;
-    if (owner && s.fd == fd && s.owner == owner && s.serial == serial && s.events == events)
-        return true;
+    if (owner && s.fd == fd && s.owner == owner && s.serial == serial) {
+        if (s.events == events && s.armed) return true;
+        SleepSet::Slot next = s;
+        next.events = events;
+        next.armed = true;
+        epoll_event ev = sleep_event(tag, next);
+        if (sleep_ctl(EPOLL_CTL_MOD, fd, &ev) == 0) {
+            s = next;
+            return true;
+        }
+    }
     // The old number may be another slot's now (its file closed, the
-    // number given again): that registration stays.
-    if (s.fd >= 0 && std::none_of(std::begin(sleep_set.slots), std::end(sleep_set.slots),
-                                  [&](const SleepSet::Slot &o) { return &o != &s && o.fd == s.fd; }))
+    // number given again): that registration stays. (A delete by a number
+    // given to a file we do not hold finds nothing; the old registration,
+    // if its file lives on elsewhere, stays: edge-triggered or one-shot,
+    // it wakes a sleep at most once an event.)
+    if (s.fd >= 0 &&
+        std::none_of(std::begin(sleep_set.slots), std::end(sleep_set.slots),
+                     [&](const SleepSet::Slot &o) { return &o != &s && o.fd == s.fd; }))
         (void)sleep_ctl(EPOLL_CTL_DEL, s.fd, nullptr);
     s = SleepSet::Slot{};
-    epoll_event ev{};
-    ev.events = events | EPOLLET;
-    ev.data.u64 = tag;
-    // EEXIST: the same file under the same number, left by a slot before.
+    SleepSet::Slot next{fd, owner, serial, events, true, tag == kTagApp ? ++sleep_set.app_gens : 0};
+    epoll_event ev = sleep_event(tag, next);
+    // EEXIST: the same file under the same number, left by a slot before,
+    // or held by another slot now (it is this one's from here on).
     if (sleep_ctl(EPOLL_CTL_ADD, fd, &ev) != 0 &&
         (errno != EEXIST || sleep_ctl(EPOLL_CTL_MOD, fd, &ev) != 0))
         return false;
-    s = SleepSet::Slot{fd, owner, serial, events};
+    for (SleepSet::Slot &o : sleep_set.slots)
+        if (&o != &s && o.fd == fd) o = SleepSet::Slot{};
+    s = next;
+    if (tag == kTagCross) sleep_set.cross_owed = 0;
+    if (fresh) *fresh = true;
     return true;
 }
 
-// The sleep set holds what this sleep waits on; false: sleep by poll.
-bool sleep_set_for(Engine *e, int bell, const CrossWake *cw, int kernel_fd, short kernel_events,
-                   Conn *c) noexcept {
+// The set made, if not yet; false: it cannot be.
+bool sleep_set_made() noexcept {
     if (sleep_set.ep == -2) return false;
     if (sleep_set.ep < 0) {
         const int ep = out_of_the_way(sys.epoll_create1(EPOLL_CLOEXEC));
@@ -278,10 +339,47 @@ bool sleep_set_for(Engine *e, int bell, const CrossWake *cw, int kernel_fd, shor
         thread_local SleepSetCloser closer;
         (void)closer;
     }
+    return true;
+}
+
+// The link bell `rx` (token `token`) in the set; `*rung`: bytes were
+// already there when it was registered (taken then: the sleep must not
+// wait for a ring that came before).
+bool sleep_track_cross(int rx, std::uint32_t token, bool *rung) noexcept {
+    bool fresh = false;
+    if (!sleep_track(kTagCross, rx, &xbells, token, EPOLLIN, &fresh)) return false;
+    if (fresh && drain_cross_bell(rx) > 0) *rung = true;
+    return true;
+}
+
+// The link bell in the set reported: its bytes are taken now and then.
+void sleep_cross_woke() noexcept {
+    const int rx = sleep_set.slots[kTagCross].fd;
+    if (rx >= 0 && ++sleep_set.cross_owed >= kCrossDrainEvery) {
+        sleep_set.cross_owed = 0;
+        (void)drain_cross_bell(rx);
+    }
+}
+
+// The tag of a report of the set's. The application's fd, one-shot,
+// is disarmed by its report (its registration's current generation only).
+SleepTag sleep_tag_of(const epoll_event &ev) noexcept {
+    const auto tag = SleepTag(ev.data.u64 & 0xffffffff);
+    if (tag != kTagApp) return tag;
+    SleepSet::Slot &s = sleep_set.slots[kTagApp];
+    if (s.fd < 0 || s.gen != std::uint32_t(ev.data.u64 >> 32)) return kTags;  // left behind
+    s.armed = false;
+    return tag;
+}
+
+// The sleep set holds what this sleep waits on; false: sleep by poll.
+bool sleep_set_for(Engine *e, int bell, const CrossWake *cw, int kernel_fd, short kernel_events,
+                   Conn *c, bool *rung) noexcept {
+    if (!sleep_set_made()) return false;
     bool ok = sleep_track(kTagBell, bell, &bell_fd, bell_mark, EPOLLIN) &&
               sleep_track(kTagDoorbell, e->doorbell(), e, 0, EPOLLIN) &&
               sleep_track(kTagXbells, e->xbells(), e, 0, EPOLLIN);
-    if (ok && cw) ok = sleep_track(kTagCross, cw->rx, &xbells, cw->word, EPOLLIN);
+    if (ok && cw) ok = sleep_track_cross(cw->rx, std::uint32_t(cw->word), rung);
     if (ok && kernel_fd >= 0)
         ok = sleep_track(kTagKernel, kernel_fd, c, c ? std::uint64_t(c->id) << 32 | c->gen : 0,
                          std::uint16_t(kernel_events));
@@ -323,23 +421,24 @@ int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
     int rc = 0;
     const int t = timeout_ms < 0 || timeout_ms > kSafetyMs ? kSafetyMs : timeout_ms;
     if (ready(ctx)) {
-    } else if (c && c->is_direct() &&
-               sleep_set_for(e, w.efd, xannounced ? &cw : nullptr, kernel_fd, kernel_events, c)) {
+    } else if (bool rung = false;
+               c && c->is_direct() &&
+               sleep_set_for(e, w.efd, xannounced ? &cw : nullptr, kernel_fd, kernel_events, c, &rung)) {
         // (A connection not direct, on its way or on the kernel, polls as
         // before: its kernel socket's level, not an edge, wakes it.)
-        epoll_event got[6];
-        const int r = sys.epoll_wait(sleep_set.ep, got, 6, t);
+        epoll_event got[kTags];
+        const int r = sys.epoll_wait(sleep_set.ep, got, int(kTags), rung ? 0 : t);
         if (r < 0 && errno == EINTR) rc = -EINTR;
         // Closed under us (a close_range of the application's): the number
         // is not ours any more, maybe another file's. Made afresh next time.
         if (r < 0 && errno != EINTR) sleep_set = SleepSet{};
         for (int i = 0; i < r; ++i) {
-            switch (got[i].data.u64) {
+            switch (sleep_tag_of(got[i])) {
             case kTagDoorbell: e->take_ring(); break;
             case kTagXbells: e->take_xbells(); break;
             case kTagCross:
                 // Only this sleep's: an older one's number may be anything now.
-                if (xannounced && sleep_set.slots[kTagCross].fd == cw.rx) drain_cross_bell(cw.rx);
+                if (xannounced && sleep_set.slots[kTagCross].fd == cw.rx) sleep_cross_woke();
                 break;
             default: break;
             }
@@ -360,7 +459,7 @@ int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
             if (p[0].revents & POLLIN) drain(w.efd);
             if (p[1].revents & POLLIN) e->take_ring();
             if (p[2].revents & POLLIN) e->take_xbells();
-            if (p[3].revents & POLLIN) drain_cross_bell(cw.rx);
+            if (p[3].revents & POLLIN) (void)drain_cross_bell(cw.rx);
         }
     }
     // The peer wrote our bell: what it posted is taken in here, whatever
@@ -528,7 +627,10 @@ bool Watch::announce(std::uint64_t word) noexcept {
         cross = true;
         bool have = false;
         for (int k = 0; k < nxrx_; ++k) have |= xrx_[k] == w.rx;
-        if (!have && nxrx_ < kCrossBells) xrx_[nxrx_++] = w.rx;
+        if (!have && nxrx_ < kCrossBells) {
+            xtok_[nxrx_] = std::uint32_t(w.word);
+            xrx_[nxrx_++] = w.rx;
+        }
     }
     if (any) word_ = word;
     return any || cross;
@@ -665,6 +767,60 @@ int thread_bell() noexcept { return bell_get(); }
 
 int own_bell() noexcept { return bell_fd; }
 
+namespace {
+
+// The one fd of `fds` that the kernel is asked about: its index; -1 if
+// none, -2 if more than one.
+int only_kernel_fd(const pollfd *fds, nfds_t n) noexcept {
+    int at = -1;
+    for (nfds_t i = 0; i < n; ++i)
+        if (fds[i].fd >= 0) {
+            if (at >= 0) return -2;
+            at = int(i);
+        }
+    return at;
+}
+
+// Slot `tag` of the set (edge-triggered) holds nothing any more.
+void sleep_untrack(SleepTag tag) noexcept {
+    SleepSet::Slot &s = sleep_set.slots[tag];
+    if (s.fd >= 0 && std::none_of(std::begin(sleep_set.slots), std::end(sleep_set.slots),
+                                  [&](const SleepSet::Slot &o) { return &o != &s && o.fd == s.fd; }))
+        (void)sleep_ctl(EPOLL_CTL_DEL, s.fd, nullptr);
+    s = SleepSet::Slot{};
+}
+
+// The sleep set holds what a poll/select/epoll sleep waits on: its poller
+// slot's eventfd, the doorbell and the link bells' epoll fd (unless it
+// stands by), its bell for a link to a peer of another uid (one at most),
+// and the application's one kernel fd (`at`, which `in` names). false:
+// sleep by poll. `*rung`: as sleep_track_cross.
+bool sleep_set_for_fds(Engine *e, int slot, int efd, bool standing_by, const Watch &watch,
+                       const pollfd *fds, int at, const Interest &in, bool *rung) noexcept {
+    if (at == -2 || (at >= 0 && !in.kowner) || watch.n_cross_bells() > 1) return false;
+    if (at >= 0 && in.kowner == sleep_set.refused_owner && in.kserial == sleep_set.refused_serial)
+        return false;
+    if (!sleep_set_made()) return false;
+    // Standing by, a doorbell left in the set by a watch before stays
+    // until it rings (sleep_on_fds).
+    bool ok = sleep_track(kTagSlot, efd, &slot_fds[slot], std::uint64_t(slot), EPOLLIN) &&
+              (standing_by || (sleep_track(kTagDoorbell, e->doorbell(), e, 0, EPOLLIN) &&
+                               sleep_track(kTagXbells, e->xbells(), e, 0, EPOLLIN)));
+    if (ok && watch.n_cross_bells() == 1)
+        ok = sleep_track_cross(watch.cross_bells()[0], watch.cross_token(0), rung);
+    if (ok && at >= 0 &&
+        !sleep_track(kTagApp, fds[at].fd, in.kowner, in.kserial, std::uint16_t(fds[at].events))) {
+        // Not for epoll (a file it cannot watch, sets nested too deep):
+        // this one's sleeps poll.
+        sleep_set.refused_owner = in.kowner;
+        sleep_set.refused_serial = in.kserial;
+        return false;
+    }
+    return ok;
+}
+
+}  // namespace
+
 int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int timeout_ms,
                  const Interest &in, bool *polled) noexcept {
     const int slot = in.enlist ? slot_take() : -1;
@@ -706,7 +862,59 @@ int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int tim
         std::atomic_thread_fence(std::memory_order_seq_cst);
         e->announce_sleep(1);
         e->progress_before_sleep();
-        if (!in.ready(in.ctx)) {
+        const int at = slot >= 0 ? only_kernel_fd(fds, n) : -2;
+        bool rung = false;
+        if (in.ready(in.ctx)) {
+            for (nfds_t i = 0; i < n; ++i) fds[i].revents = 0;
+        } else if (slot >= 0 && sleep_set_for_fds(e, slot, w.efd, standing_by, watch, fds, at, in, &rung)) {
+            int t = timeout_ms < 0 || timeout_ms > kSafetyMs ? kSafetyMs : timeout_ms;
+            // Accepted bytes wait for credits: look again soon.
+            if (e->flush_pending() && t > 1) t = 1;
+            epoll_event got[kTags];
+            const int r = sys.epoll_pwait(sleep_set.ep, got, int(kTags), rung ? 0 : t, mask);
+            for (nfds_t i = 0; i < n; ++i) fds[i].revents = 0;
+            if (r < 0 && errno != EINTR) {
+                // Closed under us (a close_range of the application's): the
+                // number is not ours any more. Made afresh next time; this
+                // sleep ends as a spurious wake-up.
+                sleep_set = SleepSet{};
+            } else if (r < 0) {
+                rc = -EINTR;
+            } else {
+                if (polled) *polled = true;
+                for (int i = 0; i < r; ++i) {
+                    switch (sleep_tag_of(got[i])) {
+                    case kTagSlot:
+                        // No drain (edge-triggered): the bit alone says a
+                        // waker need not write it again.
+                        slots_rung.fetch_and(~(std::uint64_t(1) << slot), std::memory_order_seq_cst);
+                        break;
+                    case kTagDoorbell:
+                        e->take_ring();
+                        // Another thread watches: a ring need not wake this one.
+                        if (standing_by) sleep_untrack(kTagDoorbell), sleep_untrack(kTagXbells);
+                        break;
+                    case kTagXbells:
+                        e->take_xbells();
+                        if (standing_by) sleep_untrack(kTagDoorbell), sleep_untrack(kTagXbells);
+                        break;
+                    case kTagCross:
+                        if (watch.n_cross_bells() == 1 &&
+                            sleep_set.slots[kTagCross].fd == watch.cross_bells()[0])
+                            sleep_cross_woke();
+                        break;
+                    case kTagApp:
+                        if (at >= 0) {
+                            fds[at].revents =
+                                short(got[i].events & (std::uint32_t(fds[at].events) | POLLERR | POLLHUP));
+                            if (fds[at].revents) ++rc;
+                        }
+                        break;
+                    default: break;
+                    }
+                }
+            }
+        } else {
             // The caller's fds first, so their revents land in place.
             constexpr nfds_t kInline = 64;
             const nfds_t nx = nfds_t(watch.n_cross_bells());
@@ -747,8 +955,6 @@ int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int tim
                 }
                 if (all != inline_fds) std::free(all);
             }
-        } else {
-            for (nfds_t i = 0; i < n; ++i) fds[i].revents = 0;
         }
         // A peer wrote the slot's eventfd: what it posted is taken in here
         // (its deliveries wake whoever waits on it), whatever ended the

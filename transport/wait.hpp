@@ -126,6 +126,8 @@ class Watch {
     // the sleep polls them too, and drains them (drain_cross_bell).
     const int *cross_bells() const noexcept { return xrx_; }
     int n_cross_bells() const noexcept { return nxrx_; }
+    // The token of cross_bells()[k] (its bell among this thread's).
+    std::uint32_t cross_token(int k) const noexcept { return xtok_[k]; }
     // At most this many (the links of one sleep's first few connections).
     static constexpr int kCrossBells = 4;
 
@@ -146,6 +148,7 @@ class Watch {
     bool everything_ = false;
     std::uint64_t word_ = 0;  // the word announced (0: none)
     int xrx_[kCrossBells];
+    std::uint32_t xtok_[kCrossBells];
     int nxrx_ = 0;
     Rec inline_[kInline];
     Rec *recs_ = inline_;
@@ -159,6 +162,12 @@ struct Interest {
     bool (*ready)(void *ctx);
     void (*enlist)(void *ctx, Watch &w);
     void *ctx;
+    // What the sleep's one kernel fd is (an epoll set of the application's,
+    // a socket of ours), and which one of its kind (a serial no other ever
+    // had): the thread's sleep set then keeps it registered from one sleep
+    // to the next. nullptr: unknown, or more than one fd (the sleep polls).
+    const void *kowner = nullptr;
+    std::uint64_t kserial = 0;
 };
 
 // poll/select/epoll_wait over direct sockets: sleeps in the kernel on
@@ -256,8 +265,9 @@ struct CrossWake {
 bool announce_cross(Engine *e, Conn *c, std::uint32_t mark, CrossWake &w) noexcept;
 RungWaker cross_rung(std::uint64_t word) noexcept;
 bool withdraw_cross(Engine *e, const CrossWake &w) noexcept;
-// Takes what the peer sent on a bell found readable.
-void drain_cross_bell(int rx) noexcept;
+// Takes what the peer sent on a bell found readable: how many rings (-1:
+// none, or an error).
+int drain_cross_bell(int rx) noexcept;
 
 // Spinning pays only while a CPU is free for it and the answer comes
 // within the spin. So a waiter spins only while it holds the spin slot of
