@@ -216,30 +216,35 @@ namespace {
 // and one-shot, as poll() sees it: ready when registered or armed again
 // (after it reported), it reports once; its data carries a generation, so
 // that a report of a registration left behind is told apart.
+// Slots for link bells and for the application's fds: as many as a sleep
+// on the set may have of each (more, and it polls).
+constexpr int kCrossSlots = Watch::kCrossBells;
+constexpr int kAppSlots = 4;
 enum SleepTag : std::uint64_t {
     kTagBell,
     kTagDoorbell,
     kTagXbells,
-    kTagCross,
     kTagKernel,
     kTagPidfd,
     kTagSlot,
-    kTagApp,
-    kTags
+    kTagCross,                     // ... kCrossSlots of them
+    kTagApp = kTagCross + kCrossSlots,  // ... kAppSlots of them
+    kTags = kTagApp + kAppSlots
 };
+constexpr bool is_app(std::uint64_t tag) noexcept { return tag >= kTagApp && tag < kTags; }
 struct SleepSet {
     struct Slot {
         int fd = -1;
         const void *owner = nullptr;  // what the fd belongs to (nullptr: unknown)
         std::uint64_t serial = 0;     // ... and which one of its kind
         std::uint32_t events = 0;
-        bool armed = true;            // kTagApp: not reported since armed
-        std::uint32_t gen = 0;        // kTagApp: the registration's generation
+        bool armed = true;            // an application's fd: not reported since armed
+        std::uint32_t gen = 0;        // ... and its registration's generation
     };
     int ep = -1;  // -2: could not be made
     Slot slots[kTags];
-    // Wake-ups by the bell in kTagCross since its bytes were last taken.
-    unsigned cross_owed = 0;
+    // Wake-ups by each link bell since its bytes were last taken.
+    unsigned cross_owed[kCrossSlots] = {};
     std::uint32_t app_gens = 0;
     // The application's fd that the kernel refused to hold (a file that
     // epoll cannot watch, a set nested too deep): its sleeps poll.
@@ -271,7 +276,7 @@ int sleep_ctl(int op, int fd, epoll_event *ev) noexcept {
 
 epoll_event sleep_event(SleepTag tag, const SleepSet::Slot &s) noexcept {
     epoll_event ev{};
-    if (tag == kTagApp) {
+    if (is_app(tag)) {
         ev.events = s.events | EPOLLONESHOT;
         ev.data.u64 = std::uint64_t(s.gen) << 32 | tag;
     } else {
@@ -311,7 +316,7 @@ bool sleep_track(SleepTag tag, int fd, const void *owner, std::uint64_t serial,
                      [&](const SleepSet::Slot &o) { return &o != &s && o.fd == s.fd; }))
         (void)sleep_ctl(EPOLL_CTL_DEL, s.fd, nullptr);
     s = SleepSet::Slot{};
-    SleepSet::Slot next{fd, owner, serial, events, true, tag == kTagApp ? ++sleep_set.app_gens : 0};
+    SleepSet::Slot next{fd, owner, serial, events, true, is_app(tag) ? ++sleep_set.app_gens : 0};
     epoll_event ev = sleep_event(tag, next);
     // EEXIST: the same file under the same number, left by a slot before,
     // or held by another slot now (it is this one's from here on).
@@ -321,7 +326,7 @@ bool sleep_track(SleepTag tag, int fd, const void *owner, std::uint64_t serial,
     for (SleepSet::Slot &o : sleep_set.slots)
         if (&o != &s && o.fd == fd) o = SleepSet::Slot{};
     s = next;
-    if (tag == kTagCross) sleep_set.cross_owed = 0;
+    if (tag >= kTagCross && tag < kTagApp) sleep_set.cross_owed[tag - kTagCross] = 0;
     if (fresh) *fresh = true;
     return true;
 }
@@ -342,31 +347,34 @@ bool sleep_set_made() noexcept {
     return true;
 }
 
-// The link bell `rx` (token `token`) in the set; `*rung`: bytes were
-// already there when it was registered (taken then: the sleep must not
-// wait for a ring that came before).
-bool sleep_track_cross(int rx, std::uint32_t token, bool *rung) noexcept {
+// The link bell `rx` (token `token`) in link bell slot `k` of the set;
+// `*rung`: bytes were already there when it was registered (taken then:
+// the sleep must not wait for a ring that came before).
+bool sleep_track_cross(int k, int rx, std::uint32_t token, bool *rung) noexcept {
     bool fresh = false;
-    if (!sleep_track(kTagCross, rx, &xbells, token, EPOLLIN, &fresh)) return false;
+    if (!sleep_track(SleepTag(kTagCross + k), rx, &xbells, token, EPOLLIN, &fresh)) return false;
     if (fresh && drain_cross_bell(rx) > 0) *rung = true;
     return true;
 }
 
-// The link bell in the set reported: its bytes are taken now and then.
-void sleep_cross_woke() noexcept {
-    const int rx = sleep_set.slots[kTagCross].fd;
-    if (rx >= 0 && ++sleep_set.cross_owed >= kCrossDrainEvery) {
-        sleep_set.cross_owed = 0;
+// Link bell slot `k` reported, for a bell of this sleep's: its bytes are
+// taken now and then.
+void sleep_cross_woke(int k) noexcept {
+    const int rx = sleep_set.slots[kTagCross + k].fd;
+    if (rx >= 0 && ++sleep_set.cross_owed[k] >= kCrossDrainEvery) {
+        sleep_set.cross_owed[k] = 0;
         (void)drain_cross_bell(rx);
     }
 }
 
-// The tag of a report of the set's. The application's fd, one-shot,
-// is disarmed by its report (its registration's current generation only).
+// The tag of a report of the set's (kTags: none of this sleep's). An
+// application's fd, one-shot, is disarmed by its report (its
+// registration's current generation only).
 SleepTag sleep_tag_of(const epoll_event &ev) noexcept {
     const auto tag = SleepTag(ev.data.u64 & 0xffffffff);
-    if (tag != kTagApp) return tag;
-    SleepSet::Slot &s = sleep_set.slots[kTagApp];
+    if (tag >= kTags) return kTags;
+    if (!is_app(tag)) return tag;
+    SleepSet::Slot &s = sleep_set.slots[tag];
     if (s.fd < 0 || s.gen != std::uint32_t(ev.data.u64 >> 32)) return kTags;  // left behind
     s.armed = false;
     return tag;
@@ -379,7 +387,7 @@ bool sleep_set_for(Engine *e, int bell, const CrossWake *cw, int kernel_fd, shor
     bool ok = sleep_track(kTagBell, bell, &bell_fd, bell_mark, EPOLLIN) &&
               sleep_track(kTagDoorbell, e->doorbell(), e, 0, EPOLLIN) &&
               sleep_track(kTagXbells, e->xbells(), e, 0, EPOLLIN);
-    if (ok && cw) ok = sleep_track_cross(cw->rx, std::uint32_t(cw->word), rung);
+    if (ok && cw) ok = sleep_track_cross(0, cw->rx, std::uint32_t(cw->word), rung);
     if (ok && kernel_fd >= 0)
         ok = sleep_track(kTagKernel, kernel_fd, c, c ? std::uint64_t(c->id) << 32 | c->gen : 0,
                          std::uint16_t(kernel_events));
@@ -438,7 +446,7 @@ int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
             case kTagXbells: e->take_xbells(); break;
             case kTagCross:
                 // Only this sleep's: an older one's number may be anything now.
-                if (xannounced && sleep_set.slots[kTagCross].fd == cw.rx) sleep_cross_woke();
+                if (xannounced && sleep_set.slots[kTagCross].fd == cw.rx) sleep_cross_woke(0);
                 break;
             default: break;
             }
@@ -769,17 +777,15 @@ int own_bell() noexcept { return bell_fd; }
 
 namespace {
 
-// The one fd of `fds` that the kernel is asked about: its index; -1 if
-// none, -2 if more than one.
-int only_kernel_fd(const pollfd *fds, nfds_t n) noexcept {
-    int at = -1;
-    for (nfds_t i = 0; i < n; ++i)
-        if (fds[i].fd >= 0) {
-            if (at >= 0) return -2;
-            at = int(i);
-        }
-    return at;
-}
+// The application's kernel fds of a sleep on the set: their indices in
+// `fds`, what they are, and the set's slot each is in.
+struct AppFds {
+    int n = 0;
+    int at[kAppSlots];
+    const void *owner[kAppSlots];
+    std::uint64_t serial[kAppSlots];
+    int slot[kAppSlots];
+};
 
 // Slot `tag` of the set (edge-triggered) holds nothing any more.
 void sleep_untrack(SleepTag tag) noexcept {
@@ -792,31 +798,66 @@ void sleep_untrack(SleepTag tag) noexcept {
 
 // The sleep set holds what a poll/select/epoll sleep waits on: its poller
 // slot's eventfd, the doorbell and the link bells' epoll fd (unless it
-// stands by), its bell for a link to a peer of another uid (one at most),
-// and the application's one kernel fd (`at`, which `in` names). false:
-// sleep by poll. `*rung`: as sleep_track_cross.
+// stands by), its bells for links to peers of other uids, and the
+// application's kernel fds (kAppSlots at most, each known by `in.owner`),
+// each kept in the slot that holds it already. false: sleep by poll.
+// `*rung`: as sleep_track_cross.
 bool sleep_set_for_fds(Engine *e, int slot, int efd, bool standing_by, const Watch &watch,
-                       const pollfd *fds, int at, const Interest &in, bool *rung) noexcept {
-    if (at == -2 || (at >= 0 && !in.kowner) || watch.n_cross_bells() > 1) return false;
-    if (at >= 0 && in.kowner == sleep_set.refused_owner && in.kserial == sleep_set.refused_serial)
-        return false;
+                       const pollfd *fds, nfds_t n, const Interest &in, AppFds &app,
+                       bool *rung) noexcept {
+    if (watch.n_cross_bells() > kCrossSlots) return false;
+    app.n = 0;
+    for (nfds_t i = 0; i < n; ++i) {
+        if (fds[i].fd < 0) continue;
+        if (app.n == kAppSlots || !in.owner) return false;
+        std::uint64_t serial = 0;
+        const void *o = in.owner(in.ctx, i, &serial);
+        if (!o || (o == sleep_set.refused_owner && serial == sleep_set.refused_serial)) return false;
+        app.at[app.n] = int(i);
+        app.owner[app.n] = o;
+        app.serial[app.n] = serial;
+        app.slot[app.n] = -1;
+        ++app.n;
+    }
     if (!sleep_set_made()) return false;
     // Standing by, a doorbell left in the set by a watch before stays
     // until it rings (sleep_on_fds).
     bool ok = sleep_track(kTagSlot, efd, &slot_fds[slot], std::uint64_t(slot), EPOLLIN) &&
               (standing_by || (sleep_track(kTagDoorbell, e->doorbell(), e, 0, EPOLLIN) &&
                                sleep_track(kTagXbells, e->xbells(), e, 0, EPOLLIN)));
-    if (ok && watch.n_cross_bells() == 1)
-        ok = sleep_track_cross(watch.cross_bells()[0], watch.cross_token(0), rung);
-    if (ok && at >= 0 &&
-        !sleep_track(kTagApp, fds[at].fd, in.kowner, in.kserial, std::uint16_t(fds[at].events))) {
-        // Not for epoll (a file it cannot watch, sets nested too deep):
-        // this one's sleeps poll.
-        sleep_set.refused_owner = in.kowner;
-        sleep_set.refused_serial = in.kserial;
-        return false;
+    for (int k = 0; ok && k < watch.n_cross_bells(); ++k)
+        ok = sleep_track_cross(k, watch.cross_bells()[k], watch.cross_token(k), rung);
+    if (!ok) return false;
+    // Each fd in the slot that holds it already; the others in free ones.
+    bool used[kAppSlots] = {};
+    for (int j = 0; j < app.n; ++j)
+        for (int k = 0; k < kAppSlots; ++k) {
+            const SleepSet::Slot &o = sleep_set.slots[kTagApp + k];
+            if (!used[k] && o.fd == fds[app.at[j]].fd && o.owner == app.owner[j] &&
+                o.serial == app.serial[j]) {
+                app.slot[j] = k;
+                used[k] = true;
+                break;
+            }
+        }
+    for (int j = 0; j < app.n; ++j) {
+        if (app.slot[j] < 0) {
+            int k = 0;
+            while (used[k]) ++k;
+            app.slot[j] = k;
+            used[k] = true;
+        }
+        const pollfd &f = fds[app.at[j]];
+        if (!sleep_track(SleepTag(kTagApp + app.slot[j]), f.fd, app.owner[j], app.serial[j],
+                         std::uint16_t(f.events))) {
+            // Not for epoll (a file it cannot watch, sets nested too
+            // deep): this one's sleeps poll.
+            sleep_set.refused_owner = app.owner[j];
+            sleep_set.refused_serial = app.serial[j];
+            return false;
+        }
     }
-    return ok;
+    return true;
 }
 
 }  // namespace
@@ -862,11 +903,12 @@ int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int tim
         std::atomic_thread_fence(std::memory_order_seq_cst);
         e->announce_sleep(1);
         e->progress_before_sleep();
-        const int at = slot >= 0 ? only_kernel_fd(fds, n) : -2;
+        AppFds app;
         bool rung = false;
         if (in.ready(in.ctx)) {
             for (nfds_t i = 0; i < n; ++i) fds[i].revents = 0;
-        } else if (slot >= 0 && sleep_set_for_fds(e, slot, w.efd, standing_by, watch, fds, at, in, &rung)) {
+        } else if (slot >= 0 &&
+                   sleep_set_for_fds(e, slot, w.efd, standing_by, watch, fds, n, in, app, &rung)) {
             int t = timeout_ms < 0 || timeout_ms > kSafetyMs ? kSafetyMs : timeout_ms;
             // Accepted bytes wait for credits: look again soon.
             if (e->flush_pending() && t > 1) t = 1;
@@ -883,34 +925,27 @@ int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int tim
             } else {
                 if (polled) *polled = true;
                 for (int i = 0; i < r; ++i) {
-                    switch (sleep_tag_of(got[i])) {
-                    case kTagSlot:
+                    const SleepTag tag = sleep_tag_of(got[i]);
+                    if (tag == kTagSlot) {
                         // No drain (edge-triggered): the bit alone says a
                         // waker need not write it again.
                         slots_rung.fetch_and(~(std::uint64_t(1) << slot), std::memory_order_seq_cst);
-                        break;
-                    case kTagDoorbell:
-                        e->take_ring();
+                    } else if (tag == kTagDoorbell || tag == kTagXbells) {
+                        if (tag == kTagDoorbell) e->take_ring();
+                        else e->take_xbells();
                         // Another thread watches: a ring need not wake this one.
                         if (standing_by) sleep_untrack(kTagDoorbell), sleep_untrack(kTagXbells);
-                        break;
-                    case kTagXbells:
-                        e->take_xbells();
-                        if (standing_by) sleep_untrack(kTagDoorbell), sleep_untrack(kTagXbells);
-                        break;
-                    case kTagCross:
-                        if (watch.n_cross_bells() == 1 &&
-                            sleep_set.slots[kTagCross].fd == watch.cross_bells()[0])
-                            sleep_cross_woke();
-                        break;
-                    case kTagApp:
-                        if (at >= 0) {
-                            fds[at].revents =
-                                short(got[i].events & (std::uint32_t(fds[at].events) | POLLERR | POLLHUP));
-                            if (fds[at].revents) ++rc;
+                    } else if (tag >= kTagCross && tag < kTagApp) {
+                        const int k = int(tag - kTagCross);
+                        if (k < watch.n_cross_bells() && sleep_set.slots[tag].fd == watch.cross_bells()[k])
+                            sleep_cross_woke(k);
+                    } else if (is_app(tag)) {
+                        for (int j = 0; j < app.n; ++j) {
+                            if (app.slot[j] != int(tag - kTagApp)) continue;
+                            pollfd &f = fds[app.at[j]];
+                            f.revents = short(got[i].events & (std::uint32_t(f.events) | POLLERR | POLLHUP));
+                            if (f.revents) ++rc;
                         }
-                        break;
-                    default: break;
                     }
                 }
             }

@@ -162,12 +162,12 @@ struct Interest {
     bool (*ready)(void *ctx);
     void (*enlist)(void *ctx, Watch &w);
     void *ctx;
-    // What the sleep's one kernel fd is (an epoll set of the application's,
-    // a socket of ours), and which one of its kind (a serial no other ever
-    // had): the thread's sleep set then keeps it registered from one sleep
-    // to the next. nullptr: unknown, or more than one fd (the sleep polls).
-    const void *kowner = nullptr;
-    std::uint64_t kserial = 0;
+    // What the sleep's kernel fd `i` is (a socket of ours, an epoll set of
+    // the application's), and which one of its kind (`*serial`, a number
+    // no other ever had): the thread's sleep set then keeps it registered
+    // from one sleep to the next. Null, or nullptr returned: unknown (the
+    // sleep polls).
+    const void *(*owner)(void *ctx, std::size_t i, std::uint64_t *serial) = nullptr;
 };
 
 // poll/select/epoll_wait over direct sockets: sleeps in the kernel on
