@@ -777,13 +777,15 @@ int own_bell() noexcept { return bell_fd; }
 
 namespace {
 
-// The application's kernel fds of a sleep on the set: their indices in
-// `fds`, what they are, and the set's slot each is in.
+// The application's kernel fds of a sleep on the set, each once (an fd
+// that a poll names twice is registered with the events of both): the
+// number, what it is, the events, and the set's slot it is in.
 struct AppFds {
     int n = 0;
-    int at[kAppSlots];
+    int fd[kAppSlots];
     const void *owner[kAppSlots];
     std::uint64_t serial[kAppSlots];
+    std::uint32_t events[kAppSlots];
     int slot[kAppSlots];
 };
 
@@ -809,13 +811,20 @@ bool sleep_set_for_fds(Engine *e, int slot, int efd, bool standing_by, const Wat
     app.n = 0;
     for (nfds_t i = 0; i < n; ++i) {
         if (fds[i].fd < 0) continue;
+        int j = 0;
+        while (j < app.n && app.fd[j] != fds[i].fd) ++j;
+        if (j < app.n) {
+            app.events[j] |= std::uint16_t(fds[i].events);
+            continue;
+        }
         if (app.n == kAppSlots || !in.owner) return false;
         std::uint64_t serial = 0;
         const void *o = in.owner(in.ctx, i, &serial);
         if (!o || (o == sleep_set.refused_owner && serial == sleep_set.refused_serial)) return false;
-        app.at[app.n] = int(i);
+        app.fd[app.n] = fds[i].fd;
         app.owner[app.n] = o;
         app.serial[app.n] = serial;
+        app.events[app.n] = std::uint16_t(fds[i].events);
         app.slot[app.n] = -1;
         ++app.n;
     }
@@ -833,8 +842,7 @@ bool sleep_set_for_fds(Engine *e, int slot, int efd, bool standing_by, const Wat
     for (int j = 0; j < app.n; ++j)
         for (int k = 0; k < kAppSlots; ++k) {
             const SleepSet::Slot &o = sleep_set.slots[kTagApp + k];
-            if (!used[k] && o.fd == fds[app.at[j]].fd && o.owner == app.owner[j] &&
-                o.serial == app.serial[j]) {
+            if (!used[k] && o.fd == app.fd[j] && o.owner == app.owner[j] && o.serial == app.serial[j]) {
                 app.slot[j] = k;
                 used[k] = true;
                 break;
@@ -847,9 +855,8 @@ bool sleep_set_for_fds(Engine *e, int slot, int efd, bool standing_by, const Wat
             app.slot[j] = k;
             used[k] = true;
         }
-        const pollfd &f = fds[app.at[j]];
-        if (!sleep_track(SleepTag(kTagApp + app.slot[j]), f.fd, app.owner[j], app.serial[j],
-                         std::uint16_t(f.events))) {
+        if (!sleep_track(SleepTag(kTagApp + app.slot[j]), app.fd[j], app.owner[j], app.serial[j],
+                         app.events[j])) {
             // Not for epoll (a file it cannot watch, sets nested too
             // deep): this one's sleeps poll.
             sleep_set.refused_owner = app.owner[j];
@@ -940,9 +947,12 @@ int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int tim
                         if (k < watch.n_cross_bells() && sleep_set.slots[tag].fd == watch.cross_bells()[k])
                             sleep_cross_woke(k);
                     } else if (is_app(tag)) {
-                        for (int j = 0; j < app.n; ++j) {
-                            if (app.slot[j] != int(tag - kTagApp)) continue;
-                            pollfd &f = fds[app.at[j]];
+                        int j = 0;
+                        while (j < app.n && app.slot[j] != int(tag - kTagApp)) ++j;
+                        // Every entry of that fd, as poll() fills them in.
+                        for (nfds_t x = 0; j < app.n && x < n; ++x) {
+                            pollfd &f = fds[x];
+                            if (f.fd != app.fd[j]) continue;
                             f.revents = short(got[i].events & (std::uint32_t(f.events) | POLLERR | POLLHUP));
                             if (f.revents) ++rc;
                         }
