@@ -33,9 +33,6 @@ class Stream {
     // across a syscall that a close may race.
     std::atomic<int> fd{-1};
     int domain = 0;
-    // A number no other stream of this process had (a sleep keeps its
-    // kernel socket registered under it: transport::Interest).
-    const std::uint64_t serial = transport::next_watch_serial();
     // The socket's inode, looked up at its first need (inode()): exec
     // finds the socket by it among the fds a new program inherits, even
     // where this process's own fd is closed (a vfork child). Not at
