@@ -440,8 +440,9 @@ ssize_t Stream::recv_stream(const iovec *iov, int iovcnt, int flags) noexcept {
     // A blocking recv's first look leaves out the probe of the companion
     // for the peer's end (a system call, where an answer is usually on its
     // way): its sleep watches the companion, and the look after it probes.
-    // A non-blocking recv probes at once (it does not wait), and so does
-    // one after readiness saw the companion at its end.
+    // A non-blocking recv probes when it finds nothing (it does not wait),
+    // paced (try_recv's probe_due), and a blocking one probes at once after
+    // readiness saw the companion at its end.
     using transport::KernelLook;
     struct Bytes : transport::BellWaiter {
         Stream &st;
@@ -503,7 +504,7 @@ ssize_t Stream::recv_stream(const iovec *iov, int iovcnt, int flags) noexcept {
     } w{{engine, c, readable, c, kfd(), POLLIN | POLLRDHUP,
          std::uint64_t(transport::settings().spin_us) * 1000, deadline, tmo},
         *this, iov, iovcnt, flags, total, recv_target(total, flags), nb, shut,
-        nb || transport::kernel_eof_seen(c) ? KernelLook::probe : KernelLook::due};
+        nb ? KernelLook::paced : transport::kernel_eof_seen(c) ? KernelLook::probe : KernelLook::due};
     transport::SpinSlot slot;
     w.slot = &slot;
     return ssize_t(transport::wait_on_bell(w, slot));

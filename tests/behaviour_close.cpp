@@ -22,12 +22,13 @@ void both_ends(const char *name) {
 
 // The driver blocks in recv; the harness kills the responder with `sig`.
 // The survivor must see EOF or ECONNRESET within a second.
-void kill_responder(const char *driver, int sig) {
+void kill_responder(const char *driver, int sig, bool nonblocking = false) {
     const auto pls = placements();
     for (const Placement &pl : pls) {
         Scratch scratch;
         PairSpec spec;
         spec.args = {"--scenario", "peer-death", "--driver", driver};
+        if (nonblocking) spec.args.insert(spec.args.end(), {"--nonblocking", "1"});
         Pair pair = start_pair(scratch, spec, pl, "death");
         INFO("placement: " << pl.label() << ", driver " << driver);
         REQUIRE(pair.port != 0);
@@ -147,6 +148,16 @@ TEST_CASE("a peer killed with SIGKILL wakes a blocked recv with EOF or ECONNRESE
           "[peer-death]") {
     kill_responder("client", SIGKILL);
     kill_responder("server", SIGKILL);
+}
+
+// The reader neither blocks nor polls: its looks that find nothing ask the
+// kernel socket for the peer's end only now and then, and the death must
+// still come through, and stay.
+TEST_CASE("a peer killed with SIGKILL ends non-blocking recvs without poll, 1 ms apart, with "
+          "EOF or ECONNRESET within a second, and every recv after",
+          "[peer-death]") {
+    kill_responder("client", SIGKILL, true);
+    kill_responder("server", SIGKILL, true);
 }
 
 // The connection starts on TCP (the default upgrade policy), so the bytes

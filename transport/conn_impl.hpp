@@ -195,6 +195,9 @@ struct Conn {
     // The companion socket reported EOF or an error while the fabric said
     // nothing: the peer may be gone; readers must look (recv sorts it out).
     std::atomic<bool> kernel_eof{false};
+    // When a non-blocking recv that finds nothing next probes the
+    // companion (recv.cpp's probe_due; any thread, relaxed).
+    std::atomic<std::uint64_t> probe_ns{0};
 
     // Leaving the fabric (leave.cpp). Send side, under tx_lock unless atomic.
     std::atomic<bool> leave_wanted{false};  // we leave: senders let go of tx_lock

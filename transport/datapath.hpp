@@ -129,7 +129,14 @@ enum class KernelLook {
             // after its leave)
     probe,  // and, with nothing on the fabric, a probe of the companion
             // for the peer's end (EOF or reset without a word on the fabric)
+    paced,  // as `probe` when the connection's probe is due (recv.cpp's
+            // probe_due: the companion or the peer's death said something,
+            // or the last probe is kProbeEveryNs old), else as `due`
 };
+// A non-blocking recv that finds nothing probes the companion at most this
+// often, unless readiness saw the companion at its end or the control
+// thread saw the peer's process end.
+inline constexpr std::uint64_t kProbeEveryNs = 10'000'000;
 
 // recv.cpp: one look at what the connection has for a recv that has
 // `skip` of `total` bytes already: bytes (the companion socket's before

@@ -122,6 +122,26 @@ ssize_t read_advert(const SocketSide &s, Conn *c, RxLock &lock, const iovec *iov
     return ssize_t(n);
 }
 
+// A look that may probe the companion: always once a probe or readiness
+// saw it at its end, the peer's death was taken in, or the control thread
+// saw the peer's process end (its exit closed its socket: EOF or a reset
+// waits there), else once per kProbeEveryNs. The probe is a system call on every look that finds
+// nothing, and a server that reads until EAGAIN makes one such look per
+// request (a PostgreSQL backend, libpq's client).
+bool probe_due(Conn *c, KernelLook look) noexcept {
+    if (look == KernelLook::probe) return true;
+    if (look != KernelLook::paced) return false;
+    if (c->kernel_eof.load(std::memory_order_relaxed) ||
+        c->peer_closed.load(std::memory_order_relaxed))
+        return true;
+    if (c->peer && std::atomic_ref<bool>(c->peer->ended).load(std::memory_order_acquire))
+        return true;
+    const std::uint64_t now = monotonic_ns();
+    if (now < c->probe_ns.load(std::memory_order_relaxed)) return false;
+    c->probe_ns.store(now + kProbeEveryNs, std::memory_order_relaxed);
+    return true;
+}
+
 }  // namespace
 
 ssize_t try_recv(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, std::size_t skip,
@@ -187,13 +207,15 @@ ssize_t try_recv(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, std
             return c->reset.load(std::memory_order_acquire) == ResetState::unreported_after_fin
                        ? 0
                        : -c->take_reset();
-        if (look != KernelLook::probe) return -EAGAIN;
+        if (!probe_due(c, look)) return -EAGAIN;
         // Nothing on the fabric. A companion at EOF without a fabric FIN
         // means the peer process is gone: deliver what arrived, then EOF.
         char probe;
         ssize_t n =
             s.on_kfd([&](int f) { return sys.recv(f, &probe, 1, MSG_PEEK | MSG_DONTWAIT); });
         if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+            // Every later look probes too: the end stays where it is.
+            c->kernel_eof.store(true, std::memory_order_relaxed);
             // The kernel reset the connection (the peer's exit closed its
             // socket with bytes of ours unread there): the probe took the
             // error, which the kernel reports once; it is ours to report.
