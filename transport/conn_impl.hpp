@@ -232,8 +232,8 @@ struct Conn {
     std::atomic<Rearm> rearm{Rearm::none};
     std::atomic<bool> initiate_due{false};  // rearmed: look for the peer's entry
     std::uint64_t tx_fabric_base = 0;       // stat->tx_fabric when rearmed (peer_died)
-    // A send's next look at the page slot of a peer of another uid, which
-    // costs a system call (tx_lock): at most once a millisecond.
+    // A send's next progress pass for a CLOSE of a peer of another uid
+    // (tx_lock): at most once a millisecond.
     std::uint64_t close_look_ns = 0;
     // Who takes the kernel stream over when it leaves (conn.hpp:
     // HandoffOps, set_handoff): the ops are stored before the context

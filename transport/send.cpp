@@ -430,17 +430,18 @@ ssize_t direct_send(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, 
     // page says it closed (the slot's first line, which it writes when the
     // connection opens and closes only); the control thread marks a peer
     // whose process ended. A peer of another uid's page costs a system
-    // call to read: looked at once a millisecond at most (TCP's reset
-    // takes its time to come back too).
+    // call to read, and its messages all come through our queue from it:
+    // a progress pass (no system call) takes its CLOSE in, once a
+    // millisecond at most (TCP's reset takes its time to come back too).
     if (!c->gone() && c->peer) {
         const bool ended = std::atomic_ref<bool>(c->peer->ended).load(std::memory_order_acquire);
-        bool look = !c->peer->cross;
-        if (!look) {
+        if (c->peer->cross && !ended) {
             const std::uint64_t now = monotonic_ns();
-            look = now >= c->close_look_ns;
-            if (look) c->close_look_ns = now + 1000000;
-        }
-        if (ended || (look && s.engine->peer_conn_closed(c))) {
+            if (now >= c->close_look_ns) {
+                c->close_look_ns = now + 1000000;
+                s.engine->progress();
+            }
+        } else if (ended || s.engine->peer_conn_closed(c)) {
             s.engine->progress_blocking();
             if (ended && !c->gone()) s.engine->peer_died(c);
         }
