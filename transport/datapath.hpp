@@ -134,8 +134,7 @@ enum class KernelLook {
             // or the last probe is kProbeEveryNs old), else as `due`
 };
 // A non-blocking recv that finds nothing probes the companion at most this
-// often, unless readiness saw the companion at its end or the control
-// thread saw the peer's process end.
+// often, unless the peer's end is already known (recv.cpp's probe_due).
 inline constexpr std::uint64_t kProbeEveryNs = 10'000'000;
 
 // recv.cpp: one look at what the connection has for a recv that has

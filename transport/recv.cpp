@@ -125,9 +125,9 @@ ssize_t read_advert(const SocketSide &s, Conn *c, RxLock &lock, const iovec *iov
 // A look that may probe the companion: always once a probe or readiness
 // saw it at its end, the peer's death was taken in, or the control thread
 // saw the peer's process end (its exit closed its socket: EOF or a reset
-// waits there), else once per kProbeEveryNs. The probe is a system call on every look that finds
-// nothing, and a server that reads until EAGAIN makes one such look per
-// request (a PostgreSQL backend, libpq's client).
+// waits there), else once per kProbeEveryNs. The probe is a system call
+// on every look that finds nothing, and a server that reads until EAGAIN
+// makes one such look per request (a PostgreSQL backend, libpq's client).
 bool probe_due(Conn *c, KernelLook look) noexcept {
     if (look == KernelLook::probe) return true;
     if (look != KernelLook::paced) return false;
