@@ -57,6 +57,9 @@ namespace detail {
 struct EpollSet {
     std::atomic<int> refs{1};
     int epfd = -1;
+    // A number no other set of this process had (a sleep keeps the
+    // kernel's set registered under it: transport::Interest).
+    const std::uint64_t serial = transport::next_watch_serial();
     transport::RankedMutex<transport::Rank::epoll> lock;
     std::vector<Entry> entries;
     // Whether `entries` holds any: set under `lock` at each change, read
@@ -655,6 +658,17 @@ void epoll_enlist(void *ctx, transport::Watch &w) noexcept {
 bool has_entries(EpollSet *set) noexcept { return set->any.load(std::memory_order_acquire); }
 
 bool got_entries(void *ctx) noexcept { return has_entries(static_cast<EpollSet *>(ctx)); }
+
+// The sleep's one kernel fd is the set's own (Interest::owner): with the
+// set as ctx, and with an EpollCtx.
+const void *set_owner(void *ctx, std::size_t, std::uint64_t *serial) noexcept {
+    auto *set = static_cast<EpollSet *>(ctx);
+    *serial = set->serial;
+    return set;
+}
+const void *ctx_set_owner(void *ctx, std::size_t i, std::uint64_t *serial) noexcept {
+    return set_owner(static_cast<EpollCtx *>(ctx)->set, i, serial);
+}
 // Only epoll_ctl, which rings the set, can change that.
 void enlist_set_only(void *ctx, transport::Watch &w) noexcept {
     w.on(static_cast<EpollSet *>(ctx)->pollers);
@@ -838,7 +852,7 @@ int epoll_wait_fds(int epfd, epoll_event *out, int max, int timeout_ms,
             if (left == 0) break;
             pollfd k{epfd, POLLIN, 0};
             int w = transport::sleep_on_fds(engine, &k, 1, mask, left,
-                                            {got_entries, enlist_set_only, set});
+                                            {got_entries, enlist_set_only, set, set_owner});
             if (w == -EINTR || (w == -1 && errno == EINTR)) {
                 set_release(set);
                 return -EINTR;
@@ -897,7 +911,7 @@ int epoll_wait_fds(int epfd, epoll_event *out, int max, int timeout_ms,
                 // Only hints: their sockets now report; look again.
             }
         },
-        &kfd, 1, timeout_ms, mask, {epoll_peek, epoll_enlist, &ctx});
+        &kfd, 1, timeout_ms, mask, {epoll_peek, epoll_enlist, &ctx, ctx_set_owner});
     set_release(set);
     return r;
 }

@@ -132,6 +132,15 @@ bool poll_peek(void *ctx) noexcept {
     return false;
 }
 
+// A socket of ours is known to the sleep set by its stream (the kernel
+// fd asked about is the application's number of it).
+const void *poll_owner(void *ctx, std::size_t i, std::uint64_t *serial) noexcept {
+    auto &p = *static_cast<PollCtx *>(ctx);
+    if (i >= p.n || !p.ours[i]) return nullptr;
+    *serial = p.ours[i]->serial;
+    return p.ours[i];
+}
+
 void poll_enlist(void *ctx, transport::Watch &w) noexcept {
     auto &p = *static_cast<PollCtx *>(ctx);
     for (nfds_t i = 0; i < p.n; ++i) {
@@ -226,7 +235,7 @@ int poll_fds(pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask) noexce
                 if (ask_kernel && sys.poll(p.k, p.n, 0) < 0) return -errno;
                 return poll_finish(p);
             },
-            k.get(), n, timeout_ms, mask, {poll_peek, poll_enlist, &p});
+            k.get(), n, timeout_ms, mask, {poll_peek, poll_enlist, &p, poll_owner});
         if (r == 0) {
             // Timed out: every revents reads 0, as the kernel leaves them.
             for (nfds_t i = 0; i < n; ++i) fds[i].revents = 0;

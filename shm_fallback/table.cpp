@@ -81,6 +81,7 @@ Stream *pool_get() noexcept {
         std::lock_guard lock(forks.pool_lock);
         if (Stream *s = free_list) {
             free_list = s->next_free;
+            s->serial = transport::next_watch_serial();
             return s;
         }
     }

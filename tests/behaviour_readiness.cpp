@@ -48,6 +48,40 @@ void per_connection(const std::string &name, const std::string &apis, int calls)
     run_pair(spec);
 }
 
+// The modes of the two connections of "ready-reused-fd", from a
+// preloaded end's statistics. Connection 2 ran as the placement says
+// (direct, or on the kernel with no_peer); so did connection 1 on the
+// kernel. With both ends preloaded connection 1 went direct before the
+// fork; sharing it with the child may have taken it back to the kernel
+// (reason shared), and the child's use of it (part hangup) direct again.
+void check_reused_fd_modes(const Proc &p, Expect expect) {
+    if (!p.preloaded || expect == Expect::nothing) return;
+    const std::vector<StatLine> stats = read_stats(p.stats);
+    const std::vector<ConnLine> conns = conns_of(p);
+    INFO(describe(p));
+    INFO("statistics file:\n" << read_text(p.stats));
+    REQUIRE(conns.size() == 2);
+    for (std::size_t i = 0; i < conns.size(); ++i) {
+        const ConnLine &c = conns[i];
+        INFO("connection " << i + 1 << ": pid " << c.pid << " " << c.local << " -> " << c.peer);
+        const StatLine *s = find_stat(stats, c.pid, c.local, c.peer);
+        REQUIRE(s != nullptr);
+        INFO(s->text);
+        if (expect == Expect::kernel_no_peer) {
+            CHECK(s->mode == "kernel");
+            CHECK(s->reason == "no_peer");
+        } else if (i == 0) {
+            CHECK(s->num("upgrades") >= 1);
+            CHECK(s->num("tx_fabric") + s->num("rx_fabric") > 0);
+            CHECK(((s->mode == "direct" && s->reason == "none") ||
+                   (s->mode == "kernel" && s->reason == "shared")));
+        } else {
+            CHECK(s->mode == "direct");
+            CHECK(s->reason == "none");
+        }
+    }
+}
+
 // The client waits with `api`; the harness kills the responding server
 // with SIGKILL while 1000 bytes it never read sit in its socket.
 void killed_with_unread_data(const std::string &api) {
@@ -120,6 +154,33 @@ TEST_CASE("poll over a connection, a pipe, an eventfd, a timerfd, UDP and Unix s
           "listener reports exactly the ready fds",
           "[poll]") {
     run("ready-mixed", "poll,poll_chk,ppoll,ppoll_chk");
+}
+
+// The server polls connection 1 with nothing sent (the poll sleeps), hands
+// it to a forked child that keeps it open, closes its own fd and accepts
+// connection 2, which gets the same fd number and may get the socket
+// object the library had for connection 1. A poll on connection 2 must
+// watch connection 2's socket, not connection 1's, alive in the child:
+// the data sent 200 ms into it ends it at once (a poll that watched
+// connection 1's socket slept through it until its timeout, on the kernel:
+// mixed, the server preloaded), and connection 1's hang-up during it is
+// not reported for connection 2 (part hangup).
+TEST_CASE("poll on a connection accepted on the fd number of one a forked child still holds "
+          "wakes for the new connection's data and not for the old one's hang-up",
+          "[poll]") {
+    for (const std::string part : {"data", "hangup"}) {
+        DYNAMIC_SECTION("part " << part) {
+            PairSpec spec = scenario("ready-reused-fd", "poll", "server");
+            spec.args.insert(spec.args.end(), {"--part", part, "--conns", "2"});
+            spec.client_args = {"--parallel", "1"};
+            spec.check_modes = false;
+            const bool ran = run_pair(spec, [](Pair &pair, const Placement &pl) {
+                check_reused_fd_modes(pair.server, pl.expect(true));
+                check_reused_fd_modes(pair.client, pl.expect(false));
+            });
+            if (!ran) return;
+        }
+    }
 }
 
 // ---- select, pselect ------------------------------------------------------------------

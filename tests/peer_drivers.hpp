@@ -76,6 +76,7 @@ void drive_ready_death(int *fd, const Options &opt);
 void drive_ready_eintr(int *fd, const Options &opt);
 void drive_ready_sigmask(int *fd, const Options &opt);
 void drive_ready_mixed(int *fd, const Options &opt);
+void drive_ready_reused_fd(int *fd, const Options &opt);
 
 // epoll's own behaviours (peer_ready_epoll.cpp).
 void drive_epoll_modes(int *fd, const Options &opt);

@@ -107,6 +107,7 @@ constexpr Entry drivers[] = {
     {"ready-eintr", drive_ready_eintr},
     {"ready-sigmask", drive_ready_sigmask},
     {"ready-mixed", drive_ready_mixed},
+    {"ready-reused-fd", drive_ready_reused_fd},
     {"epoll-modes", drive_epoll_modes},
     {"epoll-errors", drive_epoll_errors},
     {"epoll-nested", drive_epoll_nested},

@@ -1,7 +1,9 @@
 // Readiness through every waiting call: data, window, half-close, reset,
-// peer death, signals, signal masks and sets mixing a connection with
-// other kinds of fds. Each scenario runs once per call named in --apis
-// (or, for the ones that end the connection, the call --conn-index picks).
+// peer death, signals, signal masks, sets mixing a connection with other
+// kinds of fds, and a connection accepted on the fd number of one that a
+// forked child still holds. Each scenario runs once per call named in
+// --apis (or, for the ones that end the connection, the call --conn-index
+// picks).
 #include "peer_ready.hpp"
 
 #include <cerrno>
@@ -13,6 +15,7 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 namespace peer {
@@ -467,6 +470,125 @@ void drive_ready_mixed(int *fd, const Options &opt) {
     std::uint64_t n = 0;
     for (Api api : apis_of(opt)) mixed_once(*fd, api, seed_of(opt, ++n * 10));
     send_exit(*fd);
+}
+
+// ---- an fd number given again ---------------------------------------------------
+// Two connections, accepted one after the other (--driver server, --conns
+// 2; the client connects both at once, --parallel 1). The first one
+// (--conn-index 0) is polled for POLLIN with nothing sent, so that the
+// poll sleeps; a forked child keeps its copy of the socket open, and this
+// process closes its own. The second one is then accepted on the same fd
+// number (the lowest free one), and its poll must watch its own socket,
+// not the first one's, whose file lives on in the child: the data the
+// client sends on it 200 ms later ends the poll within a second (--part
+// data), and the first connection's hang-up, 50 ms into the poll, neither
+// ends it nor reads as its EOF (--part hangup). Both polls ask for POLLIN
+// alone: the same fd with the same events, so that nothing but the socket
+// behind the number differs between the two sleeps.
+
+namespace {
+
+struct Reused {
+    int fd = -1;        // the first connection's fd number
+    pid_t holder = -1;  // the child that keeps its file open
+    int pipe = -1;      // to the child: 'c' closes the first connection, EOF ends it
+};
+Reused reused;
+
+// The child: holds the first connection until the pipe ends (at most 20 s
+// a wait); on 'c', tells the client to close it.
+[[noreturn]] void hold_first(int conn, int in) {
+    for (int i = 0; i < 100; ++i) {
+        pollfd pf{in, POLLIN, 0};
+        const int r = poll(&pf, 1, 20000);
+        if (r < 0 && errno == EINTR) continue;
+        char c = 0;
+        if (r <= 0 || read(in, &c, 1) != 1) break;
+        if (c == 'c') {
+            Cmd cmd;
+            cmd.op = Op::send_close;
+            cmd.api = std::uint32_t(Tx::send);
+            cmd.pre_delay_us = 50000;
+            send_cmd(conn, cmd);
+        }
+    }
+    _exit(0);
+}
+
+void hand_first_to_child(int *fd) {
+    Waiter in(Api::poll, {{*fd, POLLIN}});
+    Waited w = expect_ready(in, 100, {0}, "connection 1, nothing sent, timeout 100 ms");
+    expect_took(w, Api::poll, 0.095, 3, "connection 1, nothing sent, timeout 100 ms");
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0) fail("pipe2: %s", errno_name(errno));
+    std::fflush(stdout);
+    const pid_t kid = fork();
+    if (kid < 0) fail("fork: %s", errno_name(errno));
+    if (kid == 0) {
+        close(p[1]);
+        hold_first(*fd, p[0]);
+    }
+    close(p[0]);
+    reused = Reused{*fd, kid, p[1]};
+    close(*fd);
+    *fd = -1;
+}
+
+void poll_second(int *fd, const Options &opt, bool hangup) {
+    if (reused.holder < 0) fail("connection 2 came before connection 1 was handed to a child");
+    if (*fd != reused.fd)
+        fail("connection 2 was accepted on fd %d, connection 1 had fd %d: this test needs the same "
+             "number (the lowest free one), and something took it in between",
+             *fd, reused.fd);
+    const char *what = hangup ? "connection 2, data sent 200 ms into the poll, connection 1 closed "
+                                "50 ms into it"
+                              : "connection 2, data sent 200 ms into the poll";
+    constexpr std::size_t kLen = 10;
+    const std::uint64_t seed = seed_of(opt, 1);
+    Waiter in(Api::poll, {{*fd, POLLIN}});
+    const std::uint64_t t0 = now_ns();
+    order_send(*fd, kLen, seed, 200000, true);
+    if (hangup && write(reused.pipe, "c", 1) != 1) fail("pipe write: %s", errno_name(errno));
+    const Waited w = since(in.wait(3000), t0);
+    note("reused-fd %s fd=%d rc=%d revents=%s after %.3f s", hangup ? "hangup" : "data", *fd, w.rc,
+         events_text(w.revents[0]).c_str(), w.took);
+    if (w.rc != 1 || w.revents[0] != POLLIN)
+        fail("%s: poll returned %d (%s) with %s after %.3f s, expected 1 with POLLIN", what, w.rc,
+             w.rc < 0 ? errno_name(w.err) : "-", events_text(w.revents[0]).c_str(), w.took);
+    if (w.took < 0.15)
+        fail("%s: poll reported POLLIN after %.3f s, before the data was sent%s", what, w.took,
+             hangup ? " (connection 1's hang-up, reported as connection 2's)" : "");
+    if (w.took > 1.2)
+        fail("%s: poll reported POLLIN after %.3f s, more than 1 s after the data was sent (the "
+             "data did not wake it)",
+             what, w.took);
+    char buf[kLen + 1];
+    ssize_t n = -1;
+    for (int i = 0; i < 100; ++i) {
+        n = recv(*fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (n >= 0 || errno != EINTR) break;
+    }
+    if (n == 0) fail("%s: recv after the poll returned EOF, expected the data", what);
+    if (n < 0) fail("%s: recv after the poll: %s, expected the data", what, errno_name(errno));
+    if (std::size_t(n) > kLen) fail("%s: recv returned %zd bytes, %zu were sent", what, n, kLen);
+    count_rx(*fd, std::uint64_t(n));
+    if (std::size_t(n) < kLen) read_all(*fd, buf + n, kLen - std::size_t(n), what);
+    pattern_expect(seed, 0, buf, kLen, what);
+    expect_ready(in, 0, {0}, "connection 2, its data read");
+    send_exit(*fd);
+    close(reused.pipe);
+    reap(reused.holder, "the child holding connection 1");
+    reused = Reused{};
+}
+
+}  // namespace
+
+void drive_ready_reused_fd(int *fd, const Options &opt) {
+    const std::string part = part_of_conn(opt);
+    if (part != "data" && part != "hangup")
+        fail("--part must be data or hangup, not '%s'", part.c_str());
+    if (opt.num("conn-index", 0) == 0) hand_first_to_child(fd);
+    else poll_second(fd, opt, part == "hangup");
 }
 
 }  // namespace peer

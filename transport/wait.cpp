@@ -178,48 +178,96 @@ bool withdraw_cross(Engine *e, const CrossWake &w) noexcept {
 }
 
 
-void drain_cross_bell(int rx) noexcept {
-    // One byte a ring, one ring a sleep (the peer latches the word): a
-    // few more only from an older sleep, or a peer that floods its own
-    // wake-ups; what is left ends the next sleep at once, and goes then.
-    char bytes[16];
-    iovec iov[16];
-    mmsghdr msgs[16] = {};
-    for (int k = 0; k < 16; ++k) {
+int drain_cross_bell(int rx) noexcept {
+    // One byte a ring, one ring a sleep on each connection that named the
+    // bell (the peer latches each connection's word): all of it, a few
+    // hundred at most (the socket's send buffer), or a peer that floods its
+    // own wake-ups, which gets a bounded share of our reads.
+    constexpr int kBatch = 32;
+    char bytes[kBatch];
+    iovec iov[kBatch];
+    mmsghdr msgs[kBatch] = {};
+    for (int k = 0; k < kBatch; ++k) {
         iov[k] = {bytes + k, 1};
         msgs[k].msg_hdr.msg_iov = &iov[k];
         msgs[k].msg_hdr.msg_iovlen = 1;
     }
-    (void)sys.recvmmsg(rx, msgs, 16, MSG_DONTWAIT, nullptr);
+    int got = 0;
+    for (int round = 0; round < 16; ++round) {
+        const int r = sys.recvmmsg(rx, msgs, kBatch, MSG_DONTWAIT, nullptr);
+        if (r > 0) got += r;
+        if (r < kBatch) break;
+    }
+    return got;
 }
 
 namespace {
 
-// This thread's sleep set: an epoll fd holding what a blocking sleep
-// (sleep_once) waits on, each fd registered once and kept while it stays
-// the same: the thread's bell, the engine's doorbell and its link bells'
-// epoll fd, and the sleep's own (its bell for a link to a peer of another
-// uid, the socket's kernel fd, the peer's pidfd), replaced when a sleep
-// names others. All edge-triggered: a write of the bell ends the sleep
-// with no drain after it (the eventfd's count only grows); an edge that
-// came while the thread was awake ends its next sleep at once (one look
-// too many at most); and a registration left behind (an fd of a sleep
-// before, its file kept open elsewhere) wakes it at most once an event.
-// One epoll_wait a sleep, where a poll of up to six fds (each registered
-// and removed by the kernel every time) and the bell's read were two
-// system calls.
+// This thread's sleep set: an epoll fd holding what a sleep waits on,
+// each fd registered once and kept while it stays the same: the thread's
+// bell (blocking recv and send, sleep_once) or its poller slot's eventfd
+// (poll/select/epoll, sleep_on_fds), the engine's doorbell and its link
+// bells' epoll fd, and the sleep's own (its bell for a link to a peer of
+// another uid, the socket's kernel fd, the peer's pidfd, the
+// application's one kernel fd of a poll or its epoll set), replaced when a
+// sleep names others. One epoll_wait a sleep, where a poll of up to six
+// fds (each registered and removed by the kernel every time) and the
+// bell's read were two system calls.
+//
+// All but the application's fd are edge-triggered: a write of a bell ends
+// the sleep with no drain after it (an eventfd's count only grows; a link
+// bell's bytes are taken before a sleep that could fill its socket:
+// sleep_cross_owe); an edge that came while the thread was awake ends
+// its next sleep at once (one look too many at most); and a registration
+// left behind (an fd of a sleep before, its file kept open elsewhere)
+// wakes it at most once an event. The application's fd is level-triggered
+// and one-shot, as poll() sees it: ready when registered or armed again
+// (after it reported), it reports once; its data carries a generation, so
+// that a report of a registration left behind is told apart.
+// Slots for link bells and for the application's fds: as many as a sleep
+// on the set may have of each (more, and it polls).
+constexpr int kCrossSlots = Watch::kCrossBells;
+constexpr int kAppSlots = 4;
+enum SleepTag : std::uint64_t {
+    kTagBell,
+    kTagDoorbell,
+    kTagXbells,
+    kTagKernel,
+    kTagPidfd,
+    kTagSlot,
+    kTagCross,                     // ... kCrossSlots of them
+    kTagApp = kTagCross + kCrossSlots,  // ... kAppSlots of them
+    kTags = kTagApp + kAppSlots
+};
+constexpr bool is_app(std::uint64_t tag) noexcept { return tag >= kTagApp && tag < kTags; }
 struct SleepSet {
     struct Slot {
         int fd = -1;
         const void *owner = nullptr;  // what the fd belongs to (nullptr: unknown)
         std::uint64_t serial = 0;     // ... and which one of its kind
         std::uint32_t events = 0;
+        bool armed = true;            // an application's fd: not reported since armed
+        std::uint32_t gen = 0;        // ... and its registration's generation
     };
     int ep = -1;  // -2: could not be made
-    Slot slots[6];
+    Slot slots[kTags];
+    // The rings each link bell may hold since its bytes were last taken.
+    unsigned cross_owed[kCrossSlots] = {};
+    std::uint32_t app_gens = 0;
+    // The application's fd that the kernel refused to hold (a file that
+    // epoll cannot watch, a set nested too deep): its sleeps poll.
+    const void *refused_owner = nullptr;
+    std::uint64_t refused_serial = 0;
 };
-enum SleepTag : std::uint64_t { kTagBell, kTagDoorbell, kTagXbells, kTagCross, kTagKernel, kTagPidfd };
 thread_local SleepSet sleep_set;
+
+// A link bell's bytes are taken before a sleep whose rings could bring
+// what it holds past this many: a connection that named the bell rings it
+// once a sleep at most, and the socket holds 278 one-byte datagrams (its
+// default send buffer), past which a ring finds it full and makes no edge
+// (the sleeper would miss it). A sleep of more connections than that
+// (they all ring at once) still finds it empty when it starts.
+constexpr unsigned kCrossRoom = 128;
 
 struct SleepSetCloser {
     ~SleepSetCloser() {
@@ -238,35 +286,65 @@ int sleep_ctl(int op, int fd, epoll_event *ev) noexcept {
     return int(syscall(SYS_epoll_ctl, sleep_set.ep, op, fd, ev));
 }
 
+epoll_event sleep_event(SleepTag tag, const SleepSet::Slot &s) noexcept {
+    epoll_event ev{};
+    if (is_app(tag)) {
+        ev.events = s.events | EPOLLONESHOT;
+        ev.data.u64 = std::uint64_t(s.gen) << 32 | tag;
+    } else {
+        ev.events = s.events | EPOLLET;
+        ev.data.u64 = tag;
+    }
+    return ev;
+}
+
 // Slot `tag` of the set holds `fd` (of `owner`, the `serial`th) with
 // `events`: registered anew when any of them differs, or when the owner is
-// unknown. An fd of -1 leaves the slot as it is. false: the kernel refused.
+// unknown; the application's fd armed again once it reported. An fd of -1
+// leaves the slot as it is. false: the kernel refused. `*fresh`: newly
+// registered.
 bool sleep_track(SleepTag tag, int fd, const void *owner, std::uint64_t serial,
-                 std::uint32_t events) noexcept {
+                 std::uint32_t events, bool *fresh = nullptr) noexcept {
     SleepSet::Slot &s = sleep_set.slots[tag];
     if (fd < 0) return true;
-    if (owner && s.fd == fd && s.owner == owner && s.serial == serial && s.events == events)
-        return true;
+    if (owner && s.fd == fd && s.owner == owner && s.serial == serial) {
+        if (s.events == events && s.armed) return true;
+        SleepSet::Slot next = s;
+        next.events = events;
+        next.armed = true;
+        epoll_event ev = sleep_event(tag, next);
+        if (sleep_ctl(EPOLL_CTL_MOD, fd, &ev) == 0) {
+            s = next;
+            return true;
+        }
+    }
     // The old number may be another slot's now (its file closed, the
-    // number given again): that registration stays.
-    if (s.fd >= 0 && std::none_of(std::begin(sleep_set.slots), std::end(sleep_set.slots),
-                                  [&](const SleepSet::Slot &o) { return &o != &s && o.fd == s.fd; }))
+    // number given again): that registration stays. (A delete by a number
+    // given to a file we do not hold finds nothing; the old registration,
+    // if its file lives on elsewhere, stays: edge-triggered or one-shot,
+    // it wakes a sleep at most once an event.)
+    if (s.fd >= 0 &&
+        std::none_of(std::begin(sleep_set.slots), std::end(sleep_set.slots),
+                     [&](const SleepSet::Slot &o) { return &o != &s && o.fd == s.fd; }))
         (void)sleep_ctl(EPOLL_CTL_DEL, s.fd, nullptr);
     s = SleepSet::Slot{};
-    epoll_event ev{};
-    ev.events = events | EPOLLET;
-    ev.data.u64 = tag;
-    // EEXIST: the same file under the same number, left by a slot before.
+    SleepSet::Slot next{fd, owner, serial, events, true, is_app(tag) ? ++sleep_set.app_gens : 0};
+    epoll_event ev = sleep_event(tag, next);
+    // EEXIST: the same file under the same number, left by a slot before,
+    // or held by another slot now (it is this one's from here on).
     if (sleep_ctl(EPOLL_CTL_ADD, fd, &ev) != 0 &&
         (errno != EEXIST || sleep_ctl(EPOLL_CTL_MOD, fd, &ev) != 0))
         return false;
-    s = SleepSet::Slot{fd, owner, serial, events};
+    for (SleepSet::Slot &o : sleep_set.slots)
+        if (&o != &s && o.fd == fd) o = SleepSet::Slot{};
+    s = next;
+    if (tag >= kTagCross && tag < kTagApp) sleep_set.cross_owed[tag - kTagCross] = 0;
+    if (fresh) *fresh = true;
     return true;
 }
 
-// The sleep set holds what this sleep waits on; false: sleep by poll.
-bool sleep_set_for(Engine *e, int bell, const CrossWake *cw, int kernel_fd, short kernel_events,
-                   Conn *c) noexcept {
+// The set made, if not yet; false: it cannot be.
+bool sleep_set_made() noexcept {
     if (sleep_set.ep == -2) return false;
     if (sleep_set.ep < 0) {
         const int ep = out_of_the_way(sys.epoll_create1(EPOLL_CLOEXEC));
@@ -278,10 +356,51 @@ bool sleep_set_for(Engine *e, int bell, const CrossWake *cw, int kernel_fd, shor
         thread_local SleepSetCloser closer;
         (void)closer;
     }
+    return true;
+}
+
+// The link bell `rx` (token `token`) in link bell slot `k` of the set,
+// for a sleep that `rings` connections may ring it in; `*rung`: bytes
+// were already there when it was registered (taken then: the sleep must
+// not wait for a ring that came before). Its bytes are taken before the
+// sleep when its rings could fill the socket (kCrossRoom); a wake-up
+// reads nothing.
+bool sleep_track_cross(int k, int rx, std::uint32_t token, unsigned rings, bool *rung) noexcept {
+    bool fresh = false;
+    if (!sleep_track(SleepTag(kTagCross + k), rx, &xbells, token, EPOLLIN, &fresh)) return false;
+    unsigned &owed = sleep_set.cross_owed[k];
+    if (fresh) {
+        if (drain_cross_bell(rx) > 0) *rung = true;
+        owed = 0;
+    } else if (owed + rings > kCrossRoom) {
+        (void)drain_cross_bell(rx);
+        owed = 0;
+    }
+    owed += rings;
+    return true;
+}
+
+// The tag of a report of the set's (kTags: none of this sleep's). An
+// application's fd, one-shot, is disarmed by its report (its
+// registration's current generation only).
+SleepTag sleep_tag_of(const epoll_event &ev) noexcept {
+    const auto tag = SleepTag(ev.data.u64 & 0xffffffff);
+    if (tag >= kTags) return kTags;
+    if (!is_app(tag)) return tag;
+    SleepSet::Slot &s = sleep_set.slots[tag];
+    if (s.fd < 0 || s.gen != std::uint32_t(ev.data.u64 >> 32)) return kTags;  // left behind
+    s.armed = false;
+    return tag;
+}
+
+// The sleep set holds what this sleep waits on; false: sleep by poll.
+bool sleep_set_for(Engine *e, int bell, const CrossWake *cw, int kernel_fd, short kernel_events,
+                   Conn *c, bool *rung) noexcept {
+    if (!sleep_set_made()) return false;
     bool ok = sleep_track(kTagBell, bell, &bell_fd, bell_mark, EPOLLIN) &&
               sleep_track(kTagDoorbell, e->doorbell(), e, 0, EPOLLIN) &&
               sleep_track(kTagXbells, e->xbells(), e, 0, EPOLLIN);
-    if (ok && cw) ok = sleep_track(kTagCross, cw->rx, &xbells, cw->word, EPOLLIN);
+    if (ok && cw) ok = sleep_track_cross(0, cw->rx, std::uint32_t(cw->word), 1, rung);
     if (ok && kernel_fd >= 0)
         ok = sleep_track(kTagKernel, kernel_fd, c, c ? std::uint64_t(c->id) << 32 | c->gen : 0,
                          std::uint16_t(kernel_events));
@@ -323,24 +442,22 @@ int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
     int rc = 0;
     const int t = timeout_ms < 0 || timeout_ms > kSafetyMs ? kSafetyMs : timeout_ms;
     if (ready(ctx)) {
-    } else if (c && c->is_direct() &&
-               sleep_set_for(e, w.efd, xannounced ? &cw : nullptr, kernel_fd, kernel_events, c)) {
+    } else if (bool rung = false;
+               c && c->is_direct() &&
+               sleep_set_for(e, w.efd, xannounced ? &cw : nullptr, kernel_fd, kernel_events, c, &rung)) {
         // (A connection not direct, on its way or on the kernel, polls as
         // before: its kernel socket's level, not an edge, wakes it.)
-        epoll_event got[6];
-        const int r = sys.epoll_wait(sleep_set.ep, got, 6, t);
+        epoll_event got[kTags];
+        const int r = sys.epoll_wait(sleep_set.ep, got, int(kTags), rung ? 0 : t);
         if (r < 0 && errno == EINTR) rc = -EINTR;
         // Closed under us (a close_range of the application's): the number
         // is not ours any more, maybe another file's. Made afresh next time.
         if (r < 0 && errno != EINTR) sleep_set = SleepSet{};
         for (int i = 0; i < r; ++i) {
-            switch (got[i].data.u64) {
+            switch (sleep_tag_of(got[i])) {
             case kTagDoorbell: e->take_ring(); break;
             case kTagXbells: e->take_xbells(); break;
-            case kTagCross:
-                // Only this sleep's: an older one's number may be anything now.
-                if (xannounced && sleep_set.slots[kTagCross].fd == cw.rx) drain_cross_bell(cw.rx);
-                break;
+            // (A link bell's wake-up reads nothing: sleep_track_cross.)
             default: break;
             }
         }
@@ -360,7 +477,7 @@ int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
             if (p[0].revents & POLLIN) drain(w.efd);
             if (p[1].revents & POLLIN) e->take_ring();
             if (p[2].revents & POLLIN) e->take_xbells();
-            if (p[3].revents & POLLIN) drain_cross_bell(cw.rx);
+            if (p[3].revents & POLLIN) (void)drain_cross_bell(cw.rx);
         }
     }
     // The peer wrote our bell: what it posted is taken in here, whatever
@@ -526,9 +643,15 @@ bool Watch::announce(std::uint64_t word) noexcept {
         r.serial = w.serial;
         r.xword = w.word;
         cross = true;
-        bool have = false;
-        for (int k = 0; k < nxrx_; ++k) have |= xrx_[k] == w.rx;
-        if (!have && nxrx_ < kCrossBells) xrx_[nxrx_++] = w.rx;
+        int k = 0;
+        while (k < nxrx_ && xrx_[k] != w.rx) ++k;
+        if (k < nxrx_) {
+            ++xcnt_[k];
+        } else if (nxrx_ < kCrossBells) {
+            xtok_[nxrx_] = std::uint32_t(w.word);
+            xcnt_[nxrx_] = 1;
+            xrx_[nxrx_++] = w.rx;
+        }
     }
     if (any) word_ = word;
     return any || cross;
@@ -665,6 +788,101 @@ int thread_bell() noexcept { return bell_get(); }
 
 int own_bell() noexcept { return bell_fd; }
 
+namespace {
+
+// The application's kernel fds of a sleep on the set, each once (an fd
+// that a poll names twice is registered with the events of both): the
+// number, what it is, the events, and the set's slot it is in.
+struct AppFds {
+    int n = 0;
+    int fd[kAppSlots];
+    const void *owner[kAppSlots];
+    std::uint64_t serial[kAppSlots];
+    std::uint32_t events[kAppSlots];
+    int slot[kAppSlots];
+};
+
+// Slot `tag` of the set (edge-triggered) holds nothing any more.
+void sleep_untrack(SleepTag tag) noexcept {
+    SleepSet::Slot &s = sleep_set.slots[tag];
+    if (s.fd >= 0 && std::none_of(std::begin(sleep_set.slots), std::end(sleep_set.slots),
+                                  [&](const SleepSet::Slot &o) { return &o != &s && o.fd == s.fd; }))
+        (void)sleep_ctl(EPOLL_CTL_DEL, s.fd, nullptr);
+    s = SleepSet::Slot{};
+}
+
+// The sleep set holds what a poll/select/epoll sleep waits on: its poller
+// slot's eventfd, the doorbell and the link bells' epoll fd (unless it
+// stands by), its bells for links to peers of other uids, and the
+// application's kernel fds (kAppSlots at most, each known by `in.owner`),
+// each kept in the slot that holds it already. false: sleep by poll.
+// `*rung`: as sleep_track_cross.
+bool sleep_set_for_fds(Engine *e, int slot, int efd, bool standing_by, const Watch &watch,
+                       const pollfd *fds, nfds_t n, const Interest &in, AppFds &app,
+                       bool *rung) noexcept {
+    if (watch.n_cross_bells() > kCrossSlots) return false;
+    app.n = 0;
+    for (nfds_t i = 0; i < n; ++i) {
+        if (fds[i].fd < 0) continue;
+        int j = 0;
+        while (j < app.n && app.fd[j] != fds[i].fd) ++j;
+        if (j < app.n) {
+            app.events[j] |= std::uint16_t(fds[i].events);
+            continue;
+        }
+        if (app.n == kAppSlots || !in.owner) return false;
+        std::uint64_t serial = 0;
+        const void *o = in.owner(in.ctx, i, &serial);
+        if (!o || (o == sleep_set.refused_owner && serial == sleep_set.refused_serial)) return false;
+        app.fd[app.n] = fds[i].fd;
+        app.owner[app.n] = o;
+        app.serial[app.n] = serial;
+        app.events[app.n] = std::uint16_t(fds[i].events);
+        app.slot[app.n] = -1;
+        ++app.n;
+    }
+    if (!sleep_set_made()) return false;
+    // Standing by, a doorbell left in the set by a watch before stays
+    // until it rings (sleep_on_fds).
+    bool ok = sleep_track(kTagSlot, efd, &slot_fds[slot], std::uint64_t(slot), EPOLLIN) &&
+              (standing_by || (sleep_track(kTagDoorbell, e->doorbell(), e, 0, EPOLLIN) &&
+                               sleep_track(kTagXbells, e->xbells(), e, 0, EPOLLIN)));
+    for (int k = 0; ok && k < watch.n_cross_bells(); ++k)
+        ok = sleep_track_cross(k, watch.cross_bells()[k], watch.cross_token(k), watch.cross_rings(k),
+                               rung);
+    if (!ok) return false;
+    // Each fd in the slot that holds it already; the others in free ones.
+    bool used[kAppSlots] = {};
+    for (int j = 0; j < app.n; ++j)
+        for (int k = 0; k < kAppSlots; ++k) {
+            const SleepSet::Slot &o = sleep_set.slots[kTagApp + k];
+            if (!used[k] && o.fd == app.fd[j] && o.owner == app.owner[j] && o.serial == app.serial[j]) {
+                app.slot[j] = k;
+                used[k] = true;
+                break;
+            }
+        }
+    for (int j = 0; j < app.n; ++j) {
+        if (app.slot[j] < 0) {
+            int k = 0;
+            while (used[k]) ++k;
+            app.slot[j] = k;
+            used[k] = true;
+        }
+        if (!sleep_track(SleepTag(kTagApp + app.slot[j]), app.fd[j], app.owner[j], app.serial[j],
+                         app.events[j])) {
+            // Not for epoll (a file it cannot watch, sets nested too
+            // deep): this one's sleeps poll.
+            sleep_set.refused_owner = app.owner[j];
+            sleep_set.refused_serial = app.serial[j];
+            return false;
+        }
+    }
+    return true;
+}
+
+}  // namespace
+
 int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int timeout_ms,
                  const Interest &in, bool *polled) noexcept {
     const int slot = in.enlist ? slot_take() : -1;
@@ -706,7 +924,52 @@ int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int tim
         std::atomic_thread_fence(std::memory_order_seq_cst);
         e->announce_sleep(1);
         e->progress_before_sleep();
-        if (!in.ready(in.ctx)) {
+        AppFds app;
+        bool rung = false;
+        if (in.ready(in.ctx)) {
+            for (nfds_t i = 0; i < n; ++i) fds[i].revents = 0;
+        } else if (slot >= 0 &&
+                   sleep_set_for_fds(e, slot, w.efd, standing_by, watch, fds, n, in, app, &rung)) {
+            int t = timeout_ms < 0 || timeout_ms > kSafetyMs ? kSafetyMs : timeout_ms;
+            // Accepted bytes wait for credits: look again soon.
+            if (e->flush_pending() && t > 1) t = 1;
+            epoll_event got[kTags];
+            const int r = sys.epoll_pwait(sleep_set.ep, got, int(kTags), rung ? 0 : t, mask);
+            for (nfds_t i = 0; i < n; ++i) fds[i].revents = 0;
+            if (r < 0 && errno != EINTR) {
+                // Closed under us (a close_range of the application's): the
+                // number is not ours any more. Made afresh next time; this
+                // sleep ends as a spurious wake-up.
+                sleep_set = SleepSet{};
+            } else if (r < 0) {
+                rc = -EINTR;
+            } else {
+                if (polled) *polled = true;
+                for (int i = 0; i < r; ++i) {
+                    const SleepTag tag = sleep_tag_of(got[i]);
+                    if (tag == kTagSlot) {
+                        // No drain (edge-triggered): the bit alone says a
+                        // waker need not write it again.
+                        slots_rung.fetch_and(~(std::uint64_t(1) << slot), std::memory_order_seq_cst);
+                    } else if (tag == kTagDoorbell || tag == kTagXbells) {
+                        if (tag == kTagDoorbell) e->take_ring();
+                        else e->take_xbells();
+                        // Another thread watches: a ring need not wake this one.
+                        if (standing_by) sleep_untrack(kTagDoorbell), sleep_untrack(kTagXbells);
+                    } else if (is_app(tag)) {
+                        int j = 0;
+                        while (j < app.n && app.slot[j] != int(tag - kTagApp)) ++j;
+                        // Every entry of that fd, as poll() fills them in.
+                        for (nfds_t x = 0; j < app.n && x < n; ++x) {
+                            pollfd &f = fds[x];
+                            if (f.fd != app.fd[j]) continue;
+                            f.revents = short(got[i].events & (std::uint32_t(f.events) | POLLERR | POLLHUP));
+                            if (f.revents) ++rc;
+                        }
+                    }
+                }
+            }
+        } else {
             // The caller's fds first, so their revents land in place.
             constexpr nfds_t kInline = 64;
             const nfds_t nx = nfds_t(watch.n_cross_bells());
@@ -747,8 +1010,6 @@ int sleep_on_fds(Engine *e, pollfd *fds, nfds_t n, const sigset_t *mask, int tim
                 }
                 if (all != inline_fds) std::free(all);
             }
-        } else {
-            for (nfds_t i = 0; i < n; ++i) fds[i].revents = 0;
         }
         // A peer wrote the slot's eventfd: what it posted is taken in here
         // (its deliveries wake whoever waits on it), whatever ended the

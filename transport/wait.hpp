@@ -126,6 +126,11 @@ class Watch {
     // the sleep polls them too, and drains them (drain_cross_bell).
     const int *cross_bells() const noexcept { return xrx_; }
     int n_cross_bells() const noexcept { return nxrx_; }
+    // The token of cross_bells()[k] (its bell among this thread's).
+    std::uint32_t cross_token(int k) const noexcept { return xtok_[k]; }
+    // How many connections announced cross_bells()[k]: the rings it may
+    // get in this sleep (each connection's word is latched).
+    unsigned cross_rings(int k) const noexcept { return xcnt_[k]; }
     // At most this many (the links of one sleep's first few connections).
     static constexpr int kCrossBells = 4;
 
@@ -146,6 +151,8 @@ class Watch {
     bool everything_ = false;
     std::uint64_t word_ = 0;  // the word announced (0: none)
     int xrx_[kCrossBells];
+    std::uint32_t xtok_[kCrossBells];
+    unsigned xcnt_[kCrossBells];
     int nxrx_ = 0;
     Rec inline_[kInline];
     Rec *recs_ = inline_;
@@ -159,6 +166,12 @@ struct Interest {
     bool (*ready)(void *ctx);
     void (*enlist)(void *ctx, Watch &w);
     void *ctx;
+    // What the sleep's kernel fd `i` is (a socket of ours, an epoll set of
+    // the application's), and which one of its kind (`*serial`, a number
+    // no other ever had): the thread's sleep set then keeps it registered
+    // from one sleep to the next. Null, or nullptr returned: unknown (the
+    // sleep polls).
+    const void *(*owner)(void *ctx, std::size_t i, std::uint64_t *serial) = nullptr;
 };
 
 // poll/select/epoll_wait over direct sockets: sleeps in the kernel on
@@ -256,8 +269,9 @@ struct CrossWake {
 bool announce_cross(Engine *e, Conn *c, std::uint32_t mark, CrossWake &w) noexcept;
 RungWaker cross_rung(std::uint64_t word) noexcept;
 bool withdraw_cross(Engine *e, const CrossWake &w) noexcept;
-// Takes what the peer sent on a bell found readable.
-void drain_cross_bell(int rx) noexcept;
+// Takes what the peer sent on a bell found readable: how many rings (-1:
+// none, or an error).
+int drain_cross_bell(int rx) noexcept;
 
 // Spinning pays only while a CPU is free for it and the answer comes
 // within the spin. So a waiter spins only while it holds the spin slot of
