@@ -360,20 +360,17 @@ bool sleep_set_made() noexcept {
 }
 
 // The link bell `rx` (token `token`) in link bell slot `k` of the set,
-// for a sleep that `rings` connections may ring it in; `*rung`: bytes
-// were already there when it was registered (taken then: the sleep must
-// not wait for a ring that came before). Its bytes are taken before the
-// sleep when its rings could fill the socket (kCrossRoom); a wake-up
-// reads nothing.
+// for a sleep that `rings` connections may ring it in. Its bytes are
+// taken when it is registered and before a sleep whose rings could fill
+// the socket (kCrossRoom); a wake-up reads nothing. `*rung`: bytes were
+// taken, so the sleep must not wait: a ring among them may be this
+// sleep's own, come after its last look (the sleep only looks again).
 bool sleep_track_cross(int k, int rx, std::uint32_t token, unsigned rings, bool *rung) noexcept {
     bool fresh = false;
     if (!sleep_track(SleepTag(kTagCross + k), rx, &xbells, token, EPOLLIN, &fresh)) return false;
     unsigned &owed = sleep_set.cross_owed[k];
-    if (fresh) {
+    if (fresh || owed + rings > kCrossRoom) {
         if (drain_cross_bell(rx) > 0) *rung = true;
-        owed = 0;
-    } else if (owed + rings > kCrossRoom) {
-        (void)drain_cross_bell(rx);
         owed = 0;
     }
     owed += rings;
