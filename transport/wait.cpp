@@ -217,7 +217,7 @@ namespace {
 // All but the application's fd are edge-triggered: a write of a bell ends
 // the sleep with no drain after it (an eventfd's count only grows; a link
 // bell's bytes are taken before a sleep that could fill its socket:
-// sleep_cross_owe); an edge that came while the thread was awake ends
+// sleep_track_cross); an edge that came while the thread was awake ends
 // its next sleep at once (one look too many at most); and a registration
 // left behind (an fd of a sleep before, its file kept open elsewhere)
 // wakes it at most once an event. The application's fd is level-triggered
