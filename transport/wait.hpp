@@ -123,7 +123,8 @@ class Watch {
 
     // The receiving ends of this thread's bells that announce() put in
     // the words of connections to peers of other uids (one per link):
-    // the sleep polls them too, and drains them (drain_cross_bell).
+    // the sleep waits on them too (a poll reads a bell that rang; the
+    // sleep set reads one before a sleep that could fill it).
     const int *cross_bells() const noexcept { return xrx_; }
     int n_cross_bells() const noexcept { return nxrx_; }
     // The token of cross_bells()[k] (its bell among this thread's).
@@ -269,8 +270,8 @@ struct CrossWake {
 bool announce_cross(Engine *e, Conn *c, std::uint32_t mark, CrossWake &w) noexcept;
 RungWaker cross_rung(std::uint64_t word) noexcept;
 bool withdraw_cross(Engine *e, const CrossWake &w) noexcept;
-// Takes what the peer sent on a bell found readable: how many rings (-1:
-// none, or an error).
+// Takes what the peers sent on a bell, all of it (a flood: at most 512):
+// how many rings (0: none, or an error).
 int drain_cross_bell(int rx) noexcept;
 
 // Spinning pays only while a CPU is free for it and the answer comes
