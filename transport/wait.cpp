@@ -298,6 +298,16 @@ epoll_event sleep_event(SleepTag tag, const SleepSet::Slot &s) noexcept {
     return ev;
 }
 
+// Slot `tag` of the set holds nothing any more: its registration is
+// deleted unless another slot holds the same number.
+void sleep_untrack(SleepTag tag) noexcept {
+    SleepSet::Slot &s = sleep_set.slots[tag];
+    if (s.fd >= 0 && std::none_of(std::begin(sleep_set.slots), std::end(sleep_set.slots),
+                                  [&](const SleepSet::Slot &o) { return &o != &s && o.fd == s.fd; }))
+        (void)sleep_ctl(EPOLL_CTL_DEL, s.fd, nullptr);
+    s = SleepSet::Slot{};
+}
+
 // Slot `tag` of the set holds `fd` (of `owner`, the `serial`th) with
 // `events`: registered anew when any of them differs, or when the owner is
 // unknown; the application's fd armed again once it reported. An fd of -1
@@ -323,11 +333,7 @@ bool sleep_track(SleepTag tag, int fd, const void *owner, std::uint64_t serial,
     // given to a file we do not hold finds nothing; the old registration,
     // if its file lives on elsewhere, stays: edge-triggered or one-shot,
     // it wakes a sleep at most once an event.)
-    if (s.fd >= 0 &&
-        std::none_of(std::begin(sleep_set.slots), std::end(sleep_set.slots),
-                     [&](const SleepSet::Slot &o) { return &o != &s && o.fd == s.fd; }))
-        (void)sleep_ctl(EPOLL_CTL_DEL, s.fd, nullptr);
-    s = SleepSet::Slot{};
+    sleep_untrack(tag);
     SleepSet::Slot next{fd, owner, serial, events, true, is_app(tag) ? ++sleep_set.app_gens : 0};
     epoll_event ev = sleep_event(tag, next);
     // EEXIST: the same file under the same number, left by a slot before,
@@ -798,15 +804,6 @@ struct AppFds {
     std::uint32_t events[kAppSlots];
     int slot[kAppSlots];
 };
-
-// Slot `tag` of the set (edge-triggered) holds nothing any more.
-void sleep_untrack(SleepTag tag) noexcept {
-    SleepSet::Slot &s = sleep_set.slots[tag];
-    if (s.fd >= 0 && std::none_of(std::begin(sleep_set.slots), std::end(sleep_set.slots),
-                                  [&](const SleepSet::Slot &o) { return &o != &s && o.fd == s.fd; }))
-        (void)sleep_ctl(EPOLL_CTL_DEL, s.fd, nullptr);
-    s = SleepSet::Slot{};
-}
 
 // The sleep set holds what a poll/select/epoll sleep waits on: its poller
 // slot's eventfd, the doorbell and the link bells' epoll fd (unless it
