@@ -86,11 +86,15 @@ thread_local unsigned xbell_next = 0;
 std::atomic<std::uint32_t> xbell_tokens{0};
 
 // The calling thread's bell for the link of `c` (made, and offered to
-// the peer, at its first need); nullptr if none can be had.
-const XBell *xbell_for(Engine *e, Conn *c) noexcept {
+// the peer, at its first need); nullptr if none can be had. A sleep's
+// bells so far (`keep`, `nkeep` of them) are never replaced (closed) to
+// make room: with all of the thread's bells among them, a link without
+// one gets none.
+const XBell *xbell_for(Engine *e, Conn *c, const int *keep, int nkeep) noexcept {
     std::uint32_t serial = 0;
     const int xl = e->xlink_of(c, &serial);
     if (xl < 0) return nullptr;
+    const auto kept = [&](const XBell &b) { return b.rx >= 0 && std::find(keep, keep + nkeep, b.rx) != keep + nkeep; };
     XBell *pick = nullptr;
     std::uint64_t backoff = 0;
     for (XBell &b : xbells) {
@@ -103,7 +107,10 @@ const XBell *xbell_for(Engine *e, Conn *c) noexcept {
         }
         if (!pick && b.link < 0) pick = &b;
     }
-    if (!pick) pick = &xbells[xbell_next++ % kXBells];
+    // The oldest that the sleep does not wait on.
+    for (int k = 0; !pick && k < kXBells; ++k, ++xbell_next)
+        if (!kept(xbells[xbell_next % kXBells])) pick = &xbells[xbell_next++ % kXBells];
+    if (!pick) return nullptr;
     xbell_close(*pick);
     thread_local XBellCloser closer{xbells};
     (void)closer;
@@ -128,6 +135,7 @@ const XBell *xbell_for(Engine *e, Conn *c) noexcept {
     pick->rx = rx;
     pick->token = token;
     pick->backoff_ns = 0;
+    SD_LOG(debug, "wake bell %u for link %d (peer pid %d) made and offered", token, xl, c->peer->pid);
     return pick;
 }
 
@@ -164,11 +172,15 @@ bool withdraw_waker(Conn *c, std::uint64_t word) noexcept {
     return false;
 }
 
-bool announce_cross(Engine *e, Conn *c, std::uint32_t mark, CrossWake &w) noexcept {
+bool announce_cross(Engine *e, Conn *c, std::uint32_t mark, CrossWake &w, const int *bells,
+                    int nbells) noexcept {
     // `peer` is published by the release store of state == direct.
     if (!c->is_direct() || !c->peer->cross) return false;
-    const XBell *b = xbell_for(e, c);
-    if (!b) return false;
+    const XBell *b = xbell_for(e, c, bells, nbells);
+    // A sleep waits on kCrossBells at most: another link's connections are
+    // left to the link's bell (the doorbell's part).
+    if (!b || (nbells == Watch::kCrossBells && std::find(bells, bells + nbells, b->rx) == bells + nbells))
+        return false;
     w = CrossWake{b->link, b->serial, c->id, std::uint64_t(mark & 0x7fffffff) << 32 | b->token, b->rx};
     return e->xwaker_announce(w.xl, w.serial, w.id, w.word);
 }
@@ -439,7 +451,7 @@ int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
     const std::uint64_t word = c ? bell_word() : 0;
     const bool announced = word && announce_waker(c, word);
     CrossWake cw;
-    const bool xannounced = c && !announced && announce_cross(e, c, std::uint32_t(w.efd) + 1, cw);
+    const bool xannounced = c && !announced && announce_cross(e, c, std::uint32_t(w.efd) + 1, cw, nullptr, 0);
     e->announce_sleep(1);
     e->progress_before_sleep();
     int rc = 0;
@@ -640,7 +652,7 @@ bool Watch::announce(std::uint64_t word) noexcept {
             continue;
         }
         CrossWake w;
-        if (!e || !announce_cross(e, r.c, std::uint32_t(word >> 32), w)) continue;
+        if (!e || !announce_cross(e, r.c, std::uint32_t(word >> 32), w, xrx_, nxrx_)) continue;
         r.xannounced = true;
         r.xl = w.xl;
         r.serial = w.serial;

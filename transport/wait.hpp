@@ -255,7 +255,10 @@ bool withdraw_waker(Conn *c, std::uint64_t word) noexcept;
 // that thread wakes, where the link's bell woke the watcher, which woke
 // the thread. Withdrawn when the sleep ends: true when the peer rang
 // meanwhile (the caller then takes in what is queued). A few links per
-// thread (4); beyond, the link's bell as before.
+// thread (4, the oldest replaced, never one that the sleep waits on
+// already); a sleep over connections to more links than that announces
+// on the first 4 only (`bells`: the sleep's bells so far), and the
+// others' peers ring the link's bell as before.
 // The word: the token (bits 0-31), what the sleep polls (bits 32-62: a
 // poller slot's mark, as in ConnStat::waker, or the bell's fd + 1), and
 // the peer's latch (bit 63). A delivery from the link skips the sleep it
@@ -267,7 +270,8 @@ struct CrossWake {
     std::uint64_t word = 0;
     int rx = -1;
 };
-bool announce_cross(Engine *e, Conn *c, std::uint32_t mark, CrossWake &w) noexcept;
+bool announce_cross(Engine *e, Conn *c, std::uint32_t mark, CrossWake &w, const int *bells,
+                    int nbells) noexcept;
 RungWaker cross_rung(std::uint64_t word) noexcept;
 bool withdraw_cross(Engine *e, const CrossWake &w) noexcept;
 // Takes what the peers sent on a bell, all of it (a flood: at most 512):

@@ -7,6 +7,11 @@
 #   as redis, every setting at its default on both ends;
 #   as root, every setting at its default too (two uids).
 # Each time every connection must have run direct on both ends.
+# Then, with the server logging at debug, 6 root client processes hold
+# connections open (redis_pingers.py) while a seventh, redis-benchmark -c
+# 1, runs its PINGs: the server's epoll sleeps over connections to more
+# links of another uid than a thread keeps bells for (4), and must make
+# a bell for a link at most twice, not one at each sleep.
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/private_shm.sh"
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib.sh"
 it_need redis-server:redis-server redis-benchmark:redis-tools redis-cli:redis-tools setpriv:util-linux
@@ -71,4 +76,51 @@ round() {
 
 round as-redis redis
 round root-client root
+
+# Seven client processes of another uid in one epoll wait.
+many_links() {
+    local name=many-links port srv rc bells
+    port="$(it_free_port)"
+    mkdir -p "$it_tmp/$name-data"
+    chown redis "$it_tmp/$name-data"
+    : >"$it_tmp/$name-server.debug"
+    chmod 0666 "$it_tmp/$name-server.debug"
+    it_stats_open "$name-server"
+    it_start "$name-server" 60 "${as_redis[@]}" env SDIRECT_LOG=debug \
+        "SDIRECT_LOG_FILE=$it_tmp/$name-server.debug" redis-server --bind 127.0.0.1 --port "$port" \
+        --save '' --appendonly no --dir "$it_tmp/$name-data" --daemonize no --protected-mode no
+    srv=$it_pid
+    if ! it_wait_listen "$port" "$srv"; then
+        it_bad "$name: redis-server did not listen on 127.0.0.1:$port"
+        it_stop "$srv" TERM 3
+        return
+    fi
+    # Direct from the first byte: the links exist before the benchmark.
+    SDIRECT_UPGRADE_AFTER_MS=0 it_start "$name-pingers" 40 "$it_py" "$it_dir/redis_pingers.py" "$port" \
+        --count 6 --until "$it_tmp/$name.done"
+    local pingers=$it_pid
+    sleep 1
+    SDIRECT_UPGRADE_AFTER_MS=0 it_run "$name-bench" 30 redis-benchmark -h 127.0.0.1 -p "$port" -q \
+        -n 4000 -c 1 -t ping </dev/null >"$it_tmp/$name-bench.log" 2>&1
+    rc=$?
+    local n
+    n="$(tr '\r' '\n' <"$it_tmp/$name-bench.log" | grep -cE '^PING_(INLINE|MBULK): [0-9.]+ requests per second')"
+    ((rc == 0 && n == 2))
+    it_check $? "$name: redis-benchmark -c 1 beside 6 idle clients: $(it_status "$rc"), $n of 2 results:" \
+        "$(tr '\r' '\n' <"$it_tmp/$name-bench.log" | grep -E '^PING.*requests per second' | tr '\n' ' ')"
+    touch "$it_tmp/$name.done"
+    it_reap "$pingers" 20
+    it_check "$it_stop_rc" "$name: redis_pingers.py: $(cat "$it_tmp/$name-pingers.log")"
+    it_stop "$srv" TERM
+    it_check "$it_stop_rc" "$name: redis-server ended on SIGTERM: $it_stop_text"
+    it_expect_direct "$port" 7 "$name-server"
+    it_expect_direct "$port" 6 "$name-pingers"
+    it_expect_direct "$port" 1 "$name-bench"
+    if ((!it_kernel)); then
+        bells="$(grep -c 'wake bell .* made and offered' "$it_tmp/$name-server.debug")"
+        ((bells >= 1 && bells <= 14))
+        it_check $? "$name: the server made $bells wake bells for 7 links (at least 1, at most 14)"
+    fi
+}
+many_links
 it_finish
