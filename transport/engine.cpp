@@ -50,6 +50,20 @@ std::size_t Engine::progress() noexcept {
     return progress_pass();
 }
 
+std::size_t Engine::progress_for(const Conn *c) noexcept {
+    // `peer` and its link are published by the release store of state ==
+    // direct, and stay while the connection is direct.
+    const Peer *p = c->is_direct() ? c->peer : nullptr;
+    const int xl = p && p->queued ? p->xl : -1;
+    if (xl < 0 || xl >= int(kMaxLinks)) return progress();
+    if (!fabric_ok_ || progress_lock_.held() || !progress_lock_.try_lock()) return 0;
+    bool flush = true;
+    const std::size_t taken = pass_locked(&flush, xl);
+    unlock_progress();
+    if (flush) flush_due_stages();
+    return taken;
+}
+
 void Engine::progress_before_sleep() noexcept {
     if (!fabric_ok_ || progress_lock_.held()) return;
     // A full pass may have left messages behind; bounded.
@@ -103,13 +117,13 @@ std::size_t Engine::progress_pass() noexcept {
     return taken;
 }
 
-std::size_t Engine::pass_locked(bool *flush) noexcept {
+std::size_t Engine::pass_locked(bool *flush, int link) noexcept {
     std::size_t taken = 0;
     // Peers of other uids write into queues of ours, not the provider's
     // region (xqlink.cpp); without any, this one relaxed load is all.
     if (links_used_.load(std::memory_order_relaxed)) {
         Guard guard;
-        taken = read_links();
+        taken = link < 0 ? read_links() : read_link(links_[link]);
     }
     // Every peer's messages through our queues, no RMA of ours in flight
     // and no ring: nothing is due from the provider (its gate, lock and

@@ -372,6 +372,14 @@ class Engine {
     // Progress the CQ if no other thread does (try-lock), or wait for it.
     // progress(): the completions taken (0 also when another thread had it).
     std::size_t progress() noexcept;
+    // progress() for the sake of one direct connection `c` (a recv's first
+    // look, a send's look for its peer's close): of the links, only the
+    // queue its peer writes to us is read; the provider's part is as in
+    // every pass. The other links' messages wait for a pass of their own
+    // readers (a recv on one of their connections, a poll, a sleeper's
+    // pass): a process with many peers (a client of 8 backends, a server
+    // of 50 clients) read every peer's queue at each recv.
+    std::size_t progress_for(const Conn *c) noexcept;
     void progress_blocking() noexcept;
     // A sleeper's last look after announcing its sleep: a pass that starts
     // after this call did. A plain try-lock would leave it to the holder,
@@ -569,7 +577,8 @@ class Engine {
     // The pass itself: progress_lock_ taken, and still taken on return.
     // `*flush` (if given) false: the region or the provider's gate kept
     // it out, and staged sends are better left for a later pass.
-    std::size_t pass_locked(bool *flush = nullptr) noexcept;
+    // `link`: only that link's queue (progress_for), -1 every live one.
+    std::size_t pass_locked(bool *flush = nullptr, int link = -1) noexcept;
     // Lets progress_lock_ go. A pass owed to a sleeper that found the lock
     // taken (progress_before_sleep) runs first: after the release, if one
     // is owed and the lock is free, this thread takes it again and passes,
@@ -693,8 +702,10 @@ class Engine {
     // 0 or -EPERM (not a queue we can trust the size of).
     int link_set_out(int xl, int fd) noexcept;
     // Progress's part (progress_lock_ held): reads every live link's queue,
-    // delivers, unmaps retired ones. Messages taken.
+    // delivers, unmaps retired ones. Messages taken. read_link: link `l`'s
+    // queue alone.
     std::size_t read_links() noexcept;
+    std::size_t read_link(XLink &l) noexcept;
     void reap_links_locked() noexcept;
     // A link's bell pair, its receiving end in xbells_ep_ (made at the
     // first link) under the link's index; 0 or -errno. drop_bell: both

@@ -146,7 +146,7 @@ bool probe_due(Conn *c, KernelLook look) noexcept {
 
 ssize_t try_recv(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, std::size_t skip,
                  std::size_t total, int flags, KernelLook look) noexcept {
-    s.engine->progress();
+    s.engine->progress_for(c);
     std::unique_lock lock(c->rx_lock);
     for (int round = 0; round < 2; ++round) {
         if (c->broken) return -ECONNRESET;

@@ -439,7 +439,7 @@ ssize_t direct_send(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, 
             const std::uint64_t now = monotonic_ns();
             if (now >= c->close_look_ns) {
                 c->close_look_ns = now + 1000000;
-                s.engine->progress();
+                s.engine->progress_for(c);
             }
         } else if (ended || s.engine->peer_conn_closed(c)) {
             s.engine->progress_blocking();

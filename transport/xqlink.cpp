@@ -404,27 +404,32 @@ int Engine::link_set_out(int xl, int fd) noexcept {
     return 0;
 }
 
+std::size_t Engine::read_link(XLink &l) noexcept {
+    if (l.state.load(std::memory_order_acquire) != kLinkLive || !l.peer.load(std::memory_order_acquire))
+        return 0;
+    std::size_t taken = 0;
+    // A bounded pass: a writer that keeps the queue full cannot keep us
+    // here.
+    for (int n = 0; n < 256; ++n) {
+        const long len = xq_take(l.in, xq_msg_, sizeof(MsgHeader), sizeof xq_msg_);
+        if (len == 0) break;
+        if (len < 0) {
+            poison_link(l);
+            break;
+        }
+        deliver(xq_msg_, std::size_t(len), &l);
+        ++taken;
+    }
+    return taken;
+}
+
 std::size_t Engine::read_links() noexcept {
     std::size_t taken = 0;
     bool retired = false;
     const std::uint32_t hi = links_hi_.load(std::memory_order_acquire);
     for (std::uint32_t i = 0; i < hi; ++i) {
-        XLink &l = links_[i];
-        const int st = l.state.load(std::memory_order_acquire);
-        retired |= st == kLinkRetired;
-        if (st != kLinkLive || !l.peer.load(std::memory_order_acquire)) continue;
-        // A bounded pass: a writer that keeps the queue full cannot keep
-        // us here.
-        for (int n = 0; n < 256; ++n) {
-            const long len = xq_take(l.in, xq_msg_, sizeof(MsgHeader), sizeof xq_msg_);
-            if (len == 0) break;
-            if (len < 0) {
-                poison_link(l);
-                break;
-            }
-            deliver(xq_msg_, std::size_t(len), &l);
-            ++taken;
-        }
+        retired |= links_[i].state.load(std::memory_order_acquire) == kLinkRetired;
+        taken += read_link(links_[i]);
     }
     if (retired) reap_links_locked();
     return taken;
