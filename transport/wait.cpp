@@ -94,7 +94,9 @@ const XBell *xbell_for(Engine *e, Conn *c, const int *keep, int nkeep) noexcept 
     std::uint32_t serial = 0;
     const int xl = e->xlink_of(c, &serial);
     if (xl < 0) return nullptr;
-    const auto kept = [&](const XBell &b) { return b.rx >= 0 && std::find(keep, keep + nkeep, b.rx) != keep + nkeep; };
+    const auto kept = [&](const XBell &b) {
+        return b.rx >= 0 && std::find(keep, keep + nkeep, b.rx) != keep + nkeep;
+    };
     XBell *pick = nullptr;
     std::uint64_t backoff = 0;
     for (XBell &b : xbells) {
@@ -135,7 +137,8 @@ const XBell *xbell_for(Engine *e, Conn *c, const int *keep, int nkeep) noexcept 
     pick->rx = rx;
     pick->token = token;
     pick->backoff_ns = 0;
-    SD_LOG(debug, "wake bell %u for link %d (peer pid %d) made and offered", token, xl, c->peer->pid);
+    SD_LOG(debug, "wake bell %u for link %d (peer pid %d) made and offered", token, xl,
+           c->peer->pid);
     return pick;
 }
 
@@ -179,7 +182,8 @@ bool announce_cross(Engine *e, Conn *c, std::uint32_t mark, CrossWake &w, const 
     const XBell *b = xbell_for(e, c, bells, nbells);
     // A sleep waits on kCrossBells at most: another link's connections are
     // left to the link's bell (the doorbell's part).
-    if (!b || (nbells == Watch::kCrossBells && std::find(bells, bells + nbells, b->rx) == bells + nbells))
+    if (!b || (nbells == Watch::kCrossBells &&
+               std::find(bells, bells + nbells, b->rx) == bells + nbells))
         return false;
     w = CrossWake{b->link, b->serial, c->id, std::uint64_t(mark & 0x7fffffff) << 32 | b->token, b->rx};
     return e->xwaker_announce(w.xl, w.serial, w.id, w.word);
@@ -451,7 +455,8 @@ int sleep_once(Engine *e, Conn *c, int kernel_fd, short kernel_events,
     const std::uint64_t word = c ? bell_word() : 0;
     const bool announced = word && announce_waker(c, word);
     CrossWake cw;
-    const bool xannounced = c && !announced && announce_cross(e, c, std::uint32_t(w.efd) + 1, cw, nullptr, 0);
+    const bool xannounced =
+        c && !announced && announce_cross(e, c, std::uint32_t(w.efd) + 1, cw, nullptr, 0);
     e->announce_sleep(1);
     e->progress_before_sleep();
     int rc = 0;

@@ -405,7 +405,8 @@ int Engine::link_set_out(int xl, int fd) noexcept {
 }
 
 std::size_t Engine::read_link(XLink &l) noexcept {
-    if (l.state.load(std::memory_order_acquire) != kLinkLive || !l.peer.load(std::memory_order_acquire))
+    if (l.state.load(std::memory_order_acquire) != kLinkLive ||
+        !l.peer.load(std::memory_order_acquire))
         return 0;
     std::size_t taken = 0;
     // A bounded pass: a writer that keeps the queue full cannot keep us
