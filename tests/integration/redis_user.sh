@@ -36,22 +36,31 @@ open(sys.argv[1], "w").write("\n".join(cmds) + "\n")
 open(sys.argv[2], "w").write("\n".join(want) + "\n")
 PY
 
-# round NAME CLIENT-AS
-round() {
-    local name="$1" cli_as="$2" port srv rc pre=() uid
+# start_server NAME [ENV...]: redis-server as redis on a free port (in
+# $port, its pid in $srv), with the settings ENV (KEY=VALUE); status 1
+# if it did not listen (then stopped).
+start_server() {
+    local name="$1"
+    shift
     port="$(it_free_port)"
     mkdir -p "$it_tmp/$name-data"
     chown redis "$it_tmp/$name-data"
-    [[ "$cli_as" == redis ]] && pre=("${as_redis[@]}")
     it_stats_open "$name-server"
-    it_start "$name-server" 60 "${as_redis[@]}" redis-server --bind 127.0.0.1 --port "$port" \
-        --save '' --appendonly no --dir "$it_tmp/$name-data" --daemonize no --protected-mode no
+    it_start "$name-server" 60 "${as_redis[@]}" env "$@" redis-server --bind 127.0.0.1 \
+        --port "$port" --save '' --appendonly no --dir "$it_tmp/$name-data" --daemonize no \
+        --protected-mode no
     srv=$it_pid
-    if ! it_wait_listen "$port" "$srv"; then
-        it_bad "$name: redis-server did not listen on 127.0.0.1:$port"
-        it_stop "$srv" TERM 3
-        return
-    fi
+    it_wait_listen "$port" "$srv" && return 0
+    it_bad "$name: redis-server did not listen on 127.0.0.1:$port"
+    it_stop "$srv" TERM 3
+    return 1
+}
+
+# round NAME CLIENT-AS
+round() {
+    local name="$1" cli_as="$2" port srv rc pre=() uid
+    [[ "$cli_as" == redis ]] && pre=("${as_redis[@]}")
+    start_server "$name" || return
     uid="$(it_child_uids "$srv")"
     [[ "$uid" == "$(id -u redis) " ]]
     it_check $? "$name: redis-server runs as uid $(id -u redis) (redis): uids '$uid'"
@@ -80,21 +89,9 @@ round root-client root
 # Seven client processes of another uid in one epoll wait.
 many_links() {
     local name=many-links port srv rc bells
-    port="$(it_free_port)"
-    mkdir -p "$it_tmp/$name-data"
-    chown redis "$it_tmp/$name-data"
     : >"$it_tmp/$name-server.debug"
     chmod 0666 "$it_tmp/$name-server.debug"
-    it_stats_open "$name-server"
-    it_start "$name-server" 60 "${as_redis[@]}" env SDIRECT_LOG=debug \
-        "SDIRECT_LOG_FILE=$it_tmp/$name-server.debug" redis-server --bind 127.0.0.1 --port "$port" \
-        --save '' --appendonly no --dir "$it_tmp/$name-data" --daemonize no --protected-mode no
-    srv=$it_pid
-    if ! it_wait_listen "$port" "$srv"; then
-        it_bad "$name: redis-server did not listen on 127.0.0.1:$port"
-        it_stop "$srv" TERM 3
-        return
-    fi
+    start_server "$name" SDIRECT_LOG=debug "SDIRECT_LOG_FILE=$it_tmp/$name-server.debug" || return
     # Direct from the first byte: the links exist before the benchmark.
     SDIRECT_UPGRADE_AFTER_MS=0 it_start "$name-pingers" 40 "$it_py" "$it_dir/redis_pingers.py" "$port" \
         --count 6 --until "$it_tmp/$name.done"
