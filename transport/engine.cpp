@@ -57,11 +57,7 @@ std::size_t Engine::progress_for(const Conn *c) noexcept {
     const int xl = p && p->queued ? p->xl : -1;
     if (xl < 0 || xl >= int(kMaxLinks)) return progress();
     if (!fabric_ok_ || progress_lock_.held() || !progress_lock_.try_lock()) return 0;
-    bool flush = true;
-    const std::size_t taken = pass_locked(&flush, xl);
-    unlock_progress();
-    if (flush) flush_due_stages();
-    return taken;
+    return progress_pass(xl);
 }
 
 void Engine::progress_before_sleep() noexcept {
@@ -109,9 +105,9 @@ void Engine::take_ring() noexcept {
     progress_before_sleep();
 }
 
-std::size_t Engine::progress_pass() noexcept {
+std::size_t Engine::progress_pass(int link) noexcept {
     bool flush = true;
-    const std::size_t taken = pass_locked(&flush);
+    const std::size_t taken = pass_locked(&flush, link);
     unlock_progress();
     if (flush) flush_due_stages();
     return taken;

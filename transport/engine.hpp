@@ -572,8 +572,9 @@ class Engine {
     void control_loop() noexcept;
 
   private:
-    // progress()'s pass, with progress_lock_ taken; releases it.
-    std::size_t progress_pass() noexcept;
+    // progress()'s pass, with progress_lock_ taken; releases it. `link`:
+    // as for pass_locked.
+    std::size_t progress_pass(int link = -1) noexcept;
     // The pass itself: progress_lock_ taken, and still taken on return.
     // `*flush` (if given) false: the region or the provider's gate kept
     // it out, and staged sends are better left for a later pass.
