@@ -184,6 +184,10 @@ SD_CHILD_PATH void fork_child(Stream &s, unsigned mark, int parent) noexcept {
     if (s.fork_mark == mark) return;
     s.fork_mark = mark;
     s.forget_parent_threads();
+    // The child's epoll sets start without shadows (epoll_after_fork_child)
+    // and know nothing of the parent's plain registrations either.
+    s.plain_n.store(0, std::memory_order_relaxed);
+    s.ask_deferred.store(false, std::memory_order_relaxed);
     s.used_mark.store(nullptr, std::memory_order_relaxed);  // the parent's entry, not ours
     s.take_ns = fallback::table_fork_ns();
     s.take_calls = 0;

@@ -13,6 +13,7 @@
 // Both ends follow the same rule; the one that asks later finds the
 // other's half in the registry and initiates.
 #include "kernel_sleep.hpp"
+#include "readiness.hpp"
 #include "stream.hpp"
 #include "table.hpp"
 
@@ -57,6 +58,12 @@ bool Stream::earned(std::uint32_t calls, std::uint64_t earn_at, std::uint64_t bu
 
 void Stream::ask_upgrade_locked() noexcept {
     if (!earned(++earn_calls, earn_ns, build_ns)) return;
+    if (plain_n.load(std::memory_order_relaxed)) {
+        // Registered plainly in epoll sets, where no sleep watches our
+        // state: their shadows come first, at the end of this call.
+        ask_deferred.store(true, std::memory_order_relaxed);
+        return;
+    }
     if (kernel_waiters) {
         // A blocked recv asks when it returns; a readiness wait asleep in
         // the kernel is woken to make the ask.
@@ -86,6 +93,26 @@ void Stream::ask_now_locked() noexcept {
         set_conn(e->attach(kfd(), acceptor, rcvbuf.load(std::memory_order_relaxed), pre_tx,
                              pre_rx));
     pending.store(false, std::memory_order_release);
+}
+
+void Stream::finish_deferred_ask() noexcept {
+    // Every plain registration a shadow, and every sleep on its set woken
+    // to look at it again (epoll.cpp): from here on a wait holds the ask
+    // back as for any socket of ours, or watches our state.
+    epoll_unplain(this);
+    std::lock_guard lock(pend_lock);
+    if (!ask_deferred.exchange(false, std::memory_order_relaxed)) return;
+    // Shared through fork meanwhile, or the ask made otherwise: its next
+    // call goes on (a take-over is no longer held back).
+    if (plain_n.load(std::memory_order_relaxed) || !pending.load(std::memory_order_relaxed) || !earn_ns ||
+        share.load(std::memory_order_relaxed))
+        return;
+    if (kernel_waiters) {
+        ask_held = true;
+        if (wait_holds) kernel_waits_wake();
+        return;
+    }
+    ask_now_locked();
 }
 
 bool Stream::hold_for_kernel_wait() noexcept {

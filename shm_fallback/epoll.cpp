@@ -96,6 +96,10 @@ struct EpollSet {
     transport::PollerMask pollers;
     bool kernel_sleeper = false;
     std::vector<Stream *> held;
+    // Threads in the kernel's epoll_wait on the set while it had no
+    // shadow (plain_wait): a shadow added meanwhile (epoll_ctl, or a plain
+    // registration that became one) writes `wake_fd` to end their sleep.
+    std::atomic<int> plain_sleepers{0};
     ~EpollSet() {
         if (wake_fd >= 0) sys.close(wake_fd);
     }
@@ -135,6 +139,17 @@ void note_any(EpollSet *set) noexcept {
     const bool any = std::any_of(set->entries.begin(), set->entries.end(),
                                  [](const Entry &e) { return !e.parked; });
     set->any.store(any, std::memory_order_release);
+}
+
+// A shadow was just added to the set (`any` stored): a thread asleep in
+// the kernel's epoll_wait on it since before (plain_wait) looks again. Its
+// count and `any` are read each after the other's store (fences), so
+// either it saw the shadow or we see it.
+void wake_plain_sleepers(EpollSet *set) noexcept {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (set->plain_sleepers.load(std::memory_order_relaxed) == 0) return;
+    if (const int w = set->wake_fd.load(std::memory_order_acquire); w >= 0)
+        kernel_sleep_signal(w, &set->signalled);
 }
 
 // Sets are only ever looked up by the thread calling into the set, with a
@@ -507,6 +522,53 @@ bool unpark(EpollSet *set, Entry &e, const epoll_event *ev) noexcept {
     return true;
 }
 
+// The socket's plain registration in `set` for `fd`, or -1 (pend_lock held).
+int plain_of(const Stream *s, std::uint64_t serial, int fd) noexcept {
+    for (int i = 0, n = s->plain_n.load(std::memory_order_relaxed); i < n; ++i)
+        if (s->plain[i].set_serial == serial && s->plain[i].fd == fd) return i;
+    return -1;
+}
+
+void plain_drop(Stream *s, int i) noexcept {
+    const int n = s->plain_n.load(std::memory_order_relaxed);
+    s->plain[i] = s->plain[n - 1];
+    s->plain_n.store(n - 1, std::memory_order_relaxed);
+}
+
+// epoll_ctl on a socket that needs nothing of ours (its ask for its
+// upgrade not made, nothing shared): the kernel's registration as the
+// application asked, and no shadow (Stream::plain). True when done so,
+// `*r` the kernel's answer: an ADD now, and a MOD or DEL of a plain
+// registration. The socket's pend_lock orders it with its ask, which
+// turns the registrations into shadows first (epoll_unplain) and takes
+// each set's lock before it.
+bool plain_ctl(EpollSet *set, int epfd, int op, int fd, epoll_event *ev, Stream *s,
+               int *r) noexcept {
+    std::lock_guard lock(s->pend_lock);
+    const int i = plain_of(s, set->serial, fd);
+    if (i < 0 && (op != EPOLL_CTL_ADD || !ev || !s->plain_ok_locked() ||
+                  s->plain_n.load(std::memory_order_relaxed) == Stream::kPlainRegs))
+        return false;
+    if (sys.epoll_ctl(epfd, op, fd, ev) != 0) {
+        *r = -errno;
+        return true;
+    }
+    *r = 0;
+    if (i < 0) {
+        const int n = s->plain_n.load(std::memory_order_relaxed);
+        s->plain[n] = {epfd, fd, set->serial, *ev};
+        s->plain_n.store(n + 1, std::memory_order_relaxed);
+        // The kernel holds a registration of the application's.
+        set->foreign.fetch_add(1, std::memory_order_relaxed);
+    } else if (op == EPOLL_CTL_MOD) {
+        s->plain[i].ev = *ev;
+    } else if (op == EPOLL_CTL_DEL) {
+        plain_drop(s, i);
+        set->foreign.fetch_sub(1, std::memory_order_relaxed);
+    }
+    return true;
+}
+
 }  // namespace
 
 int epoll_control(int epfd, int op, int fd, epoll_event *ev) noexcept {
@@ -517,6 +579,11 @@ int epoll_control(int epfd, int op, int fd, epoll_event *ev) noexcept {
         s->phase.load(std::memory_order_acquire) == Phase::listener) {
         release(s);  // listeners stay with the kernel
         s = nullptr;
+    }
+    if (int r; s && plain_ctl(set, epfd, op, fd, ev, s, &r)) {
+        release(s);
+        set_release(set);
+        return r;
     }
     EpollSet *inner = set && !s && fd != epfd ? set_acquire(fd) : nullptr;
     if (!s && !inner) {
@@ -574,6 +641,7 @@ int epoll_control(int epfd, int op, int fd, epoll_event *ev) noexcept {
             e.trimmed = trimmed;
             v.push_back(e);
             set->any.store(true, std::memory_order_release);
+            wake_plain_sleepers(set);
             s = nullptr;  // the entry holds the references now
             inner = nullptr;
         } else if (op == EPOLL_CTL_MOD && it != v.end()) {
@@ -695,6 +763,75 @@ int wake_fd_of(EpollSet *set, int epfd) noexcept {
     return fd;
 }
 
+}  // namespace
+
+void epoll_unplain(Stream *s) noexcept {
+    for (;;) {
+        Stream::PlainReg reg;
+        {
+            std::lock_guard lock(s->pend_lock);
+            if (!s->plain_n.load(std::memory_order_relaxed)) return;
+            reg = s->plain[0];
+        }
+        EpollSet *set = set_acquire(reg.epfd);
+        if (set && set->serial != reg.set_serial) {
+            set_release(set);
+            set = nullptr;
+        }
+        if (!set) {
+            // Its set is closed: nothing left to shadow.
+            std::lock_guard lock(s->pend_lock);
+            if (const int i = plain_of(s, reg.set_serial, reg.fd); i >= 0) plain_drop(s, i);
+            continue;
+        }
+        bool made = false;
+        {
+            std::lock_guard lock(set->lock);
+            std::lock_guard plock(s->pend_lock);
+            if (const int i = plain_of(s, reg.set_serial, reg.fd); i >= 0) {
+                Entry e;
+                e.fd = s->plain[i].fd;
+                e.s = s;
+                e.ev = s->plain[i].ev;
+                e.trimmed = false;  // the kernel's registration is the application's
+                s->refs.fetch_add(1, std::memory_order_relaxed);  // the entry's
+                set->entries.push_back(e);
+                set->any.store(true, std::memory_order_release);
+                set->foreign.fetch_sub(1, std::memory_order_relaxed);
+                plain_drop(s, i);
+                made = true;
+                if (set->kernel_sleeper) kernel_sleep_signal(set->wake_fd, &set->signalled);
+                wake_plain_sleepers(set);
+            }
+        }
+        if (made) transport::wake_pollers(set->pollers);
+        set_release(set);
+    }
+}
+
+void epoll_plain_closed(Stream *s) noexcept {
+    Stream::PlainReg regs[Stream::kPlainRegs];
+    int n;
+    {
+        std::lock_guard lock(s->pend_lock);
+        n = s->plain_n.load(std::memory_order_relaxed);
+        std::copy(s->plain, s->plain + n, regs);
+        s->plain_n.store(0, std::memory_order_relaxed);
+    }
+    // A socket shared through fork may live on in another process, and so
+    // may the kernel's registrations of it: they stay counted.
+    if (s->forked) return;
+    for (int i = 0; i < n; ++i) {
+        EpollSet *set = set_acquire(regs[i].epfd);
+        if (!set) continue;
+        if (set->serial == regs[i].set_serial && set->foreign.load(std::memory_order_relaxed) > 0)
+            set->foreign.fetch_sub(1, std::memory_order_relaxed);
+        set_release(set);
+    }
+}
+
+namespace {
+
 // The kernel's own wait on a set none of whose entries needs our state:
 // the application's events (or -errno). `again`: woken with nothing for
 // the application; `woken`: our wake-up eventfd was among the events.
@@ -784,19 +921,46 @@ int epoll_in_kernel(EpollSet *set, int epfd, epoll_event *out, int max, int time
 // The kernel's epoll_wait for a set we need not look into. A set whose
 // wake-up eventfd is registered may report it while another thread
 // sleeps in the kernel on it (until that thread drains it): not an event.
+// Ours (a socket's plain registration in the set became a shadow while
+// we slept, epoll_unplain) ends the wait with kNotHere: `*rest` ms are
+// left for a look at the set as it is now. Whether the set is tagged is
+// read after the sleep: the eventfd may be registered during it.
 int plain_wait(EpollSet *set, int epfd, epoll_event *out, int max, int timeout_ms,
-               const sigset_t *mask) noexcept {
-    const bool tagged = set && max > 0 && set->tagged.load(std::memory_order_acquire);
+               const sigset_t *mask, int *rest) noexcept {
+    struct Counted {
+        EpollSet *set;
+        ~Counted() {
+            if (set) set->plain_sleepers.fetch_sub(1, std::memory_order_relaxed);
+        }
+    } counted{nullptr};
+    if (set && max > 0 && timeout_ms != 0) {
+        // Another thread may add a shadow while we sleep: the set's
+        // wake-up fd is there first (none is needed alone: nobody else
+        // can), then we count, then look.
+        if (!transport::one_thread()) (void)wake_fd_of(set, epfd);
+        set->plain_sleepers.fetch_add(1, std::memory_order_relaxed);
+        counted.set = set;
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+        if (has_entries(set)) {
+            *rest = timeout_ms;
+            return kNotHere;
+        }
+    }
     const std::uint64_t deadline = deadline_of(timeout_ms);
     for (int left = timeout_ms;;) {
         const int k = mask ? sys.epoll_pwait(epfd, out, max, left, mask)
                            : sys.epoll_wait(epfd, out, max, left);
         if (k < 0) return -errno;
-        if (!tagged || k == 0) return k;
+        if (!set || max <= 0 || k == 0 || !set->tagged.load(std::memory_order_acquire)) return k;
         int hints = 0;
         bool woken = false;
         if (const int kept = keep_events(set, out, k, &hints, &woken); kept > 0) return kept;
-        if ((left = ms_left(deadline, timeout_ms)) == 0) return 0;
+        left = ms_left(deadline, timeout_ms);
+        if (woken) {
+            *rest = left;
+            return kNotHere;
+        }
+        if (left == 0) return 0;
     }
 }
 
@@ -862,9 +1026,10 @@ int epoll_wait_fds(int epfd, epoll_event *out, int max, int timeout_ms,
         return 0;
     }
     if (!shadowed || max <= 0) {
-        const int r = plain_wait(set, epfd, out, max, timeout_ms, mask);
+        int rest = 0;
+        const int r = plain_wait(set, epfd, out, max, timeout_ms, mask, &rest);
         if (set) set_release(set);
-        return r;
+        return r == kNotHere ? epoll_wait_fds(epfd, out, max, rest, mask) : r;
     }
     pollfd kfd{epfd, POLLIN, 0};
     EpollCtx ctx{set};

@@ -11,7 +11,8 @@
 // poll or epoll_wait, plus a wake-up fd (kernel_sleep.hpp).
 //
 // epoll: the application's epoll fd stays a real kernel epoll fd holding
-// every registration. We shadow the registrations of our sockets; once a
+// every registration. We shadow the registrations of our sockets (not of
+// one that needs nothing of ours yet: epoll.cpp's plain ones); once a
 // socket answers from our state its kernel registration is trimmed to
 // EPOLLRDHUP|EPOLLET with a tagged data word (a hint that the peer's TCP
 // socket closed, i.e. the peer may have died), and epoll_wait reports it
@@ -38,6 +39,13 @@ void epoll_created(int epfd) noexcept;
 int epoll_control(int epfd, int op, int fd, epoll_event *ev) noexcept;
 int epoll_wait_fds(int epfd, epoll_event *out, int max, int timeout_ms,
                    const sigset_t *mask) noexcept;
+// A socket's plain registrations (Stream::plain) become shadows, and
+// the sleeps on their sets are woken to look again; none may be held.
+class Stream;
+void epoll_unplain(Stream *s) noexcept;
+// Its last fd closed: its plain registrations go (the kernel's go with
+// the file).
+void epoll_plain_closed(Stream *s) noexcept;
 // close/dup of an epoll fd.
 void epoll_fd_closed(int fd) noexcept;
 // `fd` has an epoll set (no reference taken).

@@ -1,6 +1,7 @@
 #include "stream.hpp"
 
 
+#include "readiness.hpp"
 #include "table.hpp"
 
 #include "transport/log.hpp"
@@ -100,6 +101,8 @@ void Stream::reset(int f, int dom, bool nb) noexcept {
     pre_tx = pre_rx = 0;
     earn_ns = 0;
     earn_calls = 0;
+    plain_n.store(0, std::memory_order_relaxed);
+    ask_deferred.store(false, std::memory_order_relaxed);
     take_ns = 0;
     take_calls = 0;
     calls.store(0, std::memory_order_relaxed);
@@ -252,7 +255,10 @@ ssize_t Stream::pending_io(const iovec *iov, int iovcnt, int flags, bool out,
             Sharers *left = c && !out ? left_holders(c) : nullptr;
             bool redo;
             if (sh) {
-                redo = adopt_share(sh);
+                // Taken over, it may go direct: its plain registrations
+                // become shadows first, as this call ends.
+                if (plain_n.load(std::memory_order_relaxed)) ask_deferred.store(true, std::memory_order_relaxed);
+                redo = !plain_n.load(std::memory_order_relaxed) && adopt_share(sh);
             } else if (left) {
                 // Alone now: kernel mode again, unless a send of ours holds
                 // the connection (its next call does it).
@@ -703,6 +709,7 @@ int Stream::readable_bytes() noexcept {
 }
 
 void Stream::last_close() noexcept {
+    if (plain_n.load(std::memory_order_relaxed)) epoll_plain_closed(this);
     if (Sharers *sh = share.load(std::memory_order_acquire)) {
         // The last holder: the entry that said it was shared goes with it
         // (a process that forks a child per connection and lives on would

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <sys/socket.h>
 #include <sys/types.h>
+#include <sys/epoll.h>
 #include <sys/uio.h>
 #include <vector>
 
@@ -135,6 +136,31 @@ class Stream {
     std::uint32_t kernel_waiters = 0;
     std::uint32_t wait_holds = 0;
     bool ask_held = false;
+    // epoll registrations made while the socket needed nothing of ours
+    // (epoll.cpp): the kernel holds each as the application asked and no
+    // set shadows it, so a wait over such sockets costs what the kernel's
+    // costs, whatever their number. Before anything but a call of this
+    // process may bring the socket nearer the fabric (its ask, a take-over
+    // after fork), each becomes a shadow and the sleeps on its set are
+    // woken (epoll_unplain, at the end of that call: `ask_deferred`).
+    // Under pend_lock; in a set under its lock too once one exists.
+    struct PlainReg {
+        int epfd;
+        int fd;
+        std::uint64_t set_serial;
+        epoll_event ev;
+    };
+    static constexpr int kPlainRegs = 4;
+    PlainReg plain[kPlainRegs];
+    std::atomic<int> plain_n{0};  // read without the lock only by the last close
+    // An ask (or a take-over) found plain registrations: the call that
+    // found it makes their shadows, then the ask, as it ends (CallRef).
+    std::atomic<bool> ask_deferred{false};
+    void finish_deferred_ask() noexcept;
+    // Whether epoll may register it plainly now (pend_lock held).
+    bool plain_ok_locked() const noexcept {
+        return !forked && !ask_deferred.load(std::memory_order_relaxed) && kernel_wait_ok_locked();
+    }
     bool acceptor = false;
     std::uint64_t pre_tx = 0;
     std::uint64_t pre_rx = 0;
