@@ -48,7 +48,38 @@ struct Entry {
     // EPOLLET: the counts and events at the last report (none yet: fresh).
     bool fresh = true;
     std::uint32_t seen_rx = 0, seen_tx = 0, seen_bits = 0;
+    // A direct socket this entry had nothing to report for, and what it
+    // had then (Quiet): while that is all unchanged it has nothing still,
+    // and a look need not ask its connection (a set of many idle direct
+    // sockets: each look took every connection's receive lock).
+    bool quiet = false;
+    struct Quiet {
+        const Conn *c = nullptr;
+        std::uint32_t rx = 0, tx = 0, touched = 0, sleeps = 0;
+        transport::ConnState state{};
+        bool operator==(const Quiet &) const = default;
+    } was;
 };
+
+// What an entry's socket is now, as Entry::Quiet remembers it; false if
+// it has no connection or the connection is not direct.
+bool quiet_key(const Entry &e, Entry::Quiet &q) noexcept {
+    Conn *c = e.s->conn.load(std::memory_order_acquire);
+    if (!c) return false;
+    q.c = c;
+    q.state = transport::state_of(c);
+    if (q.state != transport::ConnState::direct) return false;
+    transport::arrivals(c, q.rx, q.tx);
+    q.touched = e.s->touched.load(std::memory_order_acquire);
+    q.sleeps = sleeps_ended.load(std::memory_order_relaxed);
+    return true;
+}
+
+// The entry found its socket quiet, and nothing has happened to it since.
+bool still_quiet(const Entry &e) noexcept {
+    Entry::Quiet now;
+    return e.quiet && quiet_key(e, now) && now == e.was;
+}
 
 }  // namespace
 
@@ -238,6 +269,11 @@ std::uint32_t entry_events(EpollSet *set, Entry &e, bool commit, int depth) noex
         if (!(e.ev.events & EPOLLIN) || !inner_ready(e.inner, depth + 1)) return 0;
         return EPOLLIN;
     }
+    if (still_quiet(e)) return 0;
+    // Read before the look: a change after it changes the key.
+    Entry::Quiet key;
+    const bool keyed = quiet_key(e, key);
+    e.quiet = false;
     short bits = 0, ask = 0;
     if (!user_view(e.s, bits, ask)) {
         if (commit && e.trimmed) untrim(set, e);
@@ -257,12 +293,21 @@ std::uint32_t entry_events(EpollSet *set, Entry &e, bool commit, int depth) noex
                                EPOLLERR | EPOLLHUP;
     const std::uint32_t all = std::uint16_t(bits);
     std::uint32_t ev = all & want;
-    if (!ev) return 0;
+    // Nothing for it (a trimmed entry: the kernel reports nothing for it
+    // either): remembered, when the socket is direct.
+    const bool quiet = keyed && e.trimmed;
+    if (!ev) {
+        if (quiet) e.quiet = true, e.was = key;
+        return 0;
+    }
     if (e.ev.events & EPOLLET) {
         Conn *c = e.s->conn.load(std::memory_order_acquire);
         std::uint32_t rx, tx;
         transport::arrivals(c, rx, tx);
-        if (!e.fresh && !edge_news(e, rx, tx, all)) return 0;
+        if (!e.fresh && !edge_news(e, rx, tx, all)) {
+            if (quiet) e.quiet = true, e.was = key;
+            return 0;
+        }
         if (commit) {
             e.fresh = false;
             e.seen_rx = rx;
@@ -282,6 +327,8 @@ void settle(EpollSet *set) noexcept {
     for (Entry &e : set->entries) {
         short bits = 0, ask = 0;
         if (!e.s || !e.armed) continue;
+        // Quiet and trimmed, and nothing happened to it since.
+        if (still_quiet(e)) continue;
         const bool ours = user_view(e.s, bits, ask);
         if (ours && !e.trimmed) trim(set, e);
         else if (!ours && e.trimmed && e.s->conn.load(std::memory_order_acquire)) untrim(set, e);
@@ -518,6 +565,7 @@ bool unpark(EpollSet *set, Entry &e, const epoll_event *ev) noexcept {
     e.parked = false;
     e.armed = true;
     e.fresh = true;
+    e.quiet = false;
     note_any(set);
     return true;
 }
@@ -652,6 +700,7 @@ int epoll_control(int epfd, int op, int fd, epoll_event *ev) noexcept {
                 it->trimmed = trimmed;
                 it->armed = true;
                 it->fresh = true;
+                it->quiet = false;
             }
         } else if (op == EPOLL_CTL_DEL && it != v.end()) {
             entry_drop(*it);
