@@ -27,8 +27,6 @@ class CallRef {
         // An ask the call made waits for the socket's plain epoll
         // registrations to become shadows: made now, no lock held.
         if (s_->ask_deferred.load(std::memory_order_relaxed)) s_->finish_deferred_ask();
-        if (s_->conn.load(std::memory_order_relaxed))
-            s_->touched.fetch_add(1, std::memory_order_release);
         // The last call over a socket closed meanwhile: its close now.
         if (s_->calls.fetch_sub(1, std::memory_order_acq_rel) == 1 &&
             s_->held_fd.load(std::memory_order_acquire) >= 0)

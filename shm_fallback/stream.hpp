@@ -96,11 +96,14 @@ class Stream {
     std::atomic<std::int64_t> sndtimeo_ns{0};
     std::atomic<std::uint32_t> rcvbuf{0};  // SO_RCVBUF as the application set it
     std::atomic<transport::Conn *> conn{nullptr};
-    // Calls of the application on it while it had a connection, counted
-    // at their end (CallRef): an epoll entry that found it quiet knows it
-    // is still quiet while this, and its connection's arrivals and
-    // state, are as they were (epoll.cpp).
+    // The application's calls that may make it ready by themselves
+    // (shutdown, SO_RCVLOWAT), counted at their end (touch): an epoll
+    // entry that found it quiet knows it is still quiet while this, and
+    // its connection's arrivals and state, are as they were (epoll.cpp).
+    // Its other calls only take readiness away (a recv, a send's credits)
+    // or change the connection's counts or state.
     std::atomic<std::uint32_t> touched{0};
+    void touch() noexcept { touched.fetch_add(1, std::memory_order_release); }
     // Sets `conn` (once, from null) and wakes the poll/select/epoll sleeps
     // that watched the socket without one (they watch the connection next).
     void set_conn(transport::Conn *c) noexcept;
