@@ -122,9 +122,7 @@ SD_EXPORT int shutdown(int fd, int how) {
     CallRef s(fd);
     if (!s || (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR))
         return sys.shutdown(fd, how);
-    const int r = s->shutdown(how);
-    s->touch();
-    return ret(r);
+    return ret(s->shutdown(how));
 }
 
 SD_EXPORT int close(int fd) {
@@ -272,7 +270,7 @@ SD_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t
     else if (level == SOL_SOCKET && name == SO_RCVBUF && on > 0)
         s->rcvbuf.store(std::uint32_t(on));
     else if (level == SOL_SOCKET && name == SO_RCVLOWAT)
-        s->rcvlowat.store(on < 0 ? 0x7fffffff : on == 0 ? 1 : on), s->touch();  // as the kernel keeps it
+        s->rcvlowat.store(on < 0 ? 0x7fffffff : on == 0 ? 1 : on);  // as the kernel keeps it
     else if (level == SOL_SOCKET && name == SO_LINGER && len >= sizeof(linger)) {
         const auto *l = static_cast<const linger *>(val);
         s->linger_reset.store(l->l_onoff && l->l_linger == 0);

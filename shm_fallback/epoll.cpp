@@ -53,6 +53,9 @@ struct Entry {
     // and a look need not ask its connection (a set of many idle direct
     // sockets: each look took every connection's receive lock).
     bool quiet = false;
+    // The look (EpollSet::looks) whose settle() found it still quiet: the
+    // same look's scan takes that answer.
+    std::uint32_t quiet_look = 0;
     struct Quiet {
         const Conn *c = nullptr;
         std::uint32_t rx = 0, tx = 0, touched = 0, sleeps = 0;
@@ -67,9 +70,8 @@ bool quiet_key(const Entry &e, Entry::Quiet &q) noexcept {
     Conn *c = e.s->conn.load(std::memory_order_acquire);
     if (!c) return false;
     q.c = c;
-    q.state = transport::state_of(c);
+    q.state = transport::quiet_marks(c, q.rx, q.tx);
     if (q.state != transport::ConnState::direct) return false;
-    transport::arrivals(c, q.rx, q.tx);
     q.touched = e.s->touched.load(std::memory_order_acquire);
     q.sleeps = sleeps_ended.load(std::memory_order_relaxed);
     return true;
@@ -97,6 +99,11 @@ struct EpollSet {
     // without it (a wait's first look).
     std::atomic<bool> any{false};
     std::size_t cursor = 0;  // fairness when maxevents is small
+    // Looks at the entries (under `lock`): settle() starts one, which the
+    // scan after it shares (Entry::quiet_look); any other look starts its
+    // own. `closes`: last_closes when closed sockets' entries last went.
+    std::uint32_t looks = 1;
+    std::uint64_t closes = 0;
     std::atomic<unsigned> turn{0};  // odd: the kernel's events go first
     // The kernel's last answer for the set had nothing for the
     // application (none, or only our own companions' death hints): a
@@ -269,6 +276,7 @@ std::uint32_t entry_events(EpollSet *set, Entry &e, bool commit, int depth) noex
         if (!(e.ev.events & EPOLLIN) || !inner_ready(e.inner, depth + 1)) return 0;
         return EPOLLIN;
     }
+    if (e.quiet && e.quiet_look == set->looks) return 0;  // this look's settle() saw it
     if (still_quiet(e)) return 0;
     // Read before the look: a change after it changes the key.
     Entry::Quiet key;
@@ -324,19 +332,28 @@ std::uint32_t entry_events(EpollSet *set, Entry &e, bool commit, int depth) noex
 // would report for it otherwise.
 void settle(EpollSet *set) noexcept {
     std::lock_guard lock(set->lock);
+    const std::uint32_t look = ++set->looks;
     for (Entry &e : set->entries) {
         short bits = 0, ask = 0;
         if (!e.s || !e.armed) continue;
-        // Quiet and trimmed, and nothing happened to it since.
-        if (still_quiet(e)) continue;
+        // Quiet and trimmed, and nothing happened to it since: so it is
+        // for this look's scan too.
+        if (still_quiet(e)) {
+            e.quiet_look = look;
+            continue;
+        }
         const bool ours = user_view(e.s, bits, ask);
         if (ours && !e.trimmed) trim(set, e);
         else if (!ours && e.trimmed && e.s->conn.load(std::memory_order_acquire)) untrim(set, e);
     }
 }
 
-// Entries of sockets closed since (set->lock held).
+// Entries of sockets closed since (set->lock held): none when no socket
+// of the process was closed since the last time.
 void drop_closed(EpollSet *set) noexcept {
+    const std::uint64_t closes = last_closes.load(std::memory_order_acquire);
+    if (closes == set->closes) return;
+    set->closes = closes;
     if (std::erase_if(set->entries, [](Entry &e) {
             if (!e.s || e.s->fds.load(std::memory_order_acquire) > 0) return false;
             entry_drop(e);
@@ -408,6 +425,7 @@ EpollSet *set_acquire(int fd) noexcept {
 bool inner_ready(EpollSet *set, int depth) noexcept {
     if (depth > 4) return false;  // the kernel limits nesting too
     std::lock_guard lock(set->lock);
+    ++set->looks;  // a look of its own: no settle() answers for it
     for (Entry &e : set->entries)
         if (entry_events(set, e, false, depth)) return true;
     return false;

@@ -96,12 +96,12 @@ class Stream {
     std::atomic<std::int64_t> sndtimeo_ns{0};
     std::atomic<std::uint32_t> rcvbuf{0};  // SO_RCVBUF as the application set it
     std::atomic<transport::Conn *> conn{nullptr};
-    // The application's calls that may make it ready by themselves
-    // (shutdown, SO_RCVLOWAT), counted at their end (touch): an epoll
-    // entry that found it quiet knows it is still quiet while this, and
-    // its connection's arrivals and state, are as they were (epoll.cpp).
-    // Its other calls only take readiness away (a recv, a send's credits)
-    // or change the connection's counts or state.
+    // The application's calls on it while it has a connection, counted
+    // at their end (CallRef, touch): an epoll entry that found it quiet
+    // knows it is still quiet while this, and its connection's arrivals
+    // and state, are as they were (epoll.cpp). A call may change its
+    // readiness in ways the connection's counts do not show (a send that
+    // found the peer dead, a shutdown, SO_RCVLOWAT).
     std::atomic<std::uint32_t> touched{0};
     void touch() noexcept { touched.fetch_add(1, std::memory_order_release); }
     // Sets `conn` (once, from null) and wakes the poll/select/epoll sleeps

@@ -29,6 +29,9 @@ Stream *unmap(int fd) noexcept;
 // Unmaps fd and, if it was the last fd of its stream, tells the peer; the
 // caller then closes the kernel fd and releases the stream.
 Stream *close_prepare(int fd) noexcept;
+// Streams whose last fd went (close_prepare), ever: an epoll set drops
+// its entries of closed sockets only when this has moved.
+inline std::atomic<std::uint64_t> last_closes{0};
 
 // fork: before it, mark every connected socket shared (the fork
 // protocol's fork_prepare, through fork_hooks) and take the pool lock;

@@ -188,6 +188,9 @@ PollerMask &pollers_of(Conn *c) noexcept;
 // Counts of arrivals (data, fin, close, state) and of send retries
 // (credits): an edge-triggered watcher knows something new came.
 void arrivals(const Conn *c, std::uint32_t &rx, std::uint32_t &tx) noexcept;
+// Its state and arrival counts in one call (an epoll look over many
+// quiet connections reads them for each).
+ConnState quiet_marks(const Conn *c, std::uint32_t &rx, std::uint32_t &tx) noexcept;
 
 // The handoff of its leave (HandoffOps), until a take-back
 // (Engine::take_back_locked) forgets it; `ops` lives as long as the

@@ -151,6 +151,12 @@ void arrivals(const Conn *c, std::uint32_t &rx, std::uint32_t &tx) noexcept {
     tx = c->tx_seq.load(std::memory_order_acquire);
 }
 
+ConnState quiet_marks(const Conn *c, std::uint32_t &rx, std::uint32_t &tx) noexcept {
+    rx = c->rx_seq.load(std::memory_order_acquire);
+    tx = c->tx_seq.load(std::memory_order_acquire);
+    return c->state.load(std::memory_order_acquire);
+}
+
 void set_handoff(Conn *c, const HandoffOps *ops, void *ctx) noexcept {
     c->handoff_ops.store(ops, std::memory_order_relaxed);
     c->handoff_ctx.store(ctx, std::memory_order_release);
