@@ -89,33 +89,49 @@ unhold() {
     wait "$hold_pid" 2>/dev/null
 }
 
-# run_redis HOW: requests a second, or n/a (on `port`; run in a
-# subshell, so the server's pid is ended here).
+# beside_idle ROW HOW STATS SIG MEASURE: once the server (srv_pid) on
+# `port` listens and the idle connections are held, MEASURE's output
+# (requests a second), else n/a; then the holder and the server (with
+# SIG) end. Run in a subshell: the server's pid goes with it.
+beside_idle() {
+    local val=n/a
+    if wait_listen "$port" "$srv_pid" && hold "$1" "$2" "$3"; then
+        val="$("$5")"
+        unhold
+    fi
+    kill "-$4" "$srv_pid" 2>/dev/null
+    wait "$srv_pid" 2>/dev/null
+    srv_pid=""
+    echo "${val:-n/a}"
+}
+
+bench_redis() {
+    "${cli_pin[@]}" "${p[@]}" redis-benchmark -h 127.0.0.1 -p "$port" -c 1 -n "$reqs" \
+        -t ping_mbulk -q 2>/dev/null | tr '\r' '\n' |
+        awk '/requests per second/ { v = $2 } END { print v == "" ? "n/a" : v }'
+}
+
+bench_ab() {
+    "${cli_pin[@]}" "${p[@]}" ab -q -c 1 -t "$ab_secs" -n 10000000 "http://127.0.0.1:$port/f4k" \
+        2>/dev/null | awk '/^Requests per second/ { v = $4 } END { print v == "" ? "n/a" : v }'
+}
+
+# run_redis HOW and run_nginx HOW: requests a second, or n/a (on `port`).
 run_redis() {
-    local how="$1" val=n/a stats="$tmp/hold-redis-$1.stats" p
-    read -r -a p <<<"$(pre "$how")"
+    local stats="$tmp/hold-redis-$1.stats" p
+    read -r -a p <<<"$(pre "$1")"
     rm -f "$stats"
     mkdir -p "$tmp/redis"
     "${srv_pin[@]}" "${p[@]}" redis-server --bind 127.0.0.1 --port "$port" --save '' \
         --appendonly no --dir "$tmp/redis" --daemonize no --protected-mode no \
         --maxclients $((idle_n + 100)) >"$tmp/srv.out" 2>&1 &
     srv_pid=$!
-    if wait_listen "$port" "$srv_pid" && hold redis "$how" "$stats"; then
-        val="$("${cli_pin[@]}" "${p[@]}" redis-benchmark -h 127.0.0.1 -p "$port" -c 1 \
-            -n "$reqs" -t ping_mbulk -q 2>/dev/null | tr '\r' '\n' |
-            awk '/requests per second/ { v = $2 } END { print v == "" ? "n/a" : v }')"
-        unhold
-    fi
-    kill -TERM "$srv_pid" 2>/dev/null
-    wait "$srv_pid" 2>/dev/null
-    srv_pid=""
-    echo "$val"
+    beside_idle redis "$1" "$stats" TERM bench_redis
 }
 
-# run_nginx HOW: likewise.
 run_nginx() {
-    local how="$1" val=n/a stats="$tmp/hold-nginx-$1.stats" p
-    read -r -a p <<<"$(pre "$how")"
+    local stats="$tmp/hold-nginx-$1.stats" p
+    read -r -a p <<<"$(pre "$1")"
     rm -f "$stats"
     cat >"$tmp/nginx.conf" <<EOF
 daemon off; master_process on; worker_processes 1; pid $tmp/nginx.pid;
@@ -126,16 +142,7 @@ http { access_log off; keepalive_timeout 300s; keepalive_requests 1000000;
 EOF
     "${srv_pin[@]}" "${p[@]}" nginx -c "$tmp/nginx.conf" -p "$tmp" >"$tmp/srv.out" 2>&1 &
     srv_pid=$!
-    if wait_listen "$port" "$srv_pid" && hold nginx "$how" "$stats"; then
-        val="$("${cli_pin[@]}" "${p[@]}" ab -q -c 1 -t "$ab_secs" -n 10000000 \
-            "http://127.0.0.1:$port/f4k" 2>/dev/null |
-            awk '/^Requests per second/ { v = $4 } END { print v == "" ? "n/a" : v }')"
-        unhold
-    fi
-    kill -QUIT "$srv_pid" 2>/dev/null
-    wait "$srv_pid" 2>/dev/null
-    srv_pid=""
-    echo "$val"
+    beside_idle nginx "$1" "$stats" QUIT bench_ab
 }
 
 for pl in "${placements[@]}"; do

@@ -64,6 +64,10 @@ void Stream::ask_upgrade_locked() noexcept {
         ask_deferred.store(true, std::memory_order_relaxed);
         return;
     }
+    ask_or_hold_locked();
+}
+
+void Stream::ask_or_hold_locked() noexcept {
     if (kernel_waiters) {
         // A blocked recv asks when it returns; a readiness wait asleep in
         // the kernel is woken to make the ask.
@@ -104,15 +108,10 @@ void Stream::finish_deferred_ask() noexcept {
     if (!ask_deferred.exchange(false, std::memory_order_relaxed)) return;
     // Shared through fork meanwhile, or the ask made otherwise: its next
     // call goes on (a take-over is no longer held back).
-    if (plain_n.load(std::memory_order_relaxed) || !pending.load(std::memory_order_relaxed) || !earn_ns ||
-        share.load(std::memory_order_relaxed))
+    if (plain_n.load(std::memory_order_relaxed) || !pending.load(std::memory_order_relaxed) ||
+        !earn_ns || share.load(std::memory_order_relaxed))
         return;
-    if (kernel_waiters) {
-        ask_held = true;
-        if (wait_holds) kernel_waits_wake();
-        return;
-    }
-    ask_now_locked();
+    ask_or_hold_locked();
 }
 
 bool Stream::hold_for_kernel_wait() noexcept {

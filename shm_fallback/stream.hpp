@@ -402,6 +402,9 @@ class Stream {
     // build starts if it is the first) and the connection attached, now
     // or by the builder.
     void ask_upgrade_locked() noexcept;
+    // The ask, or held back for the threads asleep in the kernel on it
+    // (the last of them to return makes it).
+    void ask_or_hold_locked() noexcept;
     // The ask itself, thresholds passed and nobody asleep in the kernel.
     void ask_now_locked() noexcept;
     // Our connection left the fabric for sharing: `n` bytes read on the
