@@ -277,10 +277,10 @@ std::uint32_t entry_events(EpollSet *set, Entry &e, bool commit, int depth) noex
         return EPOLLIN;
     }
     if (e.quiet && e.quiet_look == set->looks) return 0;  // this look's settle() saw it
-    if (still_quiet(e)) return 0;
     // Read before the look: a change after it changes the key.
     Entry::Quiet key;
     const bool keyed = quiet_key(e, key);
+    if (keyed && e.quiet && key == e.was) return 0;  // still quiet
     e.quiet = false;
     short bits = 0, ask = 0;
     if (!user_view(e.s, bits, ask)) {

@@ -257,8 +257,9 @@ ssize_t Stream::pending_io(const iovec *iov, int iovcnt, int flags, bool out,
             if (sh) {
                 // Taken over, it may go direct: its plain registrations
                 // become shadows first, as this call ends.
-                if (plain_n.load(std::memory_order_relaxed)) ask_deferred.store(true, std::memory_order_relaxed);
-                redo = !plain_n.load(std::memory_order_relaxed) && adopt_share(sh);
+                const bool plain = plain_n.load(std::memory_order_relaxed);
+                if (plain) ask_deferred.store(true, std::memory_order_relaxed);
+                redo = !plain && adopt_share(sh);
             } else if (left) {
                 // Alone now: kernel mode again, unless a send of ours holds
                 // the connection (its next call does it).

@@ -152,8 +152,7 @@ void arrivals(const Conn *c, std::uint32_t &rx, std::uint32_t &tx) noexcept {
 }
 
 ConnState quiet_marks(const Conn *c, std::uint32_t &rx, std::uint32_t &tx) noexcept {
-    rx = c->rx_seq.load(std::memory_order_acquire);
-    tx = c->tx_seq.load(std::memory_order_acquire);
+    arrivals(c, rx, tx);
     return c->state.load(std::memory_order_acquire);
 }
 
