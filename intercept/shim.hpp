@@ -29,7 +29,7 @@ class CallRef {
         if (s_->ask_deferred.load(std::memory_order_relaxed)) s_->finish_deferred_ask();
         // A call on a direct socket may change its readiness beyond what
         // its connection's counts say (a reset a send found, a shutdown).
-        if (s_->conn.load(std::memory_order_relaxed)) s_->touch();
+        if (transport::Conn *c = s_->conn.load(std::memory_order_acquire)) s_->touch(c);
         // The last call over a socket closed meanwhile: its close now.
         if (s_->calls.fetch_sub(1, std::memory_order_acq_rel) == 1 &&
             s_->held_fd.load(std::memory_order_acquire) >= 0)

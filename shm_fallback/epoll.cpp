@@ -48,17 +48,28 @@ struct Entry {
     // EPOLLET: the counts and events at the last report (none yet: fresh).
     bool fresh = true;
     std::uint32_t seen_rx = 0, seen_tx = 0, seen_bits = 0;
-    // A direct socket this entry had nothing to report for, and what it
-    // had then (Quiet): while that is all unchanged it has nothing still,
-    // and a look need not ask its connection (a set of many idle direct
-    // sockets: each look took every connection's receive lock).
+    // A direct socket this entry had nothing to report for: while nothing
+    // has happened to it since, it has nothing still, and a look need not
+    // ask its connection (a set of many idle direct sockets: each look
+    // took every connection's receive lock). With its readiness mark
+    // linked to the connection it was quiet on (`linked`: the mark of its
+    // slot in the set, transport::mark_link), nothing has happened while
+    // the mark is not set, and a look passes it by without reading
+    // anything of it (it is off the set's `active` list until the mark is
+    // set); without one, while what it had then (Quiet) is all unchanged.
     bool quiet = false;
+    bool linked = false;
+    // The connection the entry's mark was last linked to (null: none).
+    const Conn *mark_conn = nullptr;
+    // On the set's `active` list (kept when the slot is freed, until the
+    // list drops it).
+    bool active = false;
     // The look (EpollSet::looks) whose settle() found it still quiet: the
     // same look's scan takes that answer.
     std::uint32_t quiet_look = 0;
     struct Quiet {
         const Conn *c = nullptr;
-        std::uint32_t rx = 0, tx = 0, touched = 0, sleeps = 0;
+        std::uint32_t rx = 0, tx = 0, touched = 0;
         transport::ConnState state{};
         bool operator==(const Quiet &) const = default;
     } was;
@@ -73,15 +84,22 @@ bool quiet_key(const Entry &e, Entry::Quiet &q) noexcept {
     q.state = transport::quiet_marks(c, q.rx, q.tx);
     if (q.state != transport::ConnState::direct) return false;
     q.touched = e.s->touched.load(std::memory_order_acquire);
-    q.sleeps = sleeps_ended.load(std::memory_order_relaxed);
     return true;
 }
 
-// The entry found its socket quiet, and nothing has happened to it since.
+// The entry found its socket quiet, and nothing has happened to it since:
+// linked, its mark was not set (the set's marks were taken before the
+// look: a set one ended the quiet), or, without a mark, what it
+// remembered is as it was.
 bool still_quiet(const Entry &e) noexcept {
+    if (!e.quiet) return false;
+    if (e.linked) return true;
     Entry::Quiet now;
-    return e.quiet && quiet_key(e, now) && now == e.was;
+    return quiet_key(e, now) && now == e.was;
 }
+
+// A slot of a set's `entries` that holds an entry (not a freed one).
+bool live(const Entry &e) noexcept { return e.s || e.inner; }
 
 }  // namespace
 
@@ -94,11 +112,26 @@ struct EpollSet {
     // kernel's set registered under it: transport::Interest).
     const std::uint64_t serial = transport::next_watch_serial();
     transport::RankedMutex<transport::Rank::epoll> lock;
+    // Under `lock`. An entry keeps its slot for life (its mark is the
+    // slot's): a freed slot is reused by the next entry (`holes`).
     std::vector<Entry> entries;
+    std::vector<std::uint32_t> holes;
+    std::size_t live_n = 0;   // entries
+    std::size_t shown_n = 0;  // entries not parked
+    // The slots a look looks at: every entry but those quiet and linked
+    // (whose marks add them back when set), and perhaps freed slots and
+    // entries quiet since (the next scan drops them).
+    std::vector<std::uint32_t> active;
+    // The slots of the last few entries a scan reported: a sleep watches
+    // their connections even when quiet (their peers then wake the
+    // sleeping thread directly, not through the set's mask).
+    static constexpr std::size_t kLately = 4;
+    std::uint32_t lately[kLately] = {};
+    std::size_t lately_next = 0;
     // Whether `entries` holds any: set under `lock` at each change, read
     // without it (a wait's first look).
     std::atomic<bool> any{false};
-    std::size_t cursor = 0;  // fairness when maxevents is small
+    std::size_t cursor = 0;  // fairness when maxevents is small (in `active`)
     // Looks at the entries (under `lock`): settle() starts one, which the
     // scan after it shares (Entry::quiet_look); any other look starts its
     // own. `closes`: last_closes when closed sockets' entries last went.
@@ -130,8 +163,14 @@ struct EpollSet {
     std::atomic<bool> signalled{false};
     std::atomic<bool> tagged{false};
     // Sleeps (sleep_on_fds) on this set, directly or through a set or a
-    // poll that holds it: epoll_ctl wakes them.
-    transport::PollerMask pollers;
+    // poll that holds it: epoll_ctl wakes them, and so does the first
+    // setting of an entry's mark (the group's mask, in memory never freed:
+    // transport::mark_alloc).
+    const std::uint32_t group = transport::group_alloc();
+    transport::PollerMask &pollers = transport::group_pollers(group);
+    // When every entry is looked at afresh, quiet or not: what changed
+    // without setting a mark is found by then.
+    std::uint64_t full_at = 0;
     bool kernel_sleeper = false;
     std::vector<Stream *> held;
     // Threads in the kernel's epoll_wait on the set while it had no
@@ -140,6 +179,7 @@ struct EpollSet {
     std::atomic<int> plain_sleepers{0};
     ~EpollSet() {
         if (wake_fd >= 0) sys.close(wake_fd);
+        transport::group_free(group);
     }
 };
 
@@ -161,23 +201,109 @@ void note_set(int fd) noexcept {
     }
 }
 
-void entry_drop(Entry &e) noexcept {
+// The mark of the entry in slot `i` (0: none).
+std::uint32_t mark_at(const EpollSet *set, std::size_t i) noexcept {
+    return transport::mark_of(set->group, std::uint32_t(i));
+}
+
+// The connection of the entry in slot `i` forgets its mark (it lives
+// while the socket holds it, and the entry holds the socket).
+void unlink_mark(EpollSet *set, std::size_t i) noexcept {
+    Entry &e = set->entries[i];
+    if (e.s && e.mark_conn && e.s->conn.load(std::memory_order_acquire) == e.mark_conn)
+        transport::mark_unlink(const_cast<Conn *>(e.mark_conn), mark_at(set, i));
+    e.mark_conn = nullptr;
+    e.linked = false;
+    e.quiet = false;
+}
+
+// Drops the references of the entry in slot `i`.
+void entry_drop(EpollSet *set, std::size_t i) noexcept {
+    unlink_mark(set, i);
+    Entry &e = set->entries[i];
     if (e.s) release(e.s);
     if (e.inner) set_release(e.inner);
     e.s = nullptr;
     e.inner = nullptr;
 }
 
+// Puts slot `i` on the set's active list (set->lock held).
+void activate(EpollSet *set, std::size_t i) noexcept {
+    Entry &e = set->entries[i];
+    if (e.active) return;
+    e.active = true;
+    set->active.push_back(std::uint32_t(i));
+}
+
+// Adds `e` to the set (set->lock held), in a freed slot if there is one.
+void add_entry(EpollSet *set, const Entry &e) noexcept {
+    std::size_t i;
+    if (!set->holes.empty()) {
+        i = set->holes.back();
+        set->holes.pop_back();
+        const bool active = set->entries[i].active;
+        set->entries[i] = e;
+        set->entries[i].active = active;
+    } else {
+        i = set->entries.size();
+        set->entries.push_back(e);
+    }
+    ++set->live_n;
+    if (!e.parked) ++set->shown_n;
+    set->any.store(set->shown_n > 0, std::memory_order_release);
+    activate(set, i);
+}
+
+// Removes the entry in slot `i` (set->lock held).
+void remove_entry(EpollSet *set, std::size_t i) noexcept {
+    entry_drop(set, i);
+    Entry &e = set->entries[i];
+    if (!e.parked) --set->shown_n;
+    const bool active = e.active;
+    e = Entry{};
+    e.active = active;
+    --set->live_n;
+    set->holes.push_back(std::uint32_t(i));
+    set->any.store(set->shown_n > 0, std::memory_order_release);
+}
+
+// Links the mark of the entry in slot `i` to its socket's connection,
+// before the caller reads the socket's state: the connection linked, or
+// null (none, no mark, or the socket's entry in another set has it).
+const Conn *link_mark(EpollSet *set, std::size_t i) noexcept {
+    Entry &e = set->entries[i];
+    Conn *c = e.s->conn.load(std::memory_order_acquire);
+    const std::uint32_t m = mark_at(set, i);
+    if (!c || !m || !transport::mark_link(c, m)) return nullptr;
+    e.mark_conn = c;
+    return c;
+}
+
+// The marks set since the last time: their entries go on the active list
+// and are quiet no more (set->lock held).
+void gather(EpollSet *set) noexcept {
+    transport::marks_take(
+        set->group,
+        [](void *ctx, std::uint32_t i) {
+            auto *set = static_cast<EpollSet *>(ctx);
+            if (i >= set->entries.size() || !live(set->entries[i])) return;
+            set->entries[i].quiet = false;
+            activate(set, i);
+        },
+        set);
+}
+
 // At most this many parked entries in a set; a delete beyond them goes to
 // the kernel.
 constexpr int kMaxParked = 16;
 
-// `any` after a change of the entries (set->lock held).
-void note_any(EpollSet *set) noexcept {
-    const bool any = std::any_of(set->entries.begin(), set->entries.end(),
-                                 [](const Entry &e) { return !e.parked; });
-    set->any.store(any, std::memory_order_release);
-}
+// Every entry of a set is looked at afresh this often, quiet or not: a
+// change that set no mark (none is known; a sleep's safety net is as
+// long) is found within it.
+constexpr std::uint64_t kFullLookNs = 200'000'000;
+
+// `any` after an entry was parked or unparked (set->lock held).
+void note_any(EpollSet *set) noexcept { set->any.store(set->shown_n > 0, std::memory_order_release); }
 
 // A shadow was just added to the set (`any` stored): a thread asleep in
 // the kernel's epoll_wait on it since before (plain_wait) looks again. Its
@@ -267,28 +393,46 @@ bool edge_news(const Entry &e, std::uint32_t rx, std::uint32_t tx, std::uint32_t
     return (turned & kState) || ((turned & EPOLLOUT) && (e.ev.events & kOutput));
 }
 
+// The entry had nothing to report for its direct socket, as `key` says.
+void rest(Entry &e, const Entry::Quiet &key, const Conn *linked) noexcept {
+    e.quiet = true;
+    e.was = key;
+    e.linked = linked == key.c;
+}
+
+// EPOLLONESHOT fired for the entry in slot `i`: nothing is reported
+// until EPOLL_CTL_MOD, and the calls on its socket meanwhile (from the
+// thread it was handed to) set no mark that would wake the set's sleeps.
+void disarm(EpollSet *set, std::size_t i) noexcept {
+    set->entries[i].armed = false;
+    unlink_mark(set, i);
+}
+
 // The events of one entry now, as epoll_wait would report them, or 0.
 // `commit`: the report happens (EPOLLET and EPOLLONESHOT state advance).
-std::uint32_t entry_events(EpollSet *set, Entry &e, bool commit, int depth) noexcept {
-    if (!e.armed) return 0;
+std::uint32_t entry_events(EpollSet *set, std::size_t i, bool commit, int depth) noexcept {
+    Entry &e = set->entries[i];
+    if (!e.armed || !live(e)) return 0;
     if (e.inner) {
         // An epoll fd is readable when one of its events is pending.
         if (!(e.ev.events & EPOLLIN) || !inner_ready(e.inner, depth + 1)) return 0;
         return EPOLLIN;
     }
     if (e.quiet && e.quiet_look == set->looks) return 0;  // this look's settle() saw it
-    // Read before the look: a change after it changes the key.
+    if (still_quiet(e)) return 0;
+    e.quiet = false;
+    // The mark linked, then the key read, before the look: a change after
+    // the link sets the mark, one after the key changes the key.
+    const Conn *linked = link_mark(set, i);
     Entry::Quiet key;
     const bool keyed = quiet_key(e, key);
-    if (keyed && e.quiet && key == e.was) return 0;  // still quiet
-    e.quiet = false;
     short bits = 0, ask = 0;
     if (!user_view(e.s, bits, ask)) {
         if (commit && e.trimmed) untrim(set, e);
         // Bytes of the peer left to the holders at a fork come first, and
         // the kernel socket knows nothing of them.
         if (has_prefix(e.s) && (e.ev.events & EPOLLIN)) {
-            if (commit && (e.ev.events & EPOLLONESHOT)) e.armed = false;
+            if (commit && (e.ev.events & EPOLLONESHOT)) disarm(set, i);
             return EPOLLIN;
         }
         return 0;  // the kernel reports it
@@ -305,7 +449,7 @@ std::uint32_t entry_events(EpollSet *set, Entry &e, bool commit, int depth) noex
     // either): remembered, when the socket is direct.
     const bool quiet = keyed && e.trimmed;
     if (!ev) {
-        if (quiet) e.quiet = true, e.was = key;
+        if (quiet) rest(e, key, linked);
         return 0;
     }
     if (e.ev.events & EPOLLET) {
@@ -313,7 +457,7 @@ std::uint32_t entry_events(EpollSet *set, Entry &e, bool commit, int depth) noex
         std::uint32_t rx, tx;
         transport::arrivals(c, rx, tx);
         if (!e.fresh && !edge_news(e, rx, tx, all)) {
-            if (quiet) e.quiet = true, e.was = key;
+            if (quiet) rest(e, key, linked);
             return 0;
         }
         if (commit) {
@@ -323,17 +467,29 @@ std::uint32_t entry_events(EpollSet *set, Entry &e, bool commit, int depth) noex
             e.seen_bits = all;
         }
     }
-    if (commit && (e.ev.events & EPOLLONESHOT)) e.armed = false;
+    if (commit && (e.ev.events & EPOLLONESHOT)) disarm(set, i);
     return ev;
 }
 
 // Trims the kernel's registration of every socket our state answers now,
 // before the kernel is asked: its own socket (idle, always writable)
-// would report for it otherwise.
-void settle(EpollSet *set) noexcept {
+// would report for it otherwise. `clock`: the look may read the clock
+// for the full look that is due every kFullLookNs (the looks that ask the
+// kernel: a wait's first, and those after a sleep or 20 us of spin).
+void settle(EpollSet *set, bool clock) noexcept {
     std::lock_guard lock(set->lock);
     const std::uint32_t look = ++set->looks;
-    for (Entry &e : set->entries) {
+    if (const std::uint64_t now = clock ? monotonic_ns() : 0; now >= set->full_at && clock) {
+        set->full_at = now + kFullLookNs;
+        for (std::size_t i = 0; i < set->entries.size(); ++i)
+            if (live(set->entries[i])) {
+                set->entries[i].quiet = false;
+                activate(set, i);
+            }
+    }
+    gather(set);
+    for (const std::uint32_t i : set->active) {
+        Entry &e = set->entries[i];
         short bits = 0, ask = 0;
         if (!e.s || !e.armed) continue;
         // Quiet and trimmed, and nothing happened to it since: so it is
@@ -349,17 +505,29 @@ void settle(EpollSet *set) noexcept {
 }
 
 // Entries of sockets closed since (set->lock held): none when no socket
-// of the process was closed since the last time.
+// of the process was closed since the last time. Only active entries are
+// looked at: a quiet one's close sets its mark (close_prepare), and the
+// marks were gathered.
 void drop_closed(EpollSet *set) noexcept {
     const std::uint64_t closes = last_closes.load(std::memory_order_acquire);
     if (closes == set->closes) return;
     set->closes = closes;
-    if (std::erase_if(set->entries, [](Entry &e) {
-            if (!e.s || e.s->fds.load(std::memory_order_acquire) > 0) return false;
-            entry_drop(e);
-            return true;
-        }))
-        note_any(set);
+    gather(set);
+    for (const std::uint32_t i : set->active) {
+        const Entry &e = set->entries[i];
+        if (e.s && e.s->fds.load(std::memory_order_acquire) == 0) remove_entry(set, i);
+    }
+}
+
+// Off the active list: freed slots, and entries quiet with their marks
+// linked (set->lock held).
+void trim_active(EpollSet *set) noexcept {
+    std::erase_if(set->active, [set](std::uint32_t i) {
+        Entry &e = set->entries[i];
+        if (live(e) && !(e.quiet && e.linked)) return false;
+        e.active = false;
+        return true;
+    });
 }
 
 // Drops from out[0..*n) the events whose data is `data`; returns how many.
@@ -379,17 +547,22 @@ int drop_data(epoll_event *out, int *n, std::uint64_t data) noexcept {
 // goes, so no socket is reported twice in one call.
 void scan(EpollSet *set, epoll_event *out, int *n, int max, int *kernel) noexcept {
     std::lock_guard lock(set->lock);
+    gather(set);
     drop_closed(set);
-    auto &v = set->entries;
-    const std::size_t size = v.size();
-    set->all_trimmed.store(std::all_of(v.begin(), v.end(), [](const Entry &e) {
+    trim_active(set);
+    const auto &act = set->active;
+    const std::size_t size = act.size();
+    // (An entry off the list is quiet, so trimmed.)
+    set->all_trimmed.store(std::all_of(act.begin(), act.end(), [set](std::uint32_t i) {
+                               const Entry &e = set->entries[i];
                                return e.parked || (e.s && e.trimmed);
                            }),
                            std::memory_order_relaxed);
     for (std::size_t k = 0; k < size && *n < max; ++k) {
-        Entry &e = v[(set->cursor + k) % size];
+        const std::uint32_t i = act[(set->cursor + k) % size];
+        Entry &e = set->entries[i];
         const bool was_trimmed = e.trimmed;
-        std::uint32_t ev = entry_events(set, e, true, 0);
+        std::uint32_t ev = entry_events(set, i, true, 0);
         if (e.trimmed && !was_trimmed && *kernel > 0) {
             int dropped = drop_data(out, kernel, e.ev.data.u64);
             if (dropped) {
@@ -397,7 +570,10 @@ void scan(EpollSet *set, epoll_event *out, int *n, int max, int *kernel) noexcep
                 *n -= dropped;
             }
         }
-        if (ev) out[(*n)++] = {ev, e.ev.data};
+        if (ev) {
+            out[(*n)++] = {ev, e.ev.data};
+            set->lately[set->lately_next++ % EpollSet::kLately] = i;
+        }
     }
     if (size) set->cursor = (set->cursor + 1) % size;
 }
@@ -409,7 +585,7 @@ namespace detail {
 
 void set_release(EpollSet *set) noexcept {
     if (set->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-    for (Entry &e : set->entries) entry_drop(e);
+    for (std::size_t i = 0; i < set->entries.size(); ++i) entry_drop(set, i);
     delete set;
 }
 
@@ -426,8 +602,9 @@ bool inner_ready(EpollSet *set, int depth) noexcept {
     if (depth > 4) return false;  // the kernel limits nesting too
     std::lock_guard lock(set->lock);
     ++set->looks;  // a look of its own: no settle() answers for it
-    for (Entry &e : set->entries)
-        if (entry_events(set, e, false, depth)) return true;
+    gather(set);
+    for (const std::uint32_t i : set->active)
+        if (entry_events(set, i, false, depth)) return true;
     return false;
 }
 
@@ -439,7 +616,11 @@ void drop_set(void *set) noexcept { set_release(static_cast<EpollSet *>(set)); }
 void enlist_entries(EpollSet *set, transport::Watch &w, int depth) noexcept {
     if (depth > 4) return;  // as inner_ready
     std::lock_guard lock(set->lock);
-    for (Entry &e : set->entries) {
+    // The active entries; a quiet one's mark wakes the sleep through the
+    // set's mask (enlist_set), but for those reported lately, whose
+    // connections are watched too (their peers' direct wake-ups).
+    for (const std::uint32_t i : set->active) {
+        Entry &e = set->entries[i];
         if (!e.armed) continue;  // until EPOLL_CTL_MOD, which wakes the set's sleeps
         // The entry's reference keeps each alive under the lock; ours
         // keeps it through the sleep, whatever the set's entries become.
@@ -447,10 +628,20 @@ void enlist_entries(EpollSet *set, transport::Watch &w, int depth) noexcept {
             e.inner->refs.fetch_add(1, std::memory_order_relaxed);
             w.on(e.inner->pollers, drop_set, e.inner);
             enlist_entries(e.inner, w, depth + 1);
-        } else if (e.s) {
+        } else if (e.s && !(e.quiet && e.linked)) {
             e.s->refs.fetch_add(1, std::memory_order_relaxed);
             enlist_stream(e.s, w, drop_stream, e.s);
         }
+    }
+    const std::size_t n = std::min(set->lately_next, EpollSet::kLately);
+    for (std::size_t k = 0; k < n; ++k) {
+        const std::uint32_t i = set->lately[k];
+        if (std::find(set->lately, set->lately + k, i) != set->lately + k) continue;
+        if (i >= set->entries.size()) continue;
+        Entry &e = set->entries[i];
+        if (!e.s || !e.armed || !(e.quiet && e.linked)) continue;
+        e.s->refs.fetch_add(1, std::memory_order_relaxed);
+        enlist_stream(e.s, w, drop_stream, e.s);
     }
 }
 
@@ -562,29 +753,33 @@ bool only_hints(const EpollSet *set) noexcept {
            set->all_trimmed.load(std::memory_order_relaxed);
 }
 
-// EPOLL_CTL_DEL of entry `e`, parked instead when it can be (set->lock held).
-bool park(EpollSet *set, Entry &e) noexcept {
+// EPOLL_CTL_DEL of the entry in slot `i`, parked instead when it can be
+// (set->lock held).
+bool park(EpollSet *set, std::size_t i) noexcept {
+    Entry &e = set->entries[i];
     if (!e.trimmed || (e.ev.events & EPOLLEXCLUSIVE)) return false;
-    if (std::count_if(set->entries.begin(), set->entries.end(),
-                      [](const Entry &x) { return x.parked; }) >= kMaxParked)
-        return false;
+    if (set->live_n - set->shown_n >= std::size_t(kMaxParked)) return false;
     if (!answers_here(e)) return false;
     e.parked = true;
     e.armed = false;
+    --set->shown_n;
     note_any(set);
     return true;
 }
 
-// EPOLL_CTL_ADD of the parked entry `e` with `ev`, done without the kernel
-// if its hint registration can stand for it (set->lock held).
-bool unpark(EpollSet *set, Entry &e, const epoll_event *ev) noexcept {
+// EPOLL_CTL_ADD of the parked entry in slot `i` with `ev`, done without
+// the kernel if its hint registration can stand for it (set->lock held).
+bool unpark(EpollSet *set, std::size_t i, const epoll_event *ev) noexcept {
+    Entry &e = set->entries[i];
     if (!ev || (ev->events & EPOLLEXCLUSIVE) || !answers_here(e)) return false;
     e.ev = *ev;
     e.parked = false;
     e.armed = true;
     e.fresh = true;
     e.quiet = false;
+    ++set->shown_n;
     note_any(set);
+    activate(set, i);
     return true;
 }
 
@@ -665,13 +860,16 @@ int epoll_control(int epfd, int op, int fd, epoll_event *ev) noexcept {
         std::lock_guard lock(set->lock);
         bool trimmed = false;
         auto &v = set->entries;
-        auto it = std::find_if(v.begin(), v.end(), [&](const Entry &e) {
-            return e.fd == fd && (s ? e.s == s : e.inner == inner);
+        auto found = std::find_if(v.begin(), v.end(), [&](const Entry &e) {
+            return e.fd == fd && live(e) && (s ? e.s == s : e.inner == inner);
         });
+        // Its slot (kNone: none).
+        constexpr std::size_t kNone = ~std::size_t(0);
+        std::size_t at = found == v.end() ? kNone : std::size_t(found - v.begin());
         // A parked entry is not there for the application; added again
         // while our state answers, it comes back without a system call.
         // Otherwise its hint registration goes before the kernel is asked.
-        if (it != v.end() && it->parked) {
+        if (at != kNone && v[at].parked) {
             if (op != EPOLL_CTL_ADD) {
                 // The kernel's checks before it looks the fd up: a bad op,
                 // no event, MOD with EPOLLEXCLUSIVE.
@@ -681,22 +879,21 @@ int epoll_control(int epfd, int op, int fd, epoll_event *ev) noexcept {
                 r = !looked_up && sys.epoll_ctl(epfd, op, fd, ev) != 0 ? -errno : -ENOENT;
                 goto done;
             }
-            if (unpark(set, *it, ev)) goto done;
+            if (unpark(set, at, ev)) goto done;
             (void)sys.epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
-            entry_drop(*it);
-            v.erase(it);
-            it = v.end();
+            remove_entry(set, at);
+            at = kNone;
         }
         // A delete of a trimmed entry whose socket our state answers parks
         // it: the kernel's answer would be 0.
-        if (op == EPOLL_CTL_DEL && it != v.end() && park(set, *it)) goto done;
+        if (op == EPOLL_CTL_DEL && at != kNone && park(set, at)) goto done;
         // The kernel has the registration in every case (trimmed or not):
         // its answer stands (EEXIST, ENOENT, EINVAL ...), except for MOD of
         // an exclusive entry, which it refuses but would accept on the
         // hint registration that replaced it.
-        if (op == EPOLL_CTL_MOD && it != v.end() && (it->ev.events & EPOLLEXCLUSIVE)) {
+        if (op == EPOLL_CTL_MOD && at != kNone && (v[at].ev.events & EPOLLEXCLUSIVE)) {
             r = -EINVAL;
-        } else if ((r = kernel_ctl(epfd, op, fd, ev, s, it != v.end() ? &*it : nullptr,
+        } else if ((r = kernel_ctl(epfd, op, fd, ev, s, at != kNone ? &v[at] : nullptr,
                                    &trimmed)) != 0) {
         } else if (op == EPOLL_CTL_ADD) {
             Entry e;
@@ -705,25 +902,24 @@ int epoll_control(int epfd, int op, int fd, epoll_event *ev) noexcept {
             e.inner = inner;
             e.ev = *ev;
             e.trimmed = trimmed;
-            v.push_back(e);
-            set->any.store(true, std::memory_order_release);
+            add_entry(set, e);
             wake_plain_sleepers(set);
             s = nullptr;  // the entry holds the references now
             inner = nullptr;
-        } else if (op == EPOLL_CTL_MOD && it != v.end()) {
-            if (it->ev.events & EPOLLEXCLUSIVE) {
+        } else if (op == EPOLL_CTL_MOD && at != kNone) {
+            Entry &e = v[at];
+            if (e.ev.events & EPOLLEXCLUSIVE) {
                 r = -EINVAL;
             } else {
-                it->ev = *ev;
-                it->trimmed = trimmed;
-                it->armed = true;
-                it->fresh = true;
-                it->quiet = false;
+                e.ev = *ev;
+                e.trimmed = trimmed;
+                e.armed = true;
+                e.fresh = true;
+                e.quiet = false;
+                activate(set, at);
             }
-        } else if (op == EPOLL_CTL_DEL && it != v.end()) {
-            entry_drop(*it);
-            v.erase(it);
-            note_any(set);
+        } else if (op == EPOLL_CTL_DEL && at != kNone) {
+            remove_entry(set, at);
         }
     done:
         // A thread asleep in the kernel on this set looks at it again.
@@ -862,8 +1058,7 @@ void epoll_unplain(Stream *s) noexcept {
                 e.ev = s->plain[i].ev;
                 e.trimmed = false;  // the kernel's registration is the application's
                 s->refs.fetch_add(1, std::memory_order_relaxed);  // the entry's
-                set->entries.push_back(e);
-                set->any.store(true, std::memory_order_release);
+                add_entry(set, e);
                 set->foreign.fetch_sub(1, std::memory_order_relaxed);
                 plain_drop(s, i);
                 made = true;
@@ -923,7 +1118,7 @@ int epoll_alone(EpollSet *set, int epfd, epoll_event *out, int max, int timeout_
         drop_closed(set);
         for (Entry &e : set->entries) {
             bool held = false;
-            if (e.parked) continue;  // its hint is no event
+            if (e.parked || !live(e)) continue;  // a parked entry's hint is no event
             if (!e.s || e.trimmed || !kernel_may_answer(e.s, &held, true)) return kNotHere;
         }
     }
@@ -956,7 +1151,7 @@ int epoll_in_kernel(EpollSet *set, int epfd, epoll_event *out, int max, int time
             drop_closed(set);
             for (Entry &e : set->entries) {
                 bool held = false;
-                if (e.parked) continue;  // its hint is no event
+                if (e.parked || !live(e)) continue;  // a parked entry's hint is no event
                 // A trimmed entry answers from our state; an inner set
                 // may hold anything.
                 ok = e.s && !e.trimmed && kernel_may_answer(e.s, &held, false);
@@ -1060,7 +1255,7 @@ int epoll_wait_fds(int epfd, epoll_event *out, int max, int timeout_ms,
     bool shadowed = false;
     if (set) {
         std::lock_guard lock(set->lock);
-        shadowed = !set->entries.empty();
+        shadowed = set->live_n > 0;
     }
     transport::Engine *engine = transport::Engine::current();
     if (!shadowed && set && max > 0 && engine && timeout_ms != 0) {
@@ -1125,7 +1320,7 @@ int epoll_wait_fds(int epfd, epoll_event *out, int max, int timeout_ms,
                                       (set->turn.fetch_add(1, std::memory_order_relaxed) & 1);
             for (;;) {
                 int n = 0, hints = 0, kernel = 0;
-                settle(set);
+                settle(set, ask_kernel);
                 if (kernel_first) {
                     n = kernel_events(set, epfd, out, max, &hints);
                     if (n < 0) return n;
@@ -1162,6 +1357,11 @@ SD_CHILD_PATH void epoll_after_fork_child() noexcept {
             // Written only where not as it should be already (renew.hpp).
             transport::renew(set->lock);
             if (!set->entries.empty()) set->entries.clear();
+            if (!set->holes.empty()) set->holes.clear();
+            if (!set->active.empty()) set->active.clear();
+            transport::renew(set->live_n, 0);
+            transport::renew(set->shown_n, 0);
+            transport::renew(set->lately_next, 0);
             transport::renew(set->any, false);
             // The kernel's set holds the parent's registrations too, which
             // the child knows nothing of: it always asks the kernel.

@@ -29,11 +29,6 @@ constexpr short kWriteBits = POLLOUT | POLLWRNORM;
 // still due on the companion socket).
 bool user_view(Stream *s, short &bits, short &ask) noexcept;
 
-// Bumped each time a readiness wait returns from a sleep: what an epoll
-// entry remembered of a quiet socket (epoll.cpp) is looked at afresh
-// after it, whatever else said it had not changed.
-inline std::atomic<std::uint32_t> sleeps_ended{0};
-
 // The socket's prefix (prefix.hpp) holds bytes still to read: they come
 // before anything of its kernel socket's.
 bool has_prefix(Stream *s) noexcept;
@@ -122,7 +117,6 @@ struct PollWaiter : transport::BellWaiter {
             // was the kernel's) or once kAskKernelEveryNs has passed.
             bool polled = false;
             r = transport::sleep_on_fds(e, kfds, nk, mask, left, in, &polled);
-            sleeps_ended.fetch_add(1, std::memory_order_relaxed);
             ask_kernel_at = polled && r == 0 ? monotonic_ns() + kAskKernelEveryNs : 0;
         } else if (mask) {
             ask_kernel_at = 0;  // what woke us may be the kernel's

@@ -97,13 +97,18 @@ class Stream {
     std::atomic<std::uint32_t> rcvbuf{0};  // SO_RCVBUF as the application set it
     std::atomic<transport::Conn *> conn{nullptr};
     // The application's calls on it while it has a connection, counted
-    // at their end (CallRef, touch): an epoll entry that found it quiet
-    // knows it is still quiet while this, and its connection's arrivals
-    // and state, are as they were (epoll.cpp). A call may change its
-    // readiness in ways the connection's counts do not show (a send that
-    // found the peer dead, a shutdown, SO_RCVLOWAT).
+    // at their end (CallRef, touch), which also sets the connection's
+    // readiness mark (transport::mark_changed): an epoll entry that found
+    // it quiet knows it is still quiet while its mark is not set, or,
+    // without a mark, while this and its connection's arrivals and state
+    // are as they were (epoll.cpp). A call may change its readiness in
+    // ways the connection's counts do not show (a send that found the
+    // peer dead, a shutdown, SO_RCVLOWAT).
     std::atomic<std::uint32_t> touched{0};
-    void touch() noexcept { touched.fetch_add(1, std::memory_order_release); }
+    void touch(transport::Conn *c) noexcept {
+        touched.fetch_add(1, std::memory_order_release);
+        transport::mark_changed(c);
+    }
     // Sets `conn` (once, from null) and wakes the poll/select/epoll sleeps
     // that watched the socket without one (they watch the connection next).
     void set_conn(transport::Conn *c) noexcept;

@@ -192,6 +192,42 @@ void arrivals(const Conn *c, std::uint32_t &rx, std::uint32_t &tx) noexcept;
 // quiet connections reads them for each).
 ConnState quiet_marks(const Conn *c, std::uint32_t &rx, std::uint32_t &tx) noexcept;
 
+// Readiness marks (marks.cpp). An epoll set of the layer above has a group
+// (group_alloc), and each of its first kMarkSlots entries a mark in it
+// (mark_of), which the entry links to its socket's connection
+// (mark_link). Every change of the connection that can make it ready (a
+// delivery, a move of its state, a kernel hint, a send that should try
+// again, and each application call on its socket, which calls
+// mark_changed) sets the mark, and the first setting since the set last
+// took its marks (marks_take) wakes the group's pollers: the sleeps on the
+// set. So a look at a set need only look at the entries whose marks are
+// set (and those without one), and a sleep need not register on each
+// connection. Groups live in memory never freed: a change that reads a
+// mark just before its entry goes sets a bit for nothing, a look too many,
+// never one too few.
+inline constexpr std::uint32_t kMarkSlots = 4096;
+// A group (0: none left; its sets' entries have no marks).
+std::uint32_t group_alloc() noexcept;
+void group_free(std::uint32_t g) noexcept;
+// The group's poller mask (all of group 0's sets share one).
+PollerMask &group_pollers(std::uint32_t g) noexcept;
+// The mark of `slot` in group `g` (0: none, for group 0 or a slot beyond
+// kMarkSlots).
+std::uint32_t mark_of(std::uint32_t g, std::uint32_t slot) noexcept;
+// Links mark `m` to `c`, unless `c` carries another (the socket's entry
+// in another set): true when linked. Then the caller reads the
+// connection's state: a change after the link sets the mark.
+bool mark_link(Conn *c, std::uint32_t m) noexcept;
+// The entry goes: `c` forgets `m` if it carries it.
+void mark_unlink(Conn *c, std::uint32_t m) noexcept;
+// Calls fn(ctx, slot) for each mark of group `g` set since the last
+// call, clearing them.
+void marks_take(std::uint32_t g, void (*fn)(void *ctx, std::uint32_t slot), void *ctx) noexcept;
+// `c` changed (after the change is made): its mark is set.
+void mark_changed(Conn *c) noexcept;
+// In a fork child (the groups are the parent's copies, kept).
+void marks_after_fork_child() noexcept;
+
 // The handoff of its leave (HandoffOps), until a take-back
 // (Engine::take_back_locked) forgets it; `ops` lives as long as the
 // library. has_handoff: one is set.

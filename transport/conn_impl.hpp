@@ -186,6 +186,9 @@ struct Conn {
     std::uint32_t sink_held = 0;    // bytes of the sink budget it holds
     WaiterList waiters;
     PollerMask pollers;             // poll/select/epoll sleeps watching it
+    // The readiness mark of the epoll entry that watches it (conn.hpp:
+    // mark_link; 0: none), set by each change (mark_changed).
+    std::atomic<std::uint32_t> ready_mark{0};
     std::atomic<std::uint32_t> unreturned{0};  // consumed, credits not yet returned
 
     // Readiness (poll/select/epoll): bumped on every arrival, so an

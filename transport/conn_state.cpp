@@ -10,8 +10,12 @@ constexpr const char *kWhat = "a connection's state";
 
 }  // namespace
 
+// A move may make the socket ready (or hand it back to the kernel): the
+// epoll entry watching it looks again (mark_changed).
 bool Conn::move(ConnState from, ConnState to) noexcept {
-    return move_word(state, kConnMoves, kConnStateNames, kWhat, from, to);
+    if (!move_word(state, kConnMoves, kConnStateNames, kWhat, from, to)) return false;
+    mark_changed(this);
+    return true;
 }
 
 void Conn::move_to(ConnState to) noexcept {
@@ -23,6 +27,7 @@ void Conn::move_to(ConnState to) noexcept {
     do {
         if (s != to) check_move(kConnMoves, kConnStateNames, kWhat, s, to);
     } while (!state.compare_exchange_weak(s, to));
+    mark_changed(this);
 }
 
 }  // namespace sd::transport

@@ -746,6 +746,7 @@ void Conn::show_flow(bool rx_locked) noexcept {
 
 void Conn::wake_locked() noexcept {
     wake_pollers(pollers, wake_waiters_locked());
+    mark_changed(this);
 }
 
 std::uint64_t Conn::wake_waiters_locked(RungWaker cross) noexcept {

@@ -134,6 +134,8 @@ struct XBell {
     // often than `backoff_ns`, which doubles at each failure.
     std::uint64_t retry_ns = 0;
     std::uint64_t backoff_ns = 0;
+    // Last taken by a sleep (CLOCK_MONOTONIC ns).
+    std::uint64_t used_ns = 0;
 };
 
 // An RMA operation in flight; completed by progress(). `ctx` must come

@@ -272,6 +272,7 @@ SD_CHILD_PATH void Engine::forget_after_fork(bool settled) noexcept {
     if (parked_for_fork) std::exchange(parked_for_fork, nullptr)->control_busy_.forget_held();
     regcache().forget();  // the parent's registrations, in the parent's domain
     pollers_after_fork_child();
+    marks_after_fork_child();
     provider_gate().reset();
     renew(create_lock);
     renew(unusable, !settled);

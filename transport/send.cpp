@@ -573,8 +573,10 @@ ssize_t direct_send(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, 
     // Readiness still says writable, but an edge-triggered waiter is told
     // only of credits coming back, which may never happen: a new edge, so
     // that it tries again.
-    if (rc == -EAGAIN && c->credits.load(std::memory_order_acquire) > 0)
+    if (rc == -EAGAIN && c->credits.load(std::memory_order_acquire) > 0) {
         c->tx_seq.fetch_add(1, std::memory_order_release);
+        mark_changed(c);
+    }
     if (sent) return ssize_t(sent);
     if (rc == -EPIPE) return epipe(flags);
     return rc;

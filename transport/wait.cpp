@@ -60,13 +60,17 @@ int bell_get() noexcept {
 }
 
 // This thread's bells for links to peers of other uids (announce_cross):
-// the receiving ends, a few links at a time, the oldest replaced. An
+// the receiving ends, a few links at a time, the oldest replaced once no
+// sleep has taken it for kXBellIdleNs (a thread whose sleeps watch more
+// links than it has bells, a different few each time, would otherwise
+// make a bell at nearly every sleep). An
 // entry whose offer failed keeps rx -1 with its link, and the offer is
 // made again only after a pause that doubles at each failure (10 ms up to
 // 5 s), not at every sleep.
 constexpr int kXBells = 4;
 constexpr std::uint64_t kXBellFirstRetryNs = 10000000;
 constexpr std::uint64_t kXBellLastRetryNs = 5000000000;
+constexpr std::uint64_t kXBellIdleNs = 1000000000;
 // The receiving ends held by all threads, within fd_budget(): a server
 // with a thread per connection must not spend its fds on them.
 std::atomic<int> xbells_held{0};
@@ -88,8 +92,8 @@ std::atomic<std::uint32_t> xbell_tokens{0};
 // The calling thread's bell for the link of `c` (made, and offered to
 // the peer, at its first need); nullptr if none can be had. A sleep's
 // bells so far (`keep`, `nkeep` of them) are never replaced (closed) to
-// make room: with all of the thread's bells among them, a link without
-// one gets none.
+// make room, nor is one a sleep took within kXBellIdleNs: with all of the
+// thread's bells among those, a link without one gets none.
 const XBell *xbell_for(Engine *e, Conn *c, const int *keep, int nkeep) noexcept {
     std::uint32_t serial = 0;
     const int xl = e->xlink_of(c, &serial);
@@ -99,25 +103,32 @@ const XBell *xbell_for(Engine *e, Conn *c, const int *keep, int nkeep) noexcept 
     };
     XBell *pick = nullptr;
     std::uint64_t backoff = 0;
+    const std::uint64_t now = monotonic_ns();
     for (XBell &b : xbells) {
         if (b.link == xl && b.serial == serial) {
-            if (b.rx >= 0) return &b;
-            if (monotonic_ns() < b.retry_ns) return nullptr;
+            if (b.rx >= 0) {
+                b.used_ns = now;
+                return &b;
+            }
+            if (now < b.retry_ns) return nullptr;
             pick = &b;  // failed before: again, in place
             backoff = b.backoff_ns;
             break;
         }
         if (!pick && b.link < 0) pick = &b;
     }
-    // The oldest that the sleep does not wait on.
+    // The oldest that the sleep does not wait on, and that no sleep took
+    // for a while.
+    const auto idle = [&](const XBell &b) { return b.rx < 0 || now - b.used_ns >= kXBellIdleNs; };
     for (int k = 0; !pick && k < kXBells; ++k, ++xbell_next)
-        if (!kept(xbells[xbell_next % kXBells])) pick = &xbells[xbell_next++ % kXBells];
+        if (const XBell &b = xbells[xbell_next % kXBells]; !kept(b) && idle(b))
+            pick = &xbells[xbell_next++ % kXBells];
     if (!pick) return nullptr;
     xbell_close(*pick);
     thread_local XBellCloser closer{xbells};
     (void)closer;
     backoff = backoff ? std::min(2 * backoff, kXBellLastRetryNs) : kXBellFirstRetryNs;
-    *pick = XBell{xl, serial, -1, 0, monotonic_ns() + backoff, backoff};
+    *pick = XBell{xl, serial, -1, 0, now + backoff, backoff, now};
     if (xbells_held.load(std::memory_order_relaxed) >= fd_budget()) return nullptr;
     int pair[2];
     if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair) != 0) return nullptr;

@@ -256,9 +256,10 @@ bool withdraw_waker(Conn *c, std::uint64_t word) noexcept;
 // the thread. Withdrawn when the sleep ends: true when the peer rang
 // meanwhile (the caller then takes in what is queued). A few links per
 // thread (4, the oldest replaced, never one that the sleep waits on
-// already); a sleep over connections to more links than that announces
-// on the first 4 only (`bells`: the sleep's bells so far), and the
-// others' peers ring the link's bell as before.
+// already nor one a sleep took within the last second); a sleep over
+// connections to more links than that announces on the links with bells
+// (`bells`: the sleep's bells so far), and the others' peers ring the
+// link's bell as before.
 // The word: the token (bits 0-31), what the sleep polls (bits 32-62: a
 // poller slot's mark, as in ConnStat::waker, or the bell's fd + 1), and
 // the peer's latch (bit 63). A delivery from the link skips the sleep it
