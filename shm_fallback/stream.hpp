@@ -98,7 +98,7 @@ class Stream {
     std::atomic<transport::Conn *> conn{nullptr};
     // The application's calls on it while it has a connection, counted
     // at their end (CallRef, touch), which also sets the connection's
-    // readiness mark (transport::mark_changed): an epoll entry that found
+    // readiness mark (transport::mark_touched): an epoll entry that found
     // it quiet knows it is still quiet while its mark is not set, or,
     // without a mark, while this and its connection's arrivals and state
     // are as they were (epoll.cpp). A call may change its readiness in
@@ -107,7 +107,7 @@ class Stream {
     std::atomic<std::uint32_t> touched{0};
     void touch(transport::Conn *c) noexcept {
         touched.fetch_add(1, std::memory_order_release);
-        transport::mark_changed(c);
+        transport::mark_touched(c);
     }
     // Sets `conn` (once, from null) and wakes the poll/select/epoll sleeps
     // that watched the socket without one (they watch the connection next).

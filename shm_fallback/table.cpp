@@ -163,7 +163,7 @@ Stream *close_prepare(int fd) noexcept {
     if (!s || s->fds.fetch_sub(1, std::memory_order_acq_rel) != 1) return s;
     last_closes.fetch_add(1, std::memory_order_release);
     // An epoll entry that found it quiet looks again, and finds it closed.
-    if (transport::Conn *c = s->conn.load(std::memory_order_acquire)) transport::mark_changed(c);
+    if (transport::Conn *c = s->conn.load(std::memory_order_acquire)) transport::mark_touched(c);
     if (s->calls.load(std::memory_order_acquire) == 0 || !s->hold_for_calls()) s->last_close();
     // The calls may all have ended meanwhile: then the close is ours.
     else if (s->calls.load(std::memory_order_acquire) == 0) s->close_held();

@@ -223,8 +223,13 @@ void mark_unlink(Conn *c, std::uint32_t m) noexcept;
 // Calls fn(ctx, slot) for each mark of group `g` set since the last
 // call, clearing them.
 void marks_take(std::uint32_t g, void (*fn)(void *ctx, std::uint32_t slot), void *ctx) noexcept;
-// `c` changed (after the change is made): its mark is set.
-void mark_changed(Conn *c) noexcept;
+// `c` changed (after the change is made): its mark is set, and the
+// group's sleeps are woken but for the poller slots of `skip` (those the
+// peer woke itself: wake_pollers). mark_touched: the same for a change
+// that wakes nobody (a move of its state, the application's own call, a
+// death hint), which the next look finds as any other.
+void mark_changed(Conn *c, std::uint64_t skip = 0) noexcept;
+void mark_touched(Conn *c) noexcept;
 // In a fork child (the groups are the parent's copies, kept).
 void marks_after_fork_child() noexcept;
 

@@ -187,7 +187,7 @@ struct Conn {
     WaiterList waiters;
     PollerMask pollers;             // poll/select/epoll sleeps watching it
     // The readiness mark of the epoll entry that watches it (conn.hpp:
-    // mark_link; 0: none), set by each change (mark_changed).
+    // mark_link; 0: none), set by each change (mark_changed, mark_touched).
     std::atomic<std::uint32_t> ready_mark{0};
     std::atomic<std::uint32_t> unreturned{0};  // consumed, credits not yet returned
 

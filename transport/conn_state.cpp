@@ -11,10 +11,10 @@ constexpr const char *kWhat = "a connection's state";
 }  // namespace
 
 // A move may make the socket ready (or hand it back to the kernel): the
-// epoll entry watching it looks again (mark_changed).
+// epoll entry watching it looks again at its next look (mark_touched).
 bool Conn::move(ConnState from, ConnState to) noexcept {
     if (!move_word(state, kConnMoves, kConnStateNames, kWhat, from, to)) return false;
-    mark_changed(this);
+    mark_touched(this);
     return true;
 }
 
@@ -27,7 +27,7 @@ void Conn::move_to(ConnState to) noexcept {
     do {
         if (s != to) check_move(kConnMoves, kConnStateNames, kWhat, s, to);
     } while (!state.compare_exchange_weak(s, to));
-    mark_changed(this);
+    mark_touched(this);
 }
 
 }  // namespace sd::transport

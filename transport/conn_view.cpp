@@ -84,7 +84,7 @@ void kernel_eof_hint(Conn *c) noexcept {
         if (gone) e->peer_died(c);
     }
     c->rx_seq.fetch_add(1, std::memory_order_release);
-    mark_changed(c);
+    mark_touched(c);
 }
 
 std::int64_t readable_now(Conn *c, int kernel) noexcept {

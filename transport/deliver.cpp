@@ -134,7 +134,7 @@ void Engine::deliver(const char *buf, std::size_t len, const XLink *from) noexce
     // The connection outlives the pass (closing waits for the progress
     // lock), so its pollers' mask is still there.
     wake_pollers(c->pollers, skip);
-    mark_changed(c);
+    mark_changed(c, skip);
     if (m.answer_off != kNoOffset) answer_advert(c, m.answer_off, m.answer_len);
     if (m.answer_rst) answer_reset(c);
     if (m.answer_sink) {

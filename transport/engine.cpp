@@ -745,8 +745,9 @@ void Conn::show_flow(bool rx_locked) noexcept {
 }
 
 void Conn::wake_locked() noexcept {
-    wake_pollers(pollers, wake_waiters_locked());
-    mark_changed(this);
+    const std::uint64_t skip = wake_waiters_locked();
+    wake_pollers(pollers, skip);
+    mark_changed(this, skip);
 }
 
 std::uint64_t Conn::wake_waiters_locked(RungWaker cross) noexcept {

@@ -312,7 +312,7 @@ int Engine::write_owed_locked(Conn *c) noexcept {
     }
     c->tx_owed.store(false, std::memory_order_release);
     c->tx_seq.fetch_add(1, std::memory_order_release);  // writable again
-    mark_changed(c);
+    mark_touched(c);
     return 0;
 }
 

@@ -21,10 +21,36 @@ namespace sd::transport {
 
 namespace {
 
-struct Group {
+struct Bits {
     // Bit k: words[k] may have bits set.
     std::atomic<std::uint64_t> summary;
     std::atomic<std::uint64_t> words[kMarkSlots / 64];
+
+    // Sets `slot`: true if it was not set.
+    bool set(std::uint32_t slot) noexcept {
+        const std::uint64_t bit = std::uint64_t(1) << (slot % 64);
+        if (words[slot / 64].fetch_or(bit, std::memory_order_acq_rel) & bit) return false;
+        summary.fetch_or(std::uint64_t(1) << (slot / 64), std::memory_order_acq_rel);
+        return true;
+    }
+    void take(void (*fn)(void *ctx, std::uint32_t slot), void *ctx) noexcept {
+        if (!summary.load(std::memory_order_acquire)) return;
+        for (std::uint64_t s = summary.exchange(0, std::memory_order_acq_rel); s; s &= s - 1) {
+            const unsigned k = unsigned(__builtin_ctzll(s));
+            for (std::uint64_t w = words[k].exchange(0, std::memory_order_acq_rel); w; w &= w - 1)
+                fn(ctx, k * 64 + unsigned(__builtin_ctzll(w)));
+        }
+    }
+    void clear() noexcept {
+        summary.store(0, std::memory_order_relaxed);
+        for (auto &w : words) w.store(0, std::memory_order_relaxed);
+    }
+};
+
+// `woken`: the marks whose first setting wakes the pollers; `quiet`: those
+// set by changes that wake nobody (mark_touched).
+struct Group {
+    Bits woken, quiet;
     PollerMask pollers;
 };
 
@@ -70,9 +96,8 @@ std::uint32_t group_alloc() noexcept {
     else if (next_group < kGroups) g = next_group++;
     else return 0;
     // What an earlier set's connections set last: nothing of this one's.
-    Group &gr = t->groups[g];
-    gr.summary.store(0, std::memory_order_relaxed);
-    for (auto &w : gr.words) w.store(0, std::memory_order_relaxed);
+    t->groups[g].woken.clear();
+    t->groups[g].quiet.clear();
     return g;
 }
 
@@ -114,29 +139,32 @@ void mark_unlink(Conn *c, std::uint32_t m) noexcept {
 void marks_take(std::uint32_t g, void (*fn)(void *ctx, std::uint32_t slot), void *ctx) noexcept {
     MarkTable *t = table.load(std::memory_order_acquire);
     if (!g || !t) return;
-    Group &gr = t->groups[g];
-    if (!gr.summary.load(std::memory_order_acquire)) return;
-    for (std::uint64_t s = gr.summary.exchange(0, std::memory_order_acq_rel); s; s &= s - 1) {
-        const unsigned k = unsigned(__builtin_ctzll(s));
-        for (std::uint64_t w = gr.words[k].exchange(0, std::memory_order_acq_rel); w; w &= w - 1)
-            fn(ctx, k * 64 + unsigned(__builtin_ctzll(w)));
-    }
+    t->groups[g].woken.take(fn, ctx);
+    t->groups[g].quiet.take(fn, ctx);
 }
 
-void mark_changed(Conn *c) noexcept {
+// The group of the mark linked to `c`, and its slot; null if none.
+Group *marked(Conn *c, std::uint32_t &slot) noexcept {
     // The change the caller made, before the link is read (mark_link).
     std::atomic_thread_fence(std::memory_order_seq_cst);
     const std::uint32_t m = c->ready_mark.load(std::memory_order_relaxed);
-    if (!m) return;
-    Group &gr = table.load(std::memory_order_acquire)->groups[group_of(m)];
-    const std::uint32_t slot = slot_of(m);
-    const std::uint64_t bit = std::uint64_t(1) << (slot % 64);
+    if (!m) return nullptr;
+    slot = slot_of(m);
+    return &table.load(std::memory_order_acquire)->groups[group_of(m)];
+}
+
+void mark_changed(Conn *c, std::uint64_t skip) noexcept {
+    std::uint32_t slot;
+    Group *g = marked(c, slot);
     // Set already: its setter wakes the sleeps once the summary says so,
     // and no look has taken it since, so none of them went back to sleep
     // without it.
-    if (gr.words[slot / 64].fetch_or(bit, std::memory_order_acq_rel) & bit) return;
-    gr.summary.fetch_or(std::uint64_t(1) << (slot / 64), std::memory_order_acq_rel);
-    wake_pollers(gr.pollers);
+    if (g && g->woken.set(slot)) wake_pollers(g->pollers, skip);
+}
+
+void mark_touched(Conn *c) noexcept {
+    std::uint32_t slot;
+    if (Group *g = marked(c, slot)) g->quiet.set(slot);
 }
 
 SD_CHILD_PATH void marks_after_fork_child() noexcept { renew(groups_lock); }

@@ -575,7 +575,7 @@ ssize_t direct_send(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, 
     // that it tries again.
     if (rc == -EAGAIN && c->credits.load(std::memory_order_acquire) > 0) {
         c->tx_seq.fetch_add(1, std::memory_order_release);
-        mark_changed(c);
+        mark_touched(c);
     }
     if (sent) return ssize_t(sent);
     if (rc == -EPIPE) return epipe(flags);
