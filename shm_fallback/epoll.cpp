@@ -227,6 +227,9 @@ void entry_drop(EpollSet *set, std::size_t i) noexcept {
     e.inner = nullptr;
 }
 
+// `any` after an entry was added, removed, parked or unparked (set->lock held).
+void note_any(EpollSet *set) noexcept { set->any.store(set->shown_n > 0, std::memory_order_release); }
+
 // Puts slot `i` on the set's active list (set->lock held).
 void activate(EpollSet *set, std::size_t i) noexcept {
     Entry &e = set->entries[i];
@@ -250,7 +253,7 @@ void add_entry(EpollSet *set, const Entry &e) noexcept {
     }
     ++set->live_n;
     if (!e.parked) ++set->shown_n;
-    set->any.store(set->shown_n > 0, std::memory_order_release);
+    note_any(set);
     activate(set, i);
 }
 
@@ -264,7 +267,7 @@ void remove_entry(EpollSet *set, std::size_t i) noexcept {
     e.active = active;
     --set->live_n;
     set->holes.push_back(std::uint32_t(i));
-    set->any.store(set->shown_n > 0, std::memory_order_release);
+    note_any(set);
 }
 
 // Links the mark of the entry in slot `i` to its socket's connection,
@@ -302,8 +305,6 @@ constexpr int kMaxParked = 16;
 // long) is found within it.
 constexpr std::uint64_t kFullLookNs = 200'000'000;
 
-// `any` after an entry was parked or unparked (set->lock held).
-void note_any(EpollSet *set) noexcept { set->any.store(set->shown_n > 0, std::memory_order_release); }
 
 // A shadow was just added to the set (`any` stored): a thread asleep in
 // the kernel's epoll_wait on it since before (plain_wait) looks again. Its
@@ -479,7 +480,7 @@ std::uint32_t entry_events(EpollSet *set, std::size_t i, bool commit, int depth)
 void settle(EpollSet *set, bool clock) noexcept {
     std::lock_guard lock(set->lock);
     const std::uint32_t look = ++set->looks;
-    if (const std::uint64_t now = clock ? monotonic_ns() : 0; now >= set->full_at && clock) {
+    if (const std::uint64_t now = clock ? monotonic_ns() : 0; clock && now >= set->full_at) {
         set->full_at = now + kFullLookNs;
         for (std::size_t i = 0; i < set->entries.size(); ++i)
             if (live(set->entries[i])) {

@@ -145,6 +145,11 @@ void marks_take(std::uint32_t g, void (*fn)(void *ctx, std::uint32_t slot), void
 
 // The group of the mark linked to `c`, and its slot; null if none.
 Group *marked(Conn *c, std::uint32_t &slot) noexcept {
+    // No epoll set was ever made in this process, so nothing is linked:
+    // a blocking socket's calls and deliveries pay no fence for marks.
+    // (The table is mapped when the first set is made, long before an
+    // entry of it links a mark.)
+    if (!table.load(std::memory_order_relaxed)) return nullptr;
     // The change the caller made, before the link is read (mark_link).
     std::atomic_thread_fence(std::memory_order_seq_cst);
     const std::uint32_t m = c->ready_mark.load(std::memory_order_relaxed);
