@@ -142,6 +142,15 @@ bool Stream::kernel_wait_ok_locked() const noexcept {
              share.load(std::memory_order_relaxed) || conn.load(std::memory_order_relaxed));
 }
 
+bool Stream::kernel_for_good_locked() const noexcept {
+    if (forked || counting() || ask_deferred.load(std::memory_order_relaxed) ||
+        prefix.load(std::memory_order_acquire) ||
+        phase.load(std::memory_order_acquire) != Phase::attached)
+        return false;
+    transport::Conn *c = conn.load(std::memory_order_acquire);
+    return !c || (transport::state_of(c) == transport::ConnState::final && !left_holders(c));
+}
+
 void Stream::end_kernel_wait() noexcept {
     std::lock_guard lock(pend_lock);
     --kernel_waiters;

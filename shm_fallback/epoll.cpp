@@ -35,6 +35,9 @@ constexpr std::uint64_t kTagMask = 0xffffull << 48;
 
 struct Entry {
     int fd = -1;
+    // The next entry of the set with the same fd number (its slot + 1; 0:
+    // none): EpollSet::by_fd's chain.
+    std::uint32_t next_fd = 0;
     Stream *s = nullptr;       // a socket of ours (reference held) ...
     EpollSet *inner = nullptr; // ... or an epoll set inside this one (reference held)
     epoll_event ev{};          // as the application registered it
@@ -64,6 +67,9 @@ struct Entry {
     // On the set's `active` list (kept when the slot is freed, until the
     // list drops it).
     bool active = false;
+    // Off the list with the kernel's registration the application's own
+    // (not trimmed): counted in EpollSet::kernel_rests.
+    bool kernel_rest = false;
     // The look (EpollSet::looks) whose settle() found it still quiet: the
     // same look's scan takes that answer.
     std::uint32_t quiet_look = 0;
@@ -116,7 +122,16 @@ struct EpollSet {
     // slot's): a freed slot is reused by the next entry (`holes`).
     std::vector<Entry> entries;
     std::vector<std::uint32_t> holes;
+    // Under `lock`. The entries by fd number: the slot + 1 of the newest
+    // entry of each fd (0: none), the others chained through
+    // Entry::next_fd (a socket closed while another fd held it keeps its
+    // entry, and the number may name another socket by then).
+    std::vector<std::uint32_t> by_fd;
     std::size_t live_n = 0;   // entries
+    // Entries off the active list whose sockets the kernel reports
+    // (Entry::kernel_rest): while there are any, the kernel holds
+    // registrations of the application's (`all_trimmed` is false).
+    std::size_t kernel_rests = 0;
     std::size_t shown_n = 0;  // entries not parked
     // The slots a look looks at: every entry but those quiet and linked
     // (whose marks add them back when set), and perhaps freed slots and
@@ -235,6 +250,10 @@ void activate(EpollSet *set, std::size_t i) noexcept {
     Entry &e = set->entries[i];
     if (e.active) return;
     e.active = true;
+    if (e.kernel_rest) {
+        e.kernel_rest = false;
+        --set->kernel_rests;
+    }
     set->active.push_back(std::uint32_t(i));
 }
 
@@ -251,6 +270,10 @@ void add_entry(EpollSet *set, const Entry &e) noexcept {
         i = set->entries.size();
         set->entries.push_back(e);
     }
+    const auto fd = std::size_t(e.fd);
+    if (fd >= set->by_fd.size()) set->by_fd.resize(fd + 1, 0);
+    set->entries[i].next_fd = set->by_fd[fd];
+    set->by_fd[fd] = std::uint32_t(i + 1);
     ++set->live_n;
     if (!e.parked) ++set->shown_n;
     note_any(set);
@@ -261,7 +284,11 @@ void add_entry(EpollSet *set, const Entry &e) noexcept {
 void remove_entry(EpollSet *set, std::size_t i) noexcept {
     entry_drop(set, i);
     Entry &e = set->entries[i];
+    std::uint32_t *link = &set->by_fd[std::size_t(e.fd)];
+    while (*link != i + 1) link = &set->entries[*link - 1].next_fd;
+    *link = e.next_fd;
     if (!e.parked) --set->shown_n;
+    if (e.kernel_rest) --set->kernel_rests;
     const bool active = e.active;
     e = Entry{};
     e.active = active;
@@ -378,6 +405,37 @@ void untrim(EpollSet *set, Entry &e) noexcept {
     e.trimmed = false;
 }
 
+// The entry in slot `i`, whose kernel registration is the application's
+// own (not trimmed), leaves the set for a plain registration of its
+// socket when the socket is on the kernel for good: no look or sleep pays
+// for it again (a server's connections from peers without the library,
+// or beyond its connection table). Set->lock held; true when done.
+bool to_plain(EpollSet *set, std::size_t i) noexcept {
+    Entry &e = set->entries[i];
+    Stream *s = e.s;
+    if (e.trimmed || e.parked || !s || !fd_is(e.fd, s)) return false;
+    {
+        std::lock_guard lock(s->pend_lock);
+        const int n = s->plain_n.load(std::memory_order_relaxed);
+        if (n == Stream::kPlainRegs || !s->kernel_for_good_locked()) return false;
+        s->plain[n] = {set->epfd, e.fd, set->serial, e.ev};
+        s->plain_n.store(n + 1, std::memory_order_relaxed);
+        set->foreign.fetch_add(1, std::memory_order_relaxed);
+    }
+    remove_entry(set, i);  // its reference goes, not under pend_lock
+    return true;
+}
+
+// The connection's readiness is its kernel socket's, whatever else
+// happens to it, until its state moves (transport::Conn::move sets its
+// mark): published and waiting for an upgrade, asking for one, or on
+// TCP for good.
+bool kernel_reports(const Conn *c) noexcept {
+    const transport::ConnState st = transport::state_of(c);
+    return st == transport::ConnState::kernel || st == transport::ConnState::initiating ||
+           st == transport::ConnState::final;
+}
+
 // Whether something came since the entry's last report that would wake an
 // edge-triggered watcher of TCP with its events: bytes arriving wake the
 // watchers of input only, space coming back after there was none (or a
@@ -430,13 +488,24 @@ std::uint32_t entry_events(EpollSet *set, std::size_t i, bool commit, int depth)
     short bits = 0, ask = 0;
     if (!user_view(e.s, bits, ask)) {
         if (commit && e.trimmed) untrim(set, e);
+        if (commit && to_plain(set, i)) return 0;
         // Bytes of the peer left to the holders at a fork come first, and
         // the kernel socket knows nothing of them.
-        if (has_prefix(e.s) && (e.ev.events & EPOLLIN)) {
+        if (has_prefix(e.s)) {
+            if (!(e.ev.events & EPOLLIN)) return 0;
             if (commit && (e.ev.events & EPOLLONESHOT)) disarm(set, i);
             return EPOLLIN;
         }
-        return 0;  // the kernel reports it
+        // The kernel reports it, and goes on doing so until its
+        // connection's state moves (its upgrade, asked by the peer or by
+        // us), which sets the mark linked above: it rests until then, as
+        // a quiet direct one does (a server's connections from peers that
+        // never ask: no look or sleep walks them).
+        if (linked && !e.trimmed && kernel_reports(linked)) {
+            e.quiet = true;
+            e.linked = true;
+        }
+        return 0;
     }
     // A report trims the kernel's registration first (or the kernel would
     // report too); a mere look (nested sets, peeks) needs no trim.
@@ -527,6 +596,10 @@ void trim_active(EpollSet *set) noexcept {
         Entry &e = set->entries[i];
         if (live(e) && !(e.quiet && e.linked)) return false;
         e.active = false;
+        if (live(e) && !e.trimmed) {
+            e.kernel_rest = true;
+            ++set->kernel_rests;
+        }
         return true;
     });
 }
@@ -553,11 +626,13 @@ void scan(EpollSet *set, epoll_event *out, int *n, int max, int *kernel) noexcep
     trim_active(set);
     const auto &act = set->active;
     const std::size_t size = act.size();
-    // (An entry off the list is quiet, so trimmed.)
-    set->all_trimmed.store(std::all_of(act.begin(), act.end(), [set](std::uint32_t i) {
-                               const Entry &e = set->entries[i];
-                               return e.parked || (e.s && e.trimmed);
-                           }),
+    // (An entry off the list is quiet, so trimmed, but for those the
+    // kernel reports.)
+    set->all_trimmed.store(set->kernel_rests == 0 &&
+                               std::all_of(act.begin(), act.end(), [set](std::uint32_t i) {
+                                   const Entry &e = set->entries[i];
+                                   return e.parked || (e.s && e.trimmed);
+                               }),
                            std::memory_order_relaxed);
     for (std::size_t k = 0; k < size && *n < max; ++k) {
         const std::uint32_t i = act[(set->cursor + k) % size];
@@ -861,12 +936,15 @@ int epoll_control(int epfd, int op, int fd, epoll_event *ev) noexcept {
         std::lock_guard lock(set->lock);
         bool trimmed = false;
         auto &v = set->entries;
-        auto found = std::find_if(v.begin(), v.end(), [&](const Entry &e) {
-            return e.fd == fd && live(e) && (s ? e.s == s : e.inner == inner);
-        });
         // Its slot (kNone: none).
         constexpr std::size_t kNone = ~std::size_t(0);
-        std::size_t at = found == v.end() ? kNone : std::size_t(found - v.begin());
+        std::size_t at = kNone;
+        for (std::uint32_t j = std::size_t(fd) < set->by_fd.size() ? set->by_fd[std::size_t(fd)] : 0;
+             j; j = v[j - 1].next_fd)
+            if (s ? v[j - 1].s == s : v[j - 1].inner == inner) {
+                at = j - 1;
+                break;
+            }
         // A parked entry is not there for the application; added again
         // while our state answers, it comes back without a system call.
         // Otherwise its hint registration goes before the kernel is asked.
@@ -1359,9 +1437,11 @@ SD_CHILD_PATH void epoll_after_fork_child() noexcept {
             transport::renew(set->lock);
             if (!set->entries.empty()) set->entries.clear();
             if (!set->holes.empty()) set->holes.clear();
+            if (!set->by_fd.empty()) set->by_fd.clear();
             if (!set->active.empty()) set->active.clear();
             transport::renew(set->live_n, 0);
             transport::renew(set->shown_n, 0);
+            transport::renew(set->kernel_rests, 0);
             transport::renew(set->lately_next, 0);
             transport::renew(set->any, false);
             // The kernel's set holds the parent's registrations too, which

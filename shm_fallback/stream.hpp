@@ -174,6 +174,12 @@ class Stream {
     bool plain_ok_locked() const noexcept {
         return !forked && !ask_deferred.load(std::memory_order_relaxed) && kernel_wait_ok_locked();
     }
+    // On the kernel for good (pend_lock held): no connection will be
+    // attached to it (its attach failed, or a rule or a change of
+    // privileges keeps it on TCP), or its connection is final with no
+    // holder to take it over, and nothing of ours comes before the kernel
+    // socket's bytes. Its epoll shadows may become plain registrations.
+    bool kernel_for_good_locked() const noexcept;
     bool acceptor = false;
     std::uint64_t pre_tx = 0;
     std::uint64_t pre_rx = 0;
