@@ -12,6 +12,11 @@
 #           and idle. Then `redis-benchmark -c 1 -t ping_mbulk -n
 #           BENCH_IDLE_REQS` (20000): requests a second. The idle
 #           connections' modes come from the holder's stats.
+#   mixed   as redis, but only the server runs the library (sdirect) or
+#           nothing does (kernel): its clients do not, as when a server
+#           alone is preloaded. Its idle connections earn their upgrade,
+#           ask for it and wait for one their peer never asks for. Their
+#           modes come from the server's stats.
 #   nginx   nginx, one worker; the holder opens BENCH_IDLE_N keep-alive
 #           connections, one request each (too few calls to earn an
 #           upgrade: they stay on TCP, asked for nothing); then ab -c 1
@@ -23,7 +28,7 @@
 # Writes benchmarks/results/<UTC time>/<placement>/idle_load.txt (and
 # idle_load.runs, one line a run).
 #
-# Usage: benchmarks/idle_load.sh [redis] [nginx]   (both by default)
+# Usage: benchmarks/idle_load.sh [redis] [mixed] [nginx]   (all by default)
 set -u
 me=idle_load.sh
 # shellcheck source=benchmarks/lib.sh
@@ -41,12 +46,12 @@ done
 ((idle_n <= 3000)) || { echo "$me: BENCH_IDLE_N must be at most 3000" >&2; exit 1; }
 
 rows=("$@")
-((${#rows[@]})) || rows=(redis nginx)
+((${#rows[@]})) || rows=(redis mixed nginx)
 for r in "${rows[@]}"; do
     case "$r" in
-        redis) need=(redis-server redis-benchmark) ;;
+        redis | mixed) need=(redis-server redis-benchmark) ;;
         nginx) need=(nginx ab) ;;
-        *) echo "usage: $me [redis] [nginx]" >&2; exit 2 ;;
+        *) echo "usage: $me [redis] [mixed] [nginx]" >&2; exit 2 ;;
     esac
     for c in "${need[@]}"; do
         command -v "$c" >/dev/null || { echo "$me: $c missing (scripts/setup.sh installs it)" >&2; exit 1; }
@@ -116,17 +121,34 @@ bench_ab() {
         2>/dev/null | awk '/^Requests per second/ { v = $4 } END { print v == "" ? "n/a" : v }'
 }
 
-# run_redis HOW and run_nginx HOW: requests a second, or n/a (on `port`).
+# redis_server HOW [STATS]: redis-server on `port` as HOW (srv_pid), its
+# own statistics to STATS if given.
+redis_server() {
+    local p
+    read -r -a p <<<"$(pre "$1")"
+    [[ -n "${2:-}" ]] && p+=("SDIRECT_STATS_FILE=$2")
+    mkdir -p "$tmp/redis"
+    "${srv_pin[@]}" "${p[@]}" redis-server --bind 127.0.0.1 \
+        --port "$port" --save '' --appendonly no --dir "$tmp/redis" --daemonize no \
+        --protected-mode no --maxclients $((idle_n + 100)) >"$tmp/srv.out" 2>&1 &
+    srv_pid=$!
+}
+
+# run_ROW HOW: requests a second, or n/a (on `port`).
 run_redis() {
     local stats="$tmp/hold-redis-$1.stats" p
     read -r -a p <<<"$(pre "$1")"
     rm -f "$stats"
-    mkdir -p "$tmp/redis"
-    "${srv_pin[@]}" "${p[@]}" redis-server --bind 127.0.0.1 --port "$port" --save '' \
-        --appendonly no --dir "$tmp/redis" --daemonize no --protected-mode no \
-        --maxclients $((idle_n + 100)) >"$tmp/srv.out" 2>&1 &
-    srv_pid=$!
+    redis_server "$1"
     beside_idle redis "$1" "$stats" TERM bench_redis
+}
+
+run_mixed() {
+    local stats="$tmp/hold-mixed-$1.stats" p
+    read -r -a p <<<"$(pre kernel)"  # the clients never run the library
+    rm -f "$stats"
+    redis_server "$1" "$stats"
+    beside_idle mixed kernel "$tmp/hold-mixed-none.stats" TERM bench_redis
 }
 
 run_nginx() {

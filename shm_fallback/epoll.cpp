@@ -297,6 +297,19 @@ void remove_entry(EpollSet *set, std::size_t i) noexcept {
     note_any(set);
 }
 
+constexpr std::size_t kNoSlot = ~std::size_t(0);
+
+// The slot of the entry registered through fd number `fd` that `match`
+// accepts, or kNoSlot (set->lock held).
+template <typename Match>
+std::size_t find_entry(const EpollSet *set, int fd, Match match) noexcept {
+    const auto at = std::size_t(fd);
+    for (std::uint32_t j = fd >= 0 && at < set->by_fd.size() ? set->by_fd[at] : 0; j;
+         j = set->entries[j - 1].next_fd)
+        if (match(set->entries[j - 1])) return j - 1;
+    return kNoSlot;
+}
+
 // Links the mark of the entry in slot `i` to its socket's connection,
 // before the caller reads the socket's state: the connection linked, or
 // null (none, no mark, or the socket's entry in another set has it).
@@ -428,12 +441,12 @@ bool to_plain(EpollSet *set, std::size_t i) noexcept {
 
 // The connection's readiness is its kernel socket's, whatever else
 // happens to it, until its state moves (transport::Conn::move sets its
-// mark): published and waiting for an upgrade, asking for one, or on
-// TCP for good.
+// mark): published and waiting for an upgrade, or asking for one. (A
+// final one's holders may take the socket over with a connection of
+// their own, whose changes set no mark of this one's.)
 bool kernel_reports(const Conn *c) noexcept {
     const transport::ConnState st = transport::state_of(c);
-    return st == transport::ConnState::kernel || st == transport::ConnState::initiating ||
-           st == transport::ConnState::final;
+    return st == transport::ConnState::kernel || st == transport::ConnState::initiating;
 }
 
 // Whether something came since the entry's last report that would wake an
@@ -936,19 +949,14 @@ int epoll_control(int epfd, int op, int fd, epoll_event *ev) noexcept {
         std::lock_guard lock(set->lock);
         bool trimmed = false;
         auto &v = set->entries;
-        // Its slot (kNone: none).
-        constexpr std::size_t kNone = ~std::size_t(0);
-        std::size_t at = kNone;
-        for (std::uint32_t j = std::size_t(fd) < set->by_fd.size() ? set->by_fd[std::size_t(fd)] : 0;
-             j; j = v[j - 1].next_fd)
-            if (s ? v[j - 1].s == s : v[j - 1].inner == inner) {
-                at = j - 1;
-                break;
-            }
+        // Its slot (kNoSlot: none).
+        std::size_t at = find_entry(set, fd, [&](const Entry &e) {
+            return s ? e.s == s : e.inner == inner;
+        });
         // A parked entry is not there for the application; added again
         // while our state answers, it comes back without a system call.
         // Otherwise its hint registration goes before the kernel is asked.
-        if (at != kNone && v[at].parked) {
+        if (at != kNoSlot && v[at].parked) {
             if (op != EPOLL_CTL_ADD) {
                 // The kernel's checks before it looks the fd up: a bad op,
                 // no event, MOD with EPOLLEXCLUSIVE.
@@ -961,18 +969,18 @@ int epoll_control(int epfd, int op, int fd, epoll_event *ev) noexcept {
             if (unpark(set, at, ev)) goto done;
             (void)sys.epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
             remove_entry(set, at);
-            at = kNone;
+            at = kNoSlot;
         }
         // A delete of a trimmed entry whose socket our state answers parks
         // it: the kernel's answer would be 0.
-        if (op == EPOLL_CTL_DEL && at != kNone && park(set, at)) goto done;
+        if (op == EPOLL_CTL_DEL && at != kNoSlot && park(set, at)) goto done;
         // The kernel has the registration in every case (trimmed or not):
         // its answer stands (EEXIST, ENOENT, EINVAL ...), except for MOD of
         // an exclusive entry, which it refuses but would accept on the
         // hint registration that replaced it.
-        if (op == EPOLL_CTL_MOD && at != kNone && (v[at].ev.events & EPOLLEXCLUSIVE)) {
+        if (op == EPOLL_CTL_MOD && at != kNoSlot && (v[at].ev.events & EPOLLEXCLUSIVE)) {
             r = -EINVAL;
-        } else if ((r = kernel_ctl(epfd, op, fd, ev, s, at != kNone ? &v[at] : nullptr,
+        } else if ((r = kernel_ctl(epfd, op, fd, ev, s, at != kNoSlot ? &v[at] : nullptr,
                                    &trimmed)) != 0) {
         } else if (op == EPOLL_CTL_ADD) {
             Entry e;
@@ -985,7 +993,7 @@ int epoll_control(int epfd, int op, int fd, epoll_event *ev) noexcept {
             wake_plain_sleepers(set);
             s = nullptr;  // the entry holds the references now
             inner = nullptr;
-        } else if (op == EPOLL_CTL_MOD && at != kNone) {
+        } else if (op == EPOLL_CTL_MOD && at != kNoSlot) {
             Entry &e = v[at];
             if (e.ev.events & EPOLLEXCLUSIVE) {
                 r = -EINVAL;
@@ -997,7 +1005,7 @@ int epoll_control(int epfd, int op, int fd, epoll_event *ev) noexcept {
                 e.quiet = false;
                 activate(set, at);
             }
-        } else if (op == EPOLL_CTL_DEL && at != kNone) {
+        } else if (op == EPOLL_CTL_DEL && at != kNoSlot) {
             remove_entry(set, at);
         }
     done:
@@ -1023,6 +1031,16 @@ struct EpollCtx {
 // not events: a hint is applied (to a socket still in the set) and
 // counted in *hints; a wake-up of this set's kernel sleeper only sets
 // *woken. Events kept.
+// A hint for `s` is for a trimmed, shown entry of the set: one under the
+// socket's fd number (the index), or, registered through another of its
+// fds (a dup), one found by a walk.
+bool hinted_here(EpollSet *set, const Stream *s) noexcept {
+    std::lock_guard lock(set->lock);
+    auto mine = [s](const Entry &e) { return e.s == s && e.trimmed && !e.parked; };
+    return find_entry(set, s->fd.load(std::memory_order_relaxed), mine) != kNoSlot ||
+           std::any_of(set->entries.begin(), set->entries.end(), mine);
+}
+
 int keep_events(EpollSet *set, epoll_event *out, int k, int *hints, bool *woken) noexcept {
     int kept = 0;
     for (int i = 0; i < k; ++i) {
@@ -1037,12 +1055,7 @@ int keep_events(EpollSet *set, epoll_event *out, int k, int *hints, bool *woken)
         }
         ++*hints;
         auto *hinted = reinterpret_cast<Stream *>(d & ~kTagMask);
-        bool ours = false;
-        {
-            std::lock_guard lock(set->lock);
-            for (const Entry &e : set->entries) ours |= e.s == hinted && e.trimmed && !e.parked;
-        }
-        if (ours) kernel_hint(hinted);
+        if (hinted_here(set, hinted)) kernel_hint(hinted);
     }
     return kept;
 }

@@ -61,6 +61,17 @@ TEST_CASE("300 concurrent connections between two processes are byte-exact", "[m
     run_pair(spec);
 }
 
+// Both ends wait in one epoll set each: with a peer that does not run the
+// library, the preloaded end's connections wait on the kernel for an
+// upgrade that never comes (their entries rest until their state moves),
+// and every one must still be reported as the kernel's socket is.
+TEST_CASE("300 concurrent connections over one epoll set at each end are byte-exact", "[many]") {
+    PairSpec spec;
+    spec.args = {"--scenario", "many", "--conns", "300", "--seed", "5", "--wait", "epoll"};
+    spec.timeout = 120;
+    run_pair(spec);
+}
+
 TEST_CASE("60 client processes to one server are byte-exact", "[many]") {
     const auto pls = placements();
     for (const Placement &pl : pls) {

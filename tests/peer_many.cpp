@@ -1,13 +1,16 @@
 // Scenario "many": every connection carries one request and one answer of
 // its own size and pattern, all at once, over nonblocking sockets driven
-// by one poll() loop. The client names each connection in a 16-byte header
-// (magic, index, size) because the server accepts them in any order.
+// by one poll() loop (or, with --wait epoll, one level-triggered epoll set
+// whose registrations follow what each connection waits for). The client
+// names each connection in a 16-byte header (magic, index, size) because
+// the server accepts them in any order.
 #include "peer_common.hpp"
 
 #include <cerrno>
 #include <cstring>
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/epoll.h>
 #include <unistd.h>
 #include <vector>
 
@@ -41,6 +44,14 @@ void derive(Flow &f, std::uint64_t base) {
 }
 
 bool header_known(const Flow &f) { return f.hdr_done == sizeof(Header); }
+
+// The events a connection waits for now.
+short wanted(const Flow &f, bool client) {
+    short ev = POLLIN;
+    if ((client && f.hdr_done < sizeof(Header)) || (header_known(f) && f.tx_off < f.hdr.size))
+        ev |= POLLOUT;
+    return ev;
+}
 
 bool finished(const Flow &f, bool client) {
     if (!header_known(f) || f.tx_off < f.hdr.size || f.rx_off < f.hdr.size) return false;
@@ -142,44 +153,83 @@ void many_exchange(int *fds, std::size_t n, bool client, const Options &opt) {
         }
     }
     std::vector<std::uint8_t> buf(65536);
-    std::vector<pollfd> pfds;
-    std::vector<std::size_t> which;
     std::size_t open = n;
+    // One connection's turn with the events `got`; its registration in
+    // the epoll set `ep` (if any) follows what it waits for next.
+    auto serve = [&](Flow &f, short got, int ep, short &registered) {
+        if (f.fd >= 0 && (got & (POLLIN | POLLHUP | POLLERR)))
+            for (int j = 0; j < 64 && do_recv(f, client, base, buf.data(), buf.size()); ++j) {
+            }
+        if (f.fd >= 0 && (got & (POLLOUT | POLLERR)))
+            for (int j = 0; j < 64 && do_send(f, client, buf.data(), buf.size()); ++j) {
+            }
+        if (finished(f, client)) {
+            report_bytes(f.fd);
+            if (hold_ms) {
+                if (ep >= 0 && epoll_ctl(ep, EPOLL_CTL_DEL, f.fd, nullptr) != 0)
+                    fail("epoll_ctl DEL: %s", errno_name(errno));
+                held.push_back(f.fd);
+            } else {
+                close(f.fd);
+            }
+            f.fd = -1;
+            --open;
+        } else if (ep >= 0 && wanted(f, client) != registered) {
+            registered = wanted(f, client);
+            epoll_event ev{std::uint32_t(registered), {}};
+            ev.data.u64 = std::uint64_t(&f - flows.data());
+            if (epoll_ctl(ep, EPOLL_CTL_MOD, f.fd, &ev) != 0)
+                fail("epoll_ctl MOD: %s", errno_name(errno));
+        }
+    };
     const std::uint64_t deadline = now_ns() + opt.num("deadline-s", 60) * 1000000000ull;
-    for (int iter = 0; open > 0 && iter < 10000000; ++iter) {
+    auto on_time = [&] {
         if (now_ns() > deadline)
             fail("many: %zu of %zu connections unfinished at the deadline", open, n);
-        pfds.clear();
-        which.clear();
+    };
+    if (opt.get("wait") == "epoll") {
+        const int ep = epoll_create1(EPOLL_CLOEXEC);
+        if (ep < 0) fail("epoll_create1: %s", errno_name(errno));
+        std::vector<short> registered(n);
         for (std::size_t i = 0; i < n; ++i) {
-            Flow &f = flows[i];
-            if (f.fd < 0) continue;
-            short ev = POLLIN;
-            if ((client && f.hdr_done < sizeof(Header)) ||
-                (header_known(f) && f.tx_off < f.hdr.size))
-                ev |= POLLOUT;
-            pfds.push_back(pollfd{f.fd, ev, 0});
-            which.push_back(i);
+            registered[i] = wanted(flows[i], client);
+            epoll_event ev{std::uint32_t(registered[i]), {}};
+            ev.data.u64 = i;
+            if (epoll_ctl(ep, EPOLL_CTL_ADD, flows[i].fd, &ev) != 0)
+                fail("epoll_ctl ADD: %s", errno_name(errno));
         }
-        int r = poll(pfds.data(), pfds.size(), 1000);
-        if (r < 0 && errno != EINTR) fail("poll: %s", errno_name(errno));
-        for (std::size_t k = 0; r > 0 && k < pfds.size(); ++k) {
-            Flow &f = flows[which[k]];
-            if (pfds[k].revents & POLLNVAL) fail("poll: POLLNVAL on fd %d", f.fd);
-            if (f.fd >= 0 && (pfds[k].revents & (POLLIN | POLLHUP | POLLERR)))
-                for (int j = 0; j < 64 && do_recv(f, client, base, buf.data(), buf.size()); ++j) {
-                }
-            if (f.fd >= 0 && (pfds[k].revents & (POLLOUT | POLLERR)))
-                for (int j = 0; j < 64 && do_send(f, client, buf.data(), buf.size()); ++j) {
-                }
-            if (finished(f, client)) {
-                report_bytes(f.fd);
-                if (hold_ms)
-                    held.push_back(f.fd);
-                else
-                    close(f.fd);
-                f.fd = -1;
-                --open;
+        epoll_event out[64];
+        for (int iter = 0; open > 0 && iter < 10000000; ++iter) {
+            on_time();
+            const int r = epoll_wait(ep, out, 64, 1000);
+            if (r < 0 && errno != EINTR) fail("epoll_wait: %s", errno_name(errno));
+            for (int k = 0; k < r; ++k) {
+                const std::size_t i = std::size_t(out[k].data.u64);
+                if (i >= n || flows[i].fd < 0)
+                    fail("epoll_wait: event %#x for connection %zu, not one waited on",
+                         out[k].events, i);
+                serve(flows[i], short(out[k].events), ep, registered[i]);
+            }
+        }
+        close(ep);
+    } else {
+        std::vector<pollfd> pfds;
+        std::vector<std::size_t> which;
+        short none = 0;
+        for (int iter = 0; open > 0 && iter < 10000000; ++iter) {
+            on_time();
+            pfds.clear();
+            which.clear();
+            for (std::size_t i = 0; i < n; ++i) {
+                if (flows[i].fd < 0) continue;
+                pfds.push_back(pollfd{flows[i].fd, wanted(flows[i], client), 0});
+                which.push_back(i);
+            }
+            int r = poll(pfds.data(), pfds.size(), 1000);
+            if (r < 0 && errno != EINTR) fail("poll: %s", errno_name(errno));
+            for (std::size_t k = 0; r > 0 && k < pfds.size(); ++k) {
+                if (pfds[k].revents & POLLNVAL) fail("poll: POLLNVAL on fd %d", pfds[k].fd);
+                serve(flows[which[k]], pfds[k].revents, -1, none);
             }
         }
     }
