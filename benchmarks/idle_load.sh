@@ -148,7 +148,7 @@ run_mixed() {
     read -r -a p <<<"$(pre kernel)"  # the clients never run the library
     rm -f "$stats"
     redis_server "$1" "$stats"
-    beside_idle mixed kernel "$tmp/hold-mixed-none.stats" TERM bench_redis
+    beside_idle redis kernel "$tmp/hold-mixed-none.stats" TERM bench_redis
 }
 
 run_nginx() {
