@@ -63,6 +63,10 @@ class Stop(Exception):
 
 
 def stop(signum, frame):
+    # `timeout` sends its signal to the child and again to its process
+    # group: a second one must not interrupt the closes below.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     raise Stop()
 
 
