@@ -336,6 +336,26 @@ TEST_CASE("a thread asleep in epoll_wait on a connection still earning its upgra
     });
 }
 
+// The other way round: the accepting end asked at once (the harness's
+// SDIRECT_UPGRADE_AFTER_MS=0) and waits for its peer, which asks only
+// after a second; the acceptor's thread sleeps in epoll_wait on the
+// connection meanwhile (its set's entry rests until the connection's
+// state moves), and must be woken by the answer sent once it is direct.
+TEST_CASE("a thread asleep in epoll_wait on an accepted connection that waits for its peer's "
+          "upgrade gets the readiness of an answer sent after the peer asked and the "
+          "connection went direct, and every byte",
+          "[epoll]") {
+    PairSpec spec = scenario("epoll-earn-sleep", "epoll");
+    spec.args.insert(spec.args.end(), {"--driver", "server"});
+    spec.client_env = {"SDIRECT_UPGRADE_AFTER_MS=1000"};
+    spec.timeout = 90;
+    if (config() == Config::direct) spec.server_args = {"--await-direct", "1"};
+    run_pair(spec, [](Pair &pair, const Placement &pl) {
+        if (!pl.client_preload || !pl.server_preload) return;
+        check_earned_then_direct(pair);
+    });
+}
+
 TEST_CASE("a thread asleep in the kernel's epoll_wait on an earning connection is woken for a "
           "direct socket another thread adds to the set, and gets its readiness and bytes",
           "[epoll]") {

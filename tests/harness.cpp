@@ -522,6 +522,7 @@ Pair start_pair(const Scratch &scratch, const PairSpec &spec, const Placement &p
     if (pair.port == 0) return pair;
     Launch client{tag + "-client", {"client", std::to_string(pair.port)}, pl.client_preload,
                   spec.env};
+    client.env.insert(client.env.end(), spec.client_env.begin(), spec.client_env.end());
     client.args.insert(client.args.end(), spec.args.begin(), spec.args.end());
     client.args.insert(client.args.end(), spec.client_args.begin(), spec.client_args.end());
     client.args.insert(client.args.end(), {"--settle-ms", settle_ms()});

@@ -155,6 +155,7 @@ struct PairSpec {
     std::vector<std::string> server_args;  // server only
     std::vector<std::string> client_args;  // client only
     std::vector<std::string> env;          // extra env for preloaded ends
+    std::vector<std::string> client_env;   // extra env for a preloaded client only
     double timeout = 60;
     bool check_modes = true;
     // The server ends by this signal instead of exit 0 (a responder told
