@@ -319,21 +319,37 @@ TEST_CASE("an epoll registration belongs to the open file: it outlives a closed 
 // the kernel's own epoll_wait (the peer checks the system call the thread
 // sleeps in); the upgrades below happen while it sleeps.
 
-TEST_CASE("a thread asleep in epoll_wait on a connection still earning its upgrade sleeps in "
-          "the kernel's epoll_wait, and gets the readiness of an answer sent after the "
-          "connection went direct, and every byte",
-          "[epoll]") {
+namespace {
+
+// Scenario epoll-earn-sleep: the driving end (`server_drives`: the
+// accepting one) sleeps in epoll_wait while the connection earns its
+// upgrade, then gets the answer sent once it is direct. `env`: the
+// policies of both ends, `client_env`: the client's own.
+void earn_sleep(bool server_drives, std::vector<std::string> env,
+                std::vector<std::string> client_env) {
     PairSpec spec = scenario("epoll-earn-sleep", "epoll");
-    // Longer than the settle (100 ms of ping-pong): still earning when the
-    // scenario starts.
-    spec.env = {"SDIRECT_UPGRADE_AFTER_MS=1000"};
+    if (server_drives) spec.args.insert(spec.args.end(), {"--driver", "server"});
+    spec.env = std::move(env);
+    spec.client_env = std::move(client_env);
     spec.timeout = 90;
-    if (config() == Config::direct) spec.client_args = {"--await-direct", "1"};
+    if (config() == Config::direct)
+        (server_drives ? spec.server_args : spec.client_args) = {"--await-direct", "1"};
     run_pair(spec, [](Pair &pair, const Placement &pl) {
         if (!pl.client_preload || !pl.server_preload) return;
         // On TCP first, direct after: bytes both ways on each.
         check_earned_then_direct(pair);
     });
+}
+
+}  // namespace
+
+TEST_CASE("a thread asleep in epoll_wait on a connection still earning its upgrade sleeps in "
+          "the kernel's epoll_wait, and gets the readiness of an answer sent after the "
+          "connection went direct, and every byte",
+          "[epoll]") {
+    // Longer than the settle (100 ms of ping-pong): still earning when the
+    // scenario starts.
+    earn_sleep(false, {"SDIRECT_UPGRADE_AFTER_MS=1000"}, {});
 }
 
 // The other way round: the accepting end asked at once (the harness's
@@ -345,15 +361,7 @@ TEST_CASE("a thread asleep in epoll_wait on an accepted connection that waits fo
           "upgrade gets the readiness of an answer sent after the peer asked and the "
           "connection went direct, and every byte",
           "[epoll]") {
-    PairSpec spec = scenario("epoll-earn-sleep", "epoll");
-    spec.args.insert(spec.args.end(), {"--driver", "server"});
-    spec.client_env = {"SDIRECT_UPGRADE_AFTER_MS=1000"};
-    spec.timeout = 90;
-    if (config() == Config::direct) spec.server_args = {"--await-direct", "1"};
-    run_pair(spec, [](Pair &pair, const Placement &pl) {
-        if (!pl.client_preload || !pl.server_preload) return;
-        check_earned_then_direct(pair);
-    });
+    earn_sleep(true, {}, {"SDIRECT_UPGRADE_AFTER_MS=1000"});
 }
 
 TEST_CASE("a thread asleep in the kernel's epoll_wait on an earning connection is woken for a "
