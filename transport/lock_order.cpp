@@ -1,4 +1,5 @@
-// The held-lock list behind lock_order.hpp.
+// The holders' tokens and the checked build's held-lock list behind
+// lock_order.hpp.
 #include "lock_order.hpp"
 
 #include <linux/futex.h>
@@ -10,6 +11,7 @@
 #include <cstdlib>
 
 namespace sd::transport::lock_order {
+#ifdef SDIRECT_LOCK_CHECK
 namespace {
 
 struct HeldLock {
@@ -21,16 +23,15 @@ constexpr int kMaxHeld = 12;
 thread_local HeldLock held_locks[kMaxHeld];
 thread_local int nheld = 0;
 
-#ifdef SDIRECT_LOCK_CHECK
 [[noreturn]] void violation(const char *what, Rank r) noexcept {
     std::fprintf(stderr, "sdirect: lock order violated: %s (rank %u; held:", what, unsigned(r));
     for (int i = 0; i < nheld; ++i) std::fprintf(stderr, " %u", unsigned(held_locks[i].r));
     std::fprintf(stderr, ")\n");
     std::abort();
 }
-#endif
 
 }  // namespace
+#endif
 
 #ifdef SDIRECT_LOCK_CHECK
 void check(const void *m, Rank r, bool blocking) noexcept {
@@ -44,11 +45,10 @@ void check(const void *m, Rank r, bool blocking) noexcept {
 }
 #endif
 
+#ifdef SDIRECT_LOCK_CHECK
 void acquired(const void *m, Rank r) noexcept {
     if (nheld < kMaxHeld) held_locks[nheld] = {m, r};
-#ifdef SDIRECT_LOCK_CHECK
     else violation("too many locks held", r);
-#endif
     ++nheld;
 }
 
@@ -62,16 +62,23 @@ void released(const void *m) noexcept {
     }
     if (nheld > kMaxHeld) --nheld;
 }
+#endif
 
-bool holds(const void *m) noexcept {
-    for (int i = 0; i < nheld && i < kMaxHeld; ++i)
-        if (held_locks[i].m == m) return true;
-    return false;
+std::uint32_t new_token() noexcept {
+    static std::atomic<std::uint32_t> next{0};
+    std::uint32_t t;
+    do t = next.fetch_add(1, std::memory_order_relaxed) + 1;
+    while (t == 0);
+    self_token = t;
+    return t;
 }
 
 bool holds_rank(Rank r) noexcept {
+    if (recorded(r) && held_of_rank[unsigned(r)]) return true;
+#ifdef SDIRECT_LOCK_CHECK
     for (int i = 0; i < nheld && i < kMaxHeld; ++i)
         if (held_locks[i].r == r) return true;
+#endif
     return false;
 }
 

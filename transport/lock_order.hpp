@@ -82,15 +82,19 @@
 //   dirs_lock       verdict.cpp       the other registries found beside ours
 //   addrs_lock      verdict.cpp       this host's addresses
 //
-// Every thread keeps the locks it holds in a small thread-local list (the
-// deepest nesting is five: control_busy_ or pend_lock over four of the
-// engine's, or a chain of nested epoll sets over rx_lock, at most the
-// kernel's five levels deep). Builds with SDIRECT_LOCK_CHECK (debug and sanitizer builds)
-// abort with a message on a blocking acquisition out of order and on a
-// try_lock of a held lock. Release builds keep in the list only the ranks
-// whose holders code asks about (held(), holds_rank()): flush, table, tx,
-// progress and rx; the others cost their mutex alone (a socket's calls on
-// the kernel take a few of them each).
+// The ranks whose holders code asks about (held(), holds_rank()): flush,
+// table, tx, progress and rx. A lock of those ranks keeps its holder's
+// token (a number per thread) beside its futex word, and every thread
+// counts the locks it holds of each rank: held() and holds_rank() are one
+// load and a compare, on a line the lock's holder touches anyway. Builds
+// with SDIRECT_LOCK_CHECK (debug and sanitizer builds) also keep the locks
+// a thread holds, of every rank, in a small thread-local list (the deepest
+// nesting is five: control_busy_ or pend_lock over four of the engine's, or
+// a chain of nested epoll sets over rx_lock, at most the kernel's five
+// levels deep), and abort with a message on a blocking acquisition out of
+// order and on a try_lock of a held lock. Other ranks cost their mutex
+// alone in a release build (a socket's calls on the kernel take a few of
+// them each).
 #pragma once
 
 #include <atomic>
@@ -114,7 +118,8 @@ enum class Rank : std::uint8_t {
 
 namespace lock_order {
 
-// Whether the thread's list records this rank's locks.
+// Whether this rank's locks know their holder (every build), or whether
+// the thread's list records them (SDIRECT_LOCK_CHECK).
 constexpr bool recorded(Rank r) noexcept {
 #ifdef SDIRECT_LOCK_CHECK
     (void)r;
@@ -131,10 +136,26 @@ void check(const void *m, Rank r, bool blocking) noexcept;
 #else
 inline void check(const void *, Rank, bool) noexcept {}
 #endif
+#ifdef SDIRECT_LOCK_CHECK
 void acquired(const void *m, Rank r) noexcept;
 void released(const void *m) noexcept;
-// Whether this thread holds `m`, or any lock of rank `r`.
-bool holds(const void *m) noexcept;
+#else
+inline void acquired(const void *, Rank) noexcept {}
+inline void released(const void *) noexcept {}
+#endif
+
+// This thread's token (never 0, never another live thread's: a fork child's
+// thread keeps the forking thread's, as it keeps what that thread held),
+// and its count of held locks of each rank that knows its holder.
+constinit inline thread_local std::uint32_t self_token = 0;
+constinit inline thread_local std::uint8_t held_of_rank[16] = {};
+std::uint32_t new_token() noexcept;
+inline std::uint32_t self() noexcept {
+    const std::uint32_t t = self_token;
+    return t ? t : new_token();
+}
+// Whether this thread holds a lock of rank `r` (a rank that knows its
+// holders, or any rank where the order is checked).
 bool holds_rank(Rank r) noexcept;
 // Whether this build aborts on a violation (SDIRECT_LOCK_CHECK).
 bool checked() noexcept;
@@ -188,30 +209,46 @@ public:
     void lock() noexcept {
         lock_order::check(this, R, true);
         m_.lock();
-        if constexpr (kRecorded) lock_order::acquired(this, R);
+        if constexpr (kRecorded) taken();
     }
     bool try_lock() noexcept {
         lock_order::check(this, R, false);
         if (!m_.try_lock()) return false;
-        if constexpr (kRecorded) lock_order::acquired(this, R);
+        if constexpr (kRecorded) taken();
         return true;
     }
     void unlock() noexcept {
-        if constexpr (kRecorded) lock_order::released(this);
+        if constexpr (kRecorded) forget_held();
         m_.unlock();
     }
     bool held() const noexcept {
-        static_assert(kRecorded, "held() of a rank the list does not record");
-        return lock_order::holds(this);
+        static_assert(kRecorded, "held() of a rank that does not know its holder");
+        return owner_.load(std::memory_order_relaxed) == lock_order::self();
     }
     // In a fork child: the lock stays taken for good (the parent's thread
     // took it), and this thread no longer counts it among those it holds.
+    // (Also the bookkeeping half of unlock: nothing to drop when this
+    // thread does not hold it.)
     void forget_held() noexcept {
-        if constexpr (kRecorded) lock_order::released(this);
+        if constexpr (kRecorded) {
+            lock_order::released(this);
+            if (owner_.load(std::memory_order_relaxed) != lock_order::self()) return;
+            owner_.store(0, std::memory_order_relaxed);
+            --lock_order::held_of_rank[unsigned(R)];
+        }
     }
 
 private:
+    void taken() noexcept {
+        lock_order::acquired(this, R);
+        owner_.store(lock_order::self(), std::memory_order_relaxed);
+        ++lock_order::held_of_rank[unsigned(R)];
+    }
     FutexMutex m_;
+    // The holder's token, or 0 (a rank that knows its holder): written only
+    // by the holder, under the lock, so that only the holder ever reads its
+    // own token here.
+    std::atomic<std::uint32_t> owner_{0};
 };
 
 }  // namespace sd::transport
