@@ -42,7 +42,9 @@
 # default all), BENCH_APPS (1; 0 skips apps.sh, whose own settings
 # are listed there), BENCH_OUT (the run's folder; default a new one),
 # BENCH_WARMUP_MS (200; 0: sd_pingpong's own warm-up, a tenth of the
-# iterations up to 1000).
+# iterations up to 1000), BENCH_WAIT (block; poll or epoll: both
+# sd_pingpong ends non-blocking, waiting in poll() or in epoll_wait() as
+# event-driven servers do, for the kernel and sdirect columns alike).
 set -uo pipefail
 
 me=run.sh
@@ -53,6 +55,11 @@ port_base="${BENCH_PORT:-47100}"
 read -r -a sizes <<<"${BENCH_SIZES:-$(qdef "1 64 4096 65536 1048576" "1 4096 1048576")}"
 modes=(pingpong stream)
 run_limit=30  # seconds for one client or server process
+wait_mode="${BENCH_WAIT:-block}"
+case "$wait_mode" in
+block | poll | epoll) ;;
+*) echo "run.sh: BENCH_WAIT=$wait_mode: expected block, poll or epoll" >&2; exit 2 ;;
+esac
 
 if [[ ! -x "$pp" ]]; then
     echo "run.sh: $pp missing; run scripts/build.sh first" >&2
@@ -125,7 +132,7 @@ measure_pp() {
     [[ "$how" == sdirect ]] && pre=("$run")
     # Without the library SDIRECT_STATS_FILE is inert.
     SDIRECT_STATS_FILE="$tmp/srv.stats" timeout "$run_limit" "${srv_pin[@]}" "${pre[@]}" \
-        "$pp" server "$port" >"$tmp/srv.out" 2>&1 &
+        "$pp" server "$port" --wait "$wait_mode" >"$tmp/srv.out" 2>&1 &
     srv_pid=$!
     if ! wait_listen "$port" "$srv_pid"; then
         echo "  $how server did not start: $(head -c 200 "$tmp/srv.out" | tr '\n' ' ')" >&2
@@ -135,7 +142,7 @@ measure_pp() {
     local out
     out="$(SDIRECT_STATS_FILE="$tmp/cli.stats" timeout "$run_limit" "${cli_pin[@]}" "${pre[@]}" \
         "$pp" client 127.0.0.1 "$port" --size "$size" --iters "$iters" --mode "$mode" \
-        "${warm[@]}" 2>"$tmp/cli.err")"
+        --wait "$wait_mode" "${warm[@]}" 2>"$tmp/cli.err")"
     local rc=$?
     if ((rc != 0)); then reap_server 0; else reap_server; fi
     if ((rc != 0)) || [[ "$out" != size=* ]]; then
@@ -266,7 +273,7 @@ pingpong_table() {
 
     # The table.
     {
-        echo "sdirect benchmarks, $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -r), $(nproc) CPUs, median of $repeats run(s), placement $pin, load $load_at_start at start"
+        echo "sdirect benchmarks, $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -r), $(nproc) CPUs, median of $repeats run(s), placement $pin, load $load_at_start at start$([[ $wait_mode != block ]] && echo ", sd_pingpong waiting in $wait_mode")"
         echo "pingpong: one-way latency in us (lower is better); stream: MB/s = 10^6 B/s (higher is better)"
         echo "fi_pingpong in stream rows: its ping-pong bandwidth (size / one-way latency); it has no stream mode"
         echo "speedup: kernel/sdirect for latency, sdirect/kernel for bandwidth; sdirect mode: as recorded by the library"
