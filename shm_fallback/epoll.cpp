@@ -148,8 +148,8 @@ struct EpollSet {
     std::atomic<bool> any{false};
     std::size_t cursor = 0;  // fairness when maxevents is small (in `active`)
     // Looks at the entries (under `lock`): settle() starts one, which the
-    // scan after it shares (Entry::quiet_look); any other look starts its
-    // own. `closes`: last_closes when closed sockets' entries last went.
+    // scan after it shares (Entry::quiet_look); a scan without a settle()
+    // before it, and any other look, starts its own. `closes`: last_closes when closed sockets' entries last went.
     std::uint32_t looks = 1;
     std::uint64_t closes = 0;
     std::atomic<unsigned> turn{0};  // odd: the kernel's events go first
@@ -554,13 +554,11 @@ std::uint32_t entry_events(EpollSet *set, std::size_t i, bool commit, int depth)
     return ev;
 }
 
-// Trims the kernel's registration of every socket our state answers now,
-// before the kernel is asked: its own socket (idle, always writable)
-// would report for it otherwise. `clock`: the look may read the clock
-// for the full look that is due every kFullLookNs (the looks that ask the
+// A wait's look begins (set->lock held): its number, and, when `clock`
+// and the full look that is due every kFullLookNs has come, every entry
+// on the active list again (the looks that may read the clock ask the
 // kernel: a wait's first, and those after a sleep or 20 us of spin).
-void settle(EpollSet *set, bool clock) noexcept {
-    std::lock_guard lock(set->lock);
+std::uint32_t start_look(EpollSet *set, bool clock) noexcept {
     const std::uint32_t look = ++set->looks;
     if (const std::uint64_t now = clock ? monotonic_ns() : 0; clock && now >= set->full_at) {
         set->full_at = now + kFullLookNs;
@@ -570,6 +568,17 @@ void settle(EpollSet *set, bool clock) noexcept {
                 activate(set, i);
             }
     }
+    return look;
+}
+
+// Starts a look and trims the kernel's registration of every socket our
+// state answers now, before the kernel is asked: its own socket (idle,
+// always writable) would report for it otherwise. Needed only where the
+// kernel is asked before the scan: a scan trims (and untrims) every entry
+// it looks at, and one that asks the kernel after it has looked at all.
+void settle(EpollSet *set, bool clock) noexcept {
+    std::lock_guard lock(set->lock);
+    const std::uint32_t look = start_look(set, clock);
     gather(set);
     for (const std::uint32_t i : set->active) {
         Entry &e = set->entries[i];
@@ -627,13 +636,18 @@ int drop_data(epoll_event *out, int *n, std::uint64_t data) noexcept {
     return dropped;
 }
 
+// How a scan's look begins: settle() began it, or the scan does (reading
+// the clock for the full look, or not).
+enum class Begun { settled, here, here_clock };
+
 // Our sockets' events appended to out[*n..max); stale entries (socket
 // closed) go. out[0..*kernel) are the kernel's events of this round: a
 // socket that turned ours since settle() (its upgrade finished) may be
 // among them, from the registration trimmed only now; its kernel event
 // goes, so no socket is reported twice in one call.
-void scan(EpollSet *set, epoll_event *out, int *n, int max, int *kernel) noexcept {
+void scan(EpollSet *set, epoll_event *out, int *n, int max, int *kernel, Begun begun) noexcept {
     std::lock_guard lock(set->lock);
+    if (begun != Begun::settled) (void)start_look(set, begun == Begun::here_clock);
     gather(set);
     drop_closed(set);
     trim_active(set);
@@ -1226,6 +1240,11 @@ int epoll_in_kernel(EpollSet *set, int epfd, epoll_event *out, int max, int time
     *again = false;
     if (transport::Engine *e = transport::Engine::current(); e && e->flush_pending())
         return kNotHere;  // bytes owed by a leave wait for progress passes
+    // The last scan found every shown entry answered by our state: the
+    // kernel cannot answer alone, and the look below would find the first
+    // such entry (an answer gone stale since only sends this wait the
+    // longer way, which serves every case).
+    if (has_entries(set) && set->all_trimmed.load(std::memory_order_relaxed)) return kNotHere;
     if (transport::one_thread()) return epoll_alone(set, epfd, out, max, timeout_ms, mask, again);
     const int wfd = wake_fd_of(set, epfd);
     if (wfd < 0) return kNotHere;
@@ -1412,13 +1431,19 @@ int epoll_wait_fds(int epfd, epoll_event *out, int max, int timeout_ms,
                                       (set->turn.fetch_add(1, std::memory_order_relaxed) & 1);
             for (;;) {
                 int n = 0, hints = 0, kernel = 0;
-                settle(set, ask_kernel);
+                // Where the kernel is asked after the scan (or not at all),
+                // the scan's look does settle()'s work: one pass, one
+                // view of each socket.
                 if (kernel_first) {
+                    settle(set, ask_kernel);
                     n = kernel_events(set, epfd, out, max, &hints);
                     if (n < 0) return n;
                     kernel = n;
                 }
-                scan(set, out, &n, max, &kernel);
+                scan(set, out, &n, max, &kernel,
+                     kernel_first ? Begun::settled
+                     : ask_kernel ? Begun::here_clock
+                                  : Begun::here);
                 if (quiet_first && n == 0) return 0;
                 // (As the scan just found it.)
                 if (ask_kernel && !kernel_first && n < max && !(n > 0 && only_hints(set))) {

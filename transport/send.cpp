@@ -502,7 +502,10 @@ ssize_t direct_send(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, 
         iovec v[3];
         int k = slice(iov, iovcnt, 0, total, v, 3);
         if (iov_total(v, k) == total) {
-            if (!readable_iov(v, k, total)) return -EFAULT;
+            // The provider copies without our guard: a bad buffer is found
+            // first. A copy into a queue of ours is guarded, and fails whole
+            // with EFAULT (nothing published).
+            if (!(c->peer && c->peer->queued) && !readable_iov(v, k, total)) return -EFAULT;
             int rc = post_inline(s, c, v, k, std::uint32_t(total), post_by);
             if (rc == 0) {
                 s.engine->ring(c);
