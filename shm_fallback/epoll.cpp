@@ -149,7 +149,8 @@ struct EpollSet {
     std::size_t cursor = 0;  // fairness when maxevents is small (in `active`)
     // Looks at the entries (under `lock`): settle() starts one, which the
     // scan after it shares (Entry::quiet_look); a scan without a settle()
-    // before it, and any other look, starts its own. `closes`: last_closes when closed sockets' entries last went.
+    // before it, and any other look, starts its own. `closes`: last_closes
+    // when closed sockets' entries last went.
     std::uint32_t looks = 1;
     std::uint64_t closes = 0;
     std::atomic<unsigned> turn{0};  // odd: the kernel's events go first
