@@ -542,6 +542,14 @@ int Engine::post(Conn *c, MsgType type, const iovec *iov, int iovcnt, std::uint3
         return -EPIPE;
     }
     XLink *link = c->peer->queued ? &links_[xl] : nullptr;
+    // The provider copies without our guard: a bad buffer of the caller's
+    // is found first (EFAULT, nothing sent). A copy into a queue of ours is
+    // guarded, and fails whole with EFAULT (nothing published); several
+    // pieces were gathered above under the guard.
+    if (!link && pieces == 1 && !readable(v[1].iov_base, v[1].iov_len)) {
+        c->unreturned.fetch_add(h.credits, std::memory_order_relaxed);
+        return -EFAULT;
+    }
     const std::uint32_t whole = std::uint32_t(sizeof h + (n == 2 ? v[1].iov_len : 0));
     Guard guard;
     // One try: 0, -FI_EAGAIN (no room now), or the error post returns.

@@ -73,15 +73,6 @@ std::uint32_t new_token() noexcept {
     return t;
 }
 
-bool holds_rank(Rank r) noexcept {
-    if (recorded(r) && held_of_rank[unsigned(r)]) return true;
-#ifdef SDIRECT_LOCK_CHECK
-    for (int i = 0; i < nheld && i < kMaxHeld; ++i)
-        if (held_locks[i].r == r) return true;
-#endif
-    return false;
-}
-
 bool checked() noexcept {
 #ifdef SDIRECT_LOCK_CHECK
     return true;

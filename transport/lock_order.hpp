@@ -156,7 +156,9 @@ inline std::uint32_t self() noexcept {
 }
 // Whether this thread holds a lock of rank `r` (a rank that knows its
 // holders, or any rank where the order is checked).
-bool holds_rank(Rank r) noexcept;
+inline bool holds_rank(Rank r) noexcept {
+    return recorded(r) && held_of_rank[unsigned(r)] != 0;
+}
 // Whether this build aborts on a violation (SDIRECT_LOCK_CHECK).
 bool checked() noexcept;
 
@@ -218,7 +220,7 @@ public:
         return true;
     }
     void unlock() noexcept {
-        if constexpr (kRecorded) forget_held();
+        if constexpr (kRecorded) dropped();
         m_.unlock();
     }
     bool held() const noexcept {
@@ -227,15 +229,8 @@ public:
     }
     // In a fork child: the lock stays taken for good (the parent's thread
     // took it), and this thread no longer counts it among those it holds.
-    // (Also the bookkeeping half of unlock: nothing to drop when this
-    // thread does not hold it.)
     void forget_held() noexcept {
-        if constexpr (kRecorded) {
-            lock_order::released(this);
-            if (owner_.load(std::memory_order_relaxed) != lock_order::self()) return;
-            owner_.store(0, std::memory_order_relaxed);
-            --lock_order::held_of_rank[unsigned(R)];
-        }
+        if constexpr (kRecorded) dropped();
     }
 
 private:
@@ -243,6 +238,13 @@ private:
         lock_order::acquired(this, R);
         owner_.store(lock_order::self(), std::memory_order_relaxed);
         ++lock_order::held_of_rank[unsigned(R)];
+    }
+    // This thread holds it no longer (nothing to drop if it never did).
+    void dropped() noexcept {
+        lock_order::released(this);
+        if (owner_.load(std::memory_order_relaxed) != lock_order::self()) return;
+        owner_.store(0, std::memory_order_relaxed);
+        --lock_order::held_of_rank[unsigned(R)];
     }
     FutexMutex m_;
     // The holder's token, or 0 (a rank that knows its holder): written only

@@ -303,9 +303,12 @@ int post_step(SendCall &k, std::size_t most, int pieces) noexcept {
     iovec v[4];
     int n_v = slice(k.iov, k.iovcnt, k.sent, most, v, pieces);
     const std::size_t n = iov_total(v, n_v);
-    if (!readable_iov(v, n_v, n)) return -EFAULT;
     int rc;
     if (n > k.s.engine->chunk()) {
+        // Copied into the ring by the provider or by the kernel, neither
+        // guarded (nor told apart from a peer's ring out of reach): a bad
+        // buffer is found first. A message's is looked at by Engine::post.
+        if (!readable_iov(v, n_v, n)) return -EFAULT;
         rc = k.s.engine->post_ring(k.c, v, n_v, std::uint32_t(n), k.post_by);
         if (rc == 0) k.s.engine->sent_into_ring(k.c, std::uint32_t(n));
     } else {
@@ -502,10 +505,6 @@ ssize_t direct_send(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, 
         iovec v[3];
         int k = slice(iov, iovcnt, 0, total, v, 3);
         if (iov_total(v, k) == total) {
-            // The provider copies without our guard: a bad buffer is found
-            // first. A copy into a queue of ours is guarded, and fails whole
-            // with EFAULT (nothing published).
-            if (!(c->peer && c->peer->queued) && !readable_iov(v, k, total)) return -EFAULT;
             int rc = post_inline(s, c, v, k, std::uint32_t(total), post_by);
             if (rc == 0) {
                 s.engine->ring(c);
