@@ -25,7 +25,7 @@ packages=(
     libfabric-dev libfabric-bin libibverbs-dev libboost-dev
     netpipe-tcp iperf3 iperf sockperf qperf netperf gnuplot-nox
     apache2-utils stress-ng
-    iproute2 procps strace
+    iproute2 procps strace gdb
     redis-server redis-tools postgresql memcached nginx-light apache2 curl
     mariadb-server mariadb-client
     openssh-server openssh-client socat git

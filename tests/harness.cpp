@@ -243,7 +243,48 @@ bool poll_exit(Proc &p) {
     return false;
 }
 
-bool wait_exit(Proc &p, double timeout_s) {
+namespace {
+
+std::string first_line(const std::string &path) {
+    std::string line = read_text(path);
+    if (const auto nl = line.find('\n'); nl != std::string::npos) line.resize(nl);
+    return line;
+}
+
+// What a process that did not end was doing: each thread's name, state,
+// kernel wait channel and system call (number and arguments, from /proc),
+// and, where gdb is installed, every thread's stack.
+std::string threads_of(pid_t pid) {
+    std::ostringstream o;
+    const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+    std::error_code ec;
+    for (const auto &task : std::filesystem::directory_iterator(dir, ec)) {
+        const std::string t = task.path().string();
+        const std::string stat = first_line(t + "/stat");
+        const auto close_paren = stat.rfind(')');
+        const char state = close_paren + 2 < stat.size() ? stat[close_paren + 2] : '?';
+        o << "\n    tid " << task.path().filename().string() << " (" << first_line(t + "/comm")
+          << ") " << state << " wchan=" << first_line(t + "/wchan")
+          << " syscall=" << first_line(t + "/syscall");
+    }
+    if (access("/usr/bin/gdb", X_OK) == 0) {
+        const std::string cmd = "timeout 30 /usr/bin/gdb -p " + std::to_string(pid) +
+                                " -batch -ex 'thread apply all bt 30' 2>&1 | grep -E '^(Thread|#)'";
+        if (FILE *f = popen(cmd.c_str(), "r")) {
+            char line[512];
+            while (std::fgets(line, sizeof line, f)) {
+                line[std::strcspn(line, "\n")] = 0;
+                o << "\n    " << line;
+            }
+            pclose(f);
+        }
+    }
+    return o.str();
+}
+
+}  // namespace
+
+bool wait_exit(Proc &p, double timeout_s, Proc *beside) {
     const double deadline = now_s() + timeout_s;
     // Bounded by the deadline; 1 ms steps keep exit times precise.
     for (long i = 0; i < 10000000; ++i) {
@@ -251,6 +292,8 @@ bool wait_exit(Proc &p, double timeout_s) {
         if (now_s() > deadline) break;
         sleep_s(0.001);
     }
+    p.at_timeout = threads_of(p.pid);
+    if (beside && !poll_exit(*beside)) beside->at_timeout = threads_of(beside->pid);
     kill(p.pid, SIGKILL);
     int status = 0;
     waitpid(p.pid, &status, 0);
@@ -283,8 +326,9 @@ std::string status_text(const Proc &p) {
 
 std::string describe(const Proc &p) {
     std::ostringstream o;
-    o << p.name << " [pid " << p.pid << "]: " << p.command << "\n  -> " << status_text(p)
-      << "\n  stdout: " << tail(read_text(p.out), 1500) << "\n  stderr: "
+    o << p.name << " [pid " << p.pid << "]: " << p.command << "\n  -> " << status_text(p);
+    if (!p.at_timeout.empty()) o << "\n  threads before the kill:" << tail(p.at_timeout, 6000);
+    o << "\n  stdout: " << tail(read_text(p.out), 1500) << "\n  stderr: "
       << tail(read_text(p.err), 1500);
     return o.str();
 }
@@ -534,7 +578,7 @@ Pair run_pair_once(const Scratch &scratch, const PairSpec &spec, const Placement
                    const std::string &tag) {
     Pair pair = start_pair(scratch, spec, pl, tag);
     REQUIRE(pair.port != 0);
-    wait_exit(pair.client, spec.timeout);
+    wait_exit(pair.client, spec.timeout, &pair.server);
     wait_exit(pair.server, spec.timeout);
     INFO(describe(pair.server));
     INFO(describe(pair.client));
@@ -558,7 +602,7 @@ bool run_pair(const PairSpec &spec, const std::function<void(Pair &, const Place
             }
             FAIL("server did not publish its port\n" << describe(pair.server));
         }
-        wait_exit(pair.client, spec.timeout);
+        wait_exit(pair.client, spec.timeout, &pair.server);
         // A failed client can leave the server waiting for connections
         // that never come: its verdict is in already.
         const bool client_done = exited_with(pair.client, 0) || exited_with(pair.client, 77);

@@ -71,13 +71,16 @@ struct Proc {
     std::string out, err, stats;
     bool reaped = false;
     bool timed_out = false;
+    std::string at_timeout;  // its threads as the harness found them before the kill
     int status = 0;
     double end_s = 0;  // when it was reaped (monotonic seconds)
 };
 
 Proc spawn(const Scratch &scratch, const Launch &launch);
-// Reaps the process; on timeout kills it (SIGKILL) and returns false.
-bool wait_exit(Proc &p, double timeout_s);
+// Reaps the process; on timeout kills it (SIGKILL) and returns false. What
+// its threads were doing is kept first (Proc::at_timeout), and those of
+// `beside` (its peer) too if it still runs.
+bool wait_exit(Proc &p, double timeout_s, Proc *beside = nullptr);
 // Reaps it if it has already ended; true if it has.
 bool poll_exit(Proc &p);
 void signal_proc(const Proc &p, int sig);
