@@ -146,8 +146,17 @@ bool probe_due(Conn *c, KernelLook look) noexcept {
 
 ssize_t try_recv(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, std::size_t skip,
                  std::size_t total, int flags, KernelLook look) noexcept {
-    s.engine->progress_for(c);
     std::unique_lock lock(c->rx_lock);
+    // Bytes taken in already (a poll's or epoll's pass found them) are
+    // read without another pass: the loop below returns them first. Else
+    // a pass, outside the lock (its rank is below ours), takes in what
+    // the peer sent.
+    if (c->broken || c->rx_off < c->switch_off || !c->ring_bytes() ||
+        c->state.load(std::memory_order_relaxed) == ConnState::final) {
+        lock.unlock();
+        s.engine->progress_for(c);
+        lock.lock();
+    }
     for (int round = 0; round < 2; ++round) {
         if (c->broken) return -ECONNRESET;
         if (c->state.load(std::memory_order_acquire) == ConnState::final) return -ESTALE;

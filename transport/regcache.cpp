@@ -216,11 +216,7 @@ std::atomic<bool> hooks_on{false};
 bool memhooks_active() noexcept { return hooks_on.load(std::memory_order_relaxed); }
 void set_memhooks_active(bool on) noexcept { hooks_on.store(on, std::memory_order_relaxed); }
 
-namespace {
-// Constant-initialised: the hooks may run before any constructor.
-constinit RegCache the_cache;
-}
-SD_CHILD_PATH RegCache &regcache() noexcept { return the_cache; }
+constinit RegCache detail::the_regcache;
 
 std::size_t regcache_budget(std::size_t setting_bytes) noexcept {
     rlimit r{};

@@ -114,8 +114,13 @@ private:
 bool memhooks_active() noexcept;
 void set_memhooks_active(bool on) noexcept;
 
-// The process's cache (read zero-copy's send buffers).
-RegCache &regcache() noexcept;
+// The process's cache (read zero-copy's send buffers), constant-initialised:
+// the hooks may run before any constructor. Inline, as every free of the
+// process looks at its bounds.
+namespace detail {
+extern RegCache the_regcache;
+}
+inline RegCache &regcache() noexcept { return detail::the_regcache; }
 
 // Budget for the cache: SDIRECT_REG_CACHE_MB, at most half the soft
 // RLIMIT_MEMLOCK (0 when that is 0). 0: off.
