@@ -66,8 +66,9 @@ TEST_CASE("large sends from buffers freed, unmapped or remapped right after send
           "arrive byte-exact",
           "[zcopy]") {
     // malloc/free, mmap/munmap, MAP_FIXED over the same address, and one
-    // buffer scribbled on after each send; read zero-copy from 64 KiB on.
-    const std::vector<std::string> env = {"SDIRECT_ZCOPY_MIN=65536"};
+    // buffer scribbled on after each send; read zero-copy from 64 KiB on,
+    // streams too.
+    const std::vector<std::string> env = {"SDIRECT_ZCOPY_MIN=65536", "SDIRECT_STREAM_RING=0"};
     if (!run_pair(zc("zc-buffers", env), expect_used("tx_zcopy"))) return;
     // No lockable memory at all: the protocols must not need pinning.
     run_pair(zc("zc-buffers", env, {"--memlock0", "1", "--seed", "2"}), expect_used("tx_zcopy"));
@@ -92,7 +93,8 @@ TEST_CASE("the registration cache: a buffer sent again is not registered again, 
     // after; then 8 sends of one buffer that stays.
     // Pieces of 64 to 256 KiB: 48 of them fit a cache of 4 MiB (half of
     // the usual 8 MiB RLIMIT_MEMLOCK) without evictions.
-    const std::vector<std::string> env = {"SDIRECT_ZCOPY_MIN=65536", "SDIRECT_CMA=0"};
+    const std::vector<std::string> env = {"SDIRECT_ZCOPY_MIN=65536", "SDIRECT_CMA=0",
+                                          "SDIRECT_STREAM_RING=0"};
     std::string off_why;
     const auto args = std::vector<std::string>{"--reuse", "8", "--max", "262144"};
     run_pair(zc("zc-buffers", env, args), [&](Pair &pair, const Placement &pl) {
@@ -178,6 +180,68 @@ TEST_CASE("a randomised mix of sizes, call families, flags and directions stays 
                 return;
         }
     }
+}
+
+namespace {
+
+// A counter of one process's connections, summed (each checked as in
+// sum_over).
+std::uint64_t sum_of(const Proc &p, const char *key) {
+    std::uint64_t total = 0;
+    const auto stats = read_stats(p.stats);
+    for (const ConnLine &c : conns_of(p)) {
+        const StatLine *s = find_stat(stats, c.pid, c.local, c.peer);
+        REQUIRE(s != nullptr);
+        INFO(s->text);
+        CHECK(s->num("tx_sink") + s->num("tx_zcopy") + s->num("tx_ring") + s->num("tx_inline") ==
+              s->num("tx_fabric"));
+        total += s->num(key);
+    }
+    return total;
+}
+
+}  // namespace
+
+TEST_CASE("large sends of a request-response exchange go by read zero-copy, those of a stream "
+          "through the ring after the first, and by size alone with SDIRECT_STREAM_RING=0",
+          "[zcopy]") {
+    // 20 requests of 64 KiB, each echoed whole: every send of either end
+    // follows the other end's message, so each keeps the one copy.
+    PairSpec exchange = zc("exchange", {}, {"--size", "65536", "--rounds", "20"});
+    if (!run_pair(exchange, [](Pair &pair, const Placement &pl) {
+            if (!(pl.server_preload && pl.client_preload)) return;
+            for (const Proc *p : {&pair.client, &pair.server}) {
+                const std::uint64_t zcopy = sum_of(*p, "tx_zcopy"), ring = sum_of(*p, "tx_ring");
+                INFO(p->name << ": tx_zcopy " << zcopy << ", tx_ring " << ring);
+                // A piece whose reader is late (2 ms) goes on by the window.
+                CHECK(zcopy > ring);
+                CHECK(zcopy >= 10 * 65536);
+            }
+        }))
+        return;
+    // 4 MiB each way in pieces of up to 256 KiB, back to back: after the
+    // first large piece, the ring (a piece of at most a quarter of it).
+    PairSpec stream = zc("bulk", {}, {"--size", "4194304", "--chunk", "262144"});
+    if (!run_pair(stream, [](Pair &pair, const Placement &pl) {
+            if (!(pl.server_preload && pl.client_preload)) return;
+            for (const Proc *p : {&pair.client, &pair.server}) {
+                const std::uint64_t zcopy = sum_of(*p, "tx_zcopy"), ring = sum_of(*p, "tx_ring");
+                INFO(p->name << ": tx_zcopy " << zcopy << ", tx_ring " << ring);
+                CHECK(zcopy <= 262144);
+                CHECK(ring >= 2u << 20);
+            }
+        }))
+        return;
+    // The same stream by size alone: pieces from 64 KiB by read zero-copy.
+    stream.env = {"SDIRECT_STREAM_RING=0"};
+    run_pair(stream, [](Pair &pair, const Placement &pl) {
+        if (!(pl.server_preload && pl.client_preload)) return;
+        for (const Proc *p : {&pair.client, &pair.server}) {
+            const std::uint64_t zcopy = sum_of(*p, "tx_zcopy");
+            INFO(p->name << ": tx_zcopy " << zcopy);
+            CHECK(zcopy >= 2u << 20);
+        }
+    });
 }
 
 namespace {
@@ -281,8 +345,10 @@ TEST_CASE("a large send cut short by SO_SNDTIMEO or a signal ends as a TCP send 
     // Read zero-copy waits for the reader; cut short, it gives up its
     // advertisement (the reader's control thread answers if the reader
     // itself does not call in) and takes what the window holds.
-    if (!run_pair(zc("zc-sndtimeo", {}), expect_used("tx_zcopy"))) return;
-    run_pair(zc("zc-eintr", {}), expect_used("tx_zcopy"));
+    // Streams too (SDIRECT_STREAM_RING=0): each send waits for its reader.
+    const std::vector<std::string> env = {"SDIRECT_STREAM_RING=0"};
+    if (!run_pair(zc("zc-sndtimeo", env), expect_used("tx_zcopy"))) return;
+    run_pair(zc("zc-eintr", env), expect_used("tx_zcopy"));
 }
 
 TEST_CASE("large blocking sends both ways under a 200 us interval timer in both processes, "
@@ -292,7 +358,7 @@ TEST_CASE("large blocking sends both ways under a 200 us interval timer in both 
     // Read zero-copy from 128 KiB on (the sends are 128 KiB .. 1 MiB);
     // signals cut the senders' waits for their readers and the readers'
     // waits all the time. Each buffer is overwritten once send() returns.
-    const std::vector<std::string> env = {"SDIRECT_ZCOPY_MIN=131072"};
+    const std::vector<std::string> env = {"SDIRECT_ZCOPY_MIN=131072", "SDIRECT_STREAM_RING=0"};
     for (const char *restart : {"0", "1"}) {
         INFO("SA_RESTART " << restart);
         PairSpec spec = zc("storm-duplex", env, {"--restart", restart, "--size", "300000000"});

@@ -119,7 +119,7 @@ inline constexpr char kUrgentByte = 'U';
 
 inline constexpr std::uint32_t kCmdMagic = 0x53445443;  // "SDTC"
 inline constexpr std::uint32_t kNoAck = 1;
-inline constexpr std::uint32_t kWhole = 2;  // send: all in one call (one arrival)
+inline constexpr std::uint32_t kWhole = 2;  // send, echo: all in one call (one arrival)
 // Before its pause, the responder caps SO_RCVBUF at 64 KiB, so the kernel's
 // receive autotuning (up to tcp_rmem max, 32 MiB on recent kernels) cannot
 // absorb a stream that is meant to fill up.

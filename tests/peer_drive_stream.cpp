@@ -157,6 +157,30 @@ void drive_duplex(int *fd, const Options &opt) {
     send_exit(*fd);
 }
 
+// --rounds requests of --size bytes, each sent in one call and echoed
+// back by the responder in one call: a request-response exchange of large
+// messages (each side takes the other's message in between two of its
+// sends).
+void drive_exchange(int *fd, const Options &opt) {
+    const std::uint64_t size = opt.num("size", 65536);
+    const std::uint64_t rounds = opt.num("rounds", 20);
+    std::vector<char> buf(std::size_t(size) + 1);
+    for (std::uint64_t k = 0; k < rounds; ++k) {
+        Cmd cmd;
+        cmd.op = Op::echo;
+        cmd.size = size;
+        cmd.seed = seed_of(opt, 2 * k);
+        cmd.seed2 = seed_of(opt, 2 * k + 1);
+        cmd.chunk = std::uint32_t(size);
+        cmd.flags = kWhole;
+        send_cmd(*fd, cmd);
+        pattern_fill(cmd.seed, 0, buf.data(), std::size_t(size));
+        write_all(*fd, buf.data(), std::size_t(size));
+        recv_pattern(*fd, Rx::recv, cmd.seed2, size, cmd.chunk, "exchange");
+    }
+    send_exit(*fd);
+}
+
 void drive_pingpong(int *fd, const Options &opt) {
     Cmd cmd;
     cmd.op = Op::pingpong;

@@ -25,6 +25,7 @@ void drive_zc_sink_cancel(int *fd, const Options &opt);
 // Stream content and receive flags (peer_drive_stream.cpp).
 void drive_bulk(int *fd, const Options &opt);
 void drive_duplex(int *fd, const Options &opt);
+void drive_exchange(int *fd, const Options &opt);
 void drive_pingpong(int *fd, const Options &opt);
 void drive_peek(int *fd, const Options &opt);
 void drive_waitall(int *fd, const Options &opt);

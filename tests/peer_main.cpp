@@ -57,6 +57,7 @@ struct Entry {
 constexpr Entry drivers[] = {
     {"bulk", drive_bulk},
     {"duplex", drive_duplex},
+    {"exchange", drive_exchange},
     {"zc-buffers", drive_zc_buffers},
     {"zc-torture", drive_zc_torture},
     {"zc-peer-dies", drive_zc_peer_dies},

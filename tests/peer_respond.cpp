@@ -153,7 +153,8 @@ void respond(int *fd) {
             break;
         case Op::echo:
             recv_pattern(*fd, Rx::read, cmd.seed, cmd.size, cmd.chunk, "responder echo");
-            send_pattern(*fd, Tx::write, cmd.seed2, cmd.size, cmd.chunk, 0);
+            if (cmd.flags & kWhole) send_whole(*fd, cmd.seed2, cmd.size);
+            else send_pattern(*fd, Tx::write, cmd.seed2, cmd.size, cmd.chunk, 0);
             break;
         case Op::duplex: {
             int out = *fd;

@@ -238,6 +238,10 @@ struct Conn {
     // A send's next progress pass for a CLOSE of a peer of another uid
     // (tx_lock): at most once a millisecond.
     std::uint64_t close_look_ns = 0;
+    // stat->rx_fabric when the last send larger than a message began
+    // (tx_lock): a large send that finds it unchanged follows another
+    // with nothing from the peer in between, a stream (direct_send).
+    std::uint64_t large_send_heard = ~std::uint64_t(0);
     // Who takes the kernel stream over when it leaves (conn.hpp:
     // HandoffOps, set_handoff): the ops are stored before the context
     // (release) and read after it (acquire); a null context: none.

@@ -40,6 +40,12 @@ constexpr Setting table[] = {
      "sender advertises its buffer and the receiver reads it straight into "
      "its own (one copy); the send returns once all was read, or goes on "
      "buffered when the reader has not read for 2 ms. 0: never."},
+    {"SDIRECT_STREAM_RING", SettingKind::boolean, "1",
+     "With the size thresholds: a blocking send of at most a quarter of "
+     "the peer's ring that follows another large send with nothing taken "
+     "in from the peer meanwhile (a stream) goes through the ring, where "
+     "the sender's copy overlaps the reader's, rather than by read "
+     "zero-copy, whose sender waits for each reader. 0: by size alone."},
     {"SDIRECT_PROTOCOLS", SettingKind::text, "thresholds",
      "How a send's bytes pick their protocol: thresholds (by size: "
      "SDIRECT_RMA_MIN, SDIRECT_ZCOPY_MIN), auto (per size, the fastest "
@@ -302,6 +308,7 @@ void load_settings() noexcept {
     values.cma = boolean(Key::cma);
     values.reg_cache_mb = integer(Key::reg_cache_mb);
     values.zcopy_min = integer(Key::zcopy_min);
+    values.stream_ring = boolean(Key::stream_ring);
     values.sink_min = integer(Key::sink_min);
     if (values.zcopy_min && values.zcopy_min < values.chunk + 1) values.zcopy_min = values.chunk + 1;
     if (values.rma_min < values.chunk + 1) values.rma_min = values.chunk + 1;
