@@ -17,22 +17,24 @@ using namespace sdt;
 
 namespace {
 
-std::uint64_t sum_over(const Pair &pair, const char *key) {
+// A counter summed over one process's connections.
+std::uint64_t sum_of(const Proc &p, const char *key) {
     std::uint64_t total = 0;
-    for (const Proc *p : {&pair.server, &pair.client}) {
-        const auto stats = read_stats(p->stats);
-        for (const ConnLine &c : conns_of(*p)) {
-            const StatLine *s = find_stat(stats, c.pid, c.local, c.peer);
-            REQUIRE(s != nullptr);
-            INFO(s->text);
-            // Every fabric byte is counted under exactly one protocol.
-            CHECK(s->num("tx_sink") + s->num("tx_zcopy") + s->num("tx_ring") +
-                      s->num("tx_inline") ==
-                  s->num("tx_fabric"));
-            total += s->num(key);
-        }
+    const auto stats = read_stats(p.stats);
+    for (const ConnLine &c : conns_of(p)) {
+        const StatLine *s = find_stat(stats, c.pid, c.local, c.peer);
+        REQUIRE(s != nullptr);
+        INFO(s->text);
+        // Every fabric byte is counted under exactly one protocol.
+        CHECK(s->num("tx_sink") + s->num("tx_zcopy") + s->num("tx_ring") + s->num("tx_inline") ==
+              s->num("tx_fabric"));
+        total += s->num(key);
     }
     return total;
+}
+
+std::uint64_t sum_over(const Pair &pair, const char *key) {
+    return sum_of(pair.server, key) + sum_of(pair.client, key);
 }
 
 // In the direct configuration, `key` (a counter) moved bytes.
@@ -184,20 +186,17 @@ TEST_CASE("a randomised mix of sizes, call families, flags and directions stays 
 
 namespace {
 
-// A counter of one process's connections, summed (each checked as in
-// sum_over).
-std::uint64_t sum_of(const Proc &p, const char *key) {
-    std::uint64_t total = 0;
-    const auto stats = read_stats(p.stats);
-    for (const ConnLine &c : conns_of(p)) {
-        const StatLine *s = find_stat(stats, c.pid, c.local, c.peer);
-        REQUIRE(s != nullptr);
-        INFO(s->text);
-        CHECK(s->num("tx_sink") + s->num("tx_zcopy") + s->num("tx_ring") + s->num("tx_inline") ==
-              s->num("tx_fabric"));
-        total += s->num(key);
-    }
-    return total;
+// In the direct configuration, `check` of each end's bytes sent by read
+// zero-copy and through the ring.
+auto each_end(std::function<void(std::uint64_t zcopy, std::uint64_t ring)> check) {
+    return [check](Pair &pair, const Placement &pl) {
+        if (!(pl.server_preload && pl.client_preload)) return;
+        for (const Proc *p : {&pair.client, &pair.server}) {
+            const std::uint64_t zcopy = sum_of(*p, "tx_zcopy"), ring = sum_of(*p, "tx_ring");
+            INFO(p->name << ": tx_zcopy " << zcopy << ", tx_ring " << ring);
+            check(zcopy, ring);
+        }
+    };
 }
 
 }  // namespace
@@ -206,42 +205,25 @@ TEST_CASE("large sends of a request-response exchange go by read zero-copy, thos
           "through the ring after the first, and by size alone with SDIRECT_STREAM_RING=0",
           "[zcopy]") {
     // 20 requests of 64 KiB, each echoed whole: every send of either end
-    // follows the other end's message, so each keeps the one copy.
+    // follows the other end's message, so each keeps the one copy (a piece
+    // whose reader is late, 2 ms, goes on by the window).
     PairSpec exchange = zc("exchange", {}, {"--size", "65536", "--rounds", "20"});
-    if (!run_pair(exchange, [](Pair &pair, const Placement &pl) {
-            if (!(pl.server_preload && pl.client_preload)) return;
-            for (const Proc *p : {&pair.client, &pair.server}) {
-                const std::uint64_t zcopy = sum_of(*p, "tx_zcopy"), ring = sum_of(*p, "tx_ring");
-                INFO(p->name << ": tx_zcopy " << zcopy << ", tx_ring " << ring);
-                // A piece whose reader is late (2 ms) goes on by the window.
-                CHECK(zcopy > ring);
-                CHECK(zcopy >= 10 * 65536);
-            }
-        }))
+    if (!run_pair(exchange, each_end([](std::uint64_t zcopy, std::uint64_t ring) {
+                      CHECK(zcopy > ring);
+                      CHECK(zcopy >= 10 * 65536);
+                  })))
         return;
     // 4 MiB each way in pieces of up to 256 KiB, back to back: after the
     // first large piece, the ring (a piece of at most a quarter of it).
     PairSpec stream = zc("bulk", {}, {"--size", "4194304", "--chunk", "262144"});
-    if (!run_pair(stream, [](Pair &pair, const Placement &pl) {
-            if (!(pl.server_preload && pl.client_preload)) return;
-            for (const Proc *p : {&pair.client, &pair.server}) {
-                const std::uint64_t zcopy = sum_of(*p, "tx_zcopy"), ring = sum_of(*p, "tx_ring");
-                INFO(p->name << ": tx_zcopy " << zcopy << ", tx_ring " << ring);
-                CHECK(zcopy <= 262144);
-                CHECK(ring >= 2u << 20);
-            }
-        }))
+    if (!run_pair(stream, each_end([](std::uint64_t zcopy, std::uint64_t ring) {
+                      CHECK(zcopy <= 262144);
+                      CHECK(ring >= 2u << 20);
+                  })))
         return;
     // The same stream by size alone: pieces from 64 KiB by read zero-copy.
     stream.env = {"SDIRECT_STREAM_RING=0"};
-    run_pair(stream, [](Pair &pair, const Placement &pl) {
-        if (!(pl.server_preload && pl.client_preload)) return;
-        for (const Proc *p : {&pair.client, &pair.server}) {
-            const std::uint64_t zcopy = sum_of(*p, "tx_zcopy");
-            INFO(p->name << ": tx_zcopy " << zcopy);
-            CHECK(zcopy >= 2u << 20);
-        }
-    });
+    run_pair(stream, each_end([](std::uint64_t zcopy, std::uint64_t) { CHECK(zcopy >= 2u << 20); }));
 }
 
 namespace {
