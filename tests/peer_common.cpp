@@ -328,6 +328,12 @@ void write_all(int fd, const void *buf, std::size_t len) {
     }
 }
 
+void send_whole(int fd, std::uint64_t seed, std::uint64_t size) {
+    std::vector<char> buf(std::size_t(size) + 1);
+    pattern_fill(seed, 0, buf.data(), std::size_t(size));
+    write_all(fd, buf.data(), std::size_t(size));
+}
+
 bool read_all_or_eof(int fd, void *buf, std::size_t len, const char *what) {
     auto *p = static_cast<char *>(buf);
     int interrupted = 0;

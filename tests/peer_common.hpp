@@ -71,6 +71,8 @@ void send_pattern(int fd, Tx api, std::uint64_t seed, std::uint64_t size,
 void recv_pattern(int fd, Rx api, std::uint64_t seed, std::uint64_t size,
                   std::uint32_t max_chunk, const char *what);
 void write_all(int fd, const void *buf, std::size_t len);
+// `size` bytes of `seed` in one send call: the peer sees them arrive at once.
+void send_whole(int fd, std::uint64_t seed, std::uint64_t size);
 void read_all(int fd, void *buf, std::size_t len, const char *what);
 // Like read_all, but a clean EOF before the first byte returns false.
 bool read_all_or_eof(int fd, void *buf, std::size_t len, const char *what);

@@ -164,7 +164,6 @@ void drive_duplex(int *fd, const Options &opt) {
 void drive_exchange(int *fd, const Options &opt) {
     const std::uint64_t size = opt.num("size", 65536);
     const std::uint64_t rounds = opt.num("rounds", 20);
-    std::vector<char> buf(std::size_t(size) + 1);
     for (std::uint64_t k = 0; k < rounds; ++k) {
         Cmd cmd;
         cmd.op = Op::echo;
@@ -174,8 +173,7 @@ void drive_exchange(int *fd, const Options &opt) {
         cmd.chunk = std::uint32_t(size);
         cmd.flags = kWhole;
         send_cmd(*fd, cmd);
-        pattern_fill(cmd.seed, 0, buf.data(), std::size_t(size));
-        write_all(*fd, buf.data(), std::size_t(size));
+        send_whole(*fd, cmd.seed, size);
         recv_pattern(*fd, Rx::recv, cmd.seed2, size, cmd.chunk, "exchange");
     }
     send_exit(*fd);

@@ -41,13 +41,6 @@ void send_sockinfo(int fd) {
     write_all(fd, &info, sizeof info);
 }
 
-// One send call: the driver sees the bytes arrive at once.
-void send_whole(int fd, std::uint64_t seed, std::uint64_t size) {
-    std::vector<char> buf(std::size_t(size) + 1);
-    pattern_fill(seed, 0, buf.data(), std::size_t(size));
-    write_all(fd, buf.data(), std::size_t(size));
-}
-
 // What the driver's side sends back is our own stream, after our FIN:
 // everything, then EOF (a program that copies its input to its output).
 void echo_to_eof(int fd, const Cmd &cmd) {

@@ -26,13 +26,6 @@ namespace {
 
 double since_s(std::uint64_t start_ns) { return double(now_ns() - start_ns) / 1e9; }
 
-// One send call of `size` bytes of `seed`.
-void send_whole(int fd, std::uint64_t seed, std::uint64_t size) {
-    std::vector<char> buf(std::size_t(size) + 1);
-    pattern_fill(seed, 0, buf.data(), std::size_t(size));
-    write_all(fd, buf.data(), std::size_t(size));
-}
-
 // The responder sends `size` bytes of `seed` in one call, after `delay_us`.
 void ask_send(int fd, std::uint64_t size, std::uint64_t seed, std::uint32_t delay_us = 0) {
     Cmd cmd;
