@@ -26,6 +26,7 @@ ProtocolPolicy policy() noexcept {
     p.chunk = std::size_t(settings().chunk);
     p.rma_min = settings().rma_min;
     p.zcopy_min = settings().zcopy_min;
+    p.stream_ring = settings().stream_ring;
     return p;
 }
 
@@ -147,6 +148,14 @@ bool use_zcopy(std::size_t len) noexcept {
 
 bool use_ring(std::size_t len, std::int64_t credit) noexcept {
     return choose_protocol(policy(), len, credit, false) == Protocol::ring;
+}
+
+bool stream_takes_ring(const ProtocolPolicy &p, std::size_t len, std::size_t ring_cap) noexcept {
+    return p.how == Selection::thresholds && p.stream_ring && len <= ring_cap / 4;
+}
+
+bool stream_by_ring(std::size_t len, std::size_t ring_cap) noexcept {
+    return stream_takes_ring(policy(), len, ring_cap);
 }
 
 std::string format_tune_line(std::uint64_t size, Protocol best, const double (&mbps)[3]) {

@@ -9,7 +9,10 @@
 // (Write zero-copy is the receiver's choice: sink.cpp.)
 //
 // SDIRECT_PROTOCOLS says how:
-//   thresholds  by size: SDIRECT_RMA_MIN and SDIRECT_ZCOPY_MIN (default)
+//   thresholds  by size: SDIRECT_RMA_MIN and SDIRECT_ZCOPY_MIN (default);
+//               and with SDIRECT_STREAM_RING, not read zero-copy for a
+//               stream's sends that the peer's ring holds four of
+//               (stream_takes_ring)
 //   auto        per size class, the fastest protocol as measured on this
 //               host by sdirect-tune (its table file, SDIRECT_TUNE_FILE);
 //               the thresholds where no table was measured
@@ -41,6 +44,10 @@ bool use_zcopy(std::size_t len) noexcept;
 // `len` bytes (as many as credits allow, `credit`) to go now: written into
 // the peer's ring rather than inline?
 bool use_ring(std::size_t len, std::int64_t credit) noexcept;
+// A blocking send of `len` bytes that follows another large send with
+// nothing taken in from the peer meanwhile (a stream), to a peer whose
+// ring holds `ring_cap`: through the ring rather than by read zero-copy?
+bool stream_by_ring(std::size_t len, std::size_t ring_cap) noexcept;
 
 struct TuneTable;
 // Everything the choice depends on: the selection and, from the settings,
@@ -52,6 +59,7 @@ struct ProtocolPolicy {
     std::size_t chunk = 0;                 // SDIRECT_CHUNK
     std::uint32_t rma_min = 0;             // SDIRECT_RMA_MIN
     std::uint32_t zcopy_min = 0;           // SDIRECT_ZCOPY_MIN
+    bool stream_ring = false;              // SDIRECT_STREAM_RING
 };
 // The protocol for the next `len` bytes of a send, `credit` of which the
 // window takes now; `zcopy_ok`: they are one contiguous piece of a send
@@ -60,6 +68,15 @@ struct ProtocolPolicy {
 // use_zcopy and use_ring are this, with the policy load_protocols() set.
 Protocol choose_protocol(const ProtocolPolicy &p, std::size_t len, std::int64_t credit,
                          bool zcopy_ok) noexcept;
+// A stream's send of `len` bytes to a peer whose ring holds `ring_cap`
+// goes through the ring (then zcopy_ok is false for it): with the
+// thresholds and stream_ring, when the ring holds four such sends. Read
+// zero-copy keeps the sender waiting on each piece until its reader has
+// copied it; the ring's two copies overlap (ours of this send while the
+// reader copies the last one out). A larger send fills the ring, and each
+// copy waits for the other anyway. stream_by_ring is this, with the
+// policy load_protocols() set.
+bool stream_takes_ring(const ProtocolPolicy &p, std::size_t len, std::size_t ring_cap) noexcept;
 
 // The tune file: one line per measured size, "SIZE best=PROTOCOL" followed
 // by the measurements ("buffered=MBPS ring=MBPS zcopy=MBPS"); '#' starts

@@ -524,22 +524,17 @@ ssize_t direct_send(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, 
 
     // Read zero-copy only for blocking sends (the peer reads them straight
     // from the caller's buffer while we wait, at most until SO_SNDTIMEO's
-    // deadline); which pieces: transport/protocol.hpp. With the size
-    // thresholds (and SDIRECT_STREAM_RING), not for a large send that
-    // follows another with nothing taken in from the peer meanwhile (a
-    // stream) and of which the peer's ring holds four: read zero-copy
-    // would keep the sender waiting on each piece until its reader has
-    // copied it, where the ring's two copies overlap (ours of this piece
-    // while the reader copies the last one out). A larger piece fills the
-    // ring, and each copy waits for the other anyway. A request-response
-    // exchange takes the answer in between two sends and keeps the one
-    // copy.
+    // deadline); which pieces: transport/protocol.hpp. A large send that
+    // follows another with nothing taken in from the peer meanwhile is a
+    // stream's, whose pieces may go through the ring instead
+    // (stream_by_ring); a request-response exchange takes the answer in
+    // between two sends.
     const bool large = total > settings().chunk;
     bool zc_ok = !nb && large && s.engine->can_read();
     if (large) {
         const std::uint64_t heard = c->stat->rx_fabric.load(std::memory_order_relaxed);
-        if (heard == c->large_send_heard && c->peer_ring_addr && total <= c->peer_ring_cap / 4 &&
-            settings().stream_ring && selection() == Selection::thresholds)
+        if (heard == c->large_send_heard && c->peer_ring_addr &&
+            stream_by_ring(total, c->peer_ring_cap))
             zc_ok = false;
         c->large_send_heard = heard;
     }

@@ -110,6 +110,27 @@ TEST_CASE("a forced protocol goes wherever it can be used; forced zcopy falls to
     CHECK(choose_protocol(p, 5000, 0, false) == Protocol::buffered);
 }
 
+TEST_CASE("a stream's sends of up to a quarter of the peer's ring go through it, with the "
+          "thresholds and SDIRECT_STREAM_RING only",
+          "[protocol]") {
+    constexpr std::size_t kRing = 2 << 20;
+    ProtocolPolicy p = thresholds();
+    p.stream_ring = true;
+    CHECK(stream_takes_ring(p, 65536, kRing));
+    CHECK(stream_takes_ring(p, kRing / 4, kRing));
+    CHECK_FALSE(stream_takes_ring(p, kRing / 4 + 1, kRing));
+    CHECK_FALSE(stream_takes_ring(p, 65536, 0));  // no ring
+    p.stream_ring = false;
+    CHECK_FALSE(stream_takes_ring(p, 65536, kRing));
+    // A forced protocol or the measured table decides alone.
+    p.stream_ring = true;
+    p.how = Selection::forced;
+    p.forced = Protocol::zcopy;
+    CHECK_FALSE(stream_takes_ring(p, 65536, kRing));
+    p.how = Selection::table;
+    CHECK_FALSE(stream_takes_ring(p, 65536, kRing));
+}
+
 TEST_CASE("auto: the measured table decides per size class; the ring's class is that of "
           "what the window takes",
           "[protocol]") {
