@@ -17,6 +17,8 @@
 #include "stream.hpp"
 #include "table.hpp"
 
+#include "transport/log.hpp"
+#include "transport/rules.hpp"
 #include "transport/settings.hpp"
 #include "transport/wait.hpp"
 
@@ -84,6 +86,18 @@ void Stream::ask_now_locked() noexcept {
     if (transport::builds_held()) return;
     earn_ns = 0;
     ask_held = false;
+    // The rules are heard here, once the connection has earned, not at
+    // its start: a connection that never earns costs what TCP costs,
+    // rules or not (no addresses asked of the kernel, no entry written).
+    // The peer follows the same earning rule, so our entry is there when
+    // its upgrade looks for us. Shared through fork: the holder left
+    // alone asks again.
+    if (transport::rules_active() && !share.load(std::memory_order_relaxed) &&
+        transport::rules_keep_fd_on_kernel(kfd(), acceptor)) {
+        pending.store(false, std::memory_order_release);
+        keep_by_rule();
+        return;
+    }
     transport::Engine *e = transport::Engine::ready();  // the first asks for the build
     if (!e) {
         refs.fetch_add(1, std::memory_order_relaxed);  // the builder's, until it is done
@@ -97,6 +111,15 @@ void Stream::ask_now_locked() noexcept {
         set_conn(e->attach(kfd(), acceptor, rcvbuf.load(std::memory_order_relaxed), pre_tx,
                              pre_rx));
     pending.store(false, std::memory_order_release);
+}
+
+void Stream::keep_by_rule() noexcept {
+    // On TCP for good, before it touches the engine; the peer's upgrade
+    // finds our entry and says why.
+    for_good.store(true, std::memory_order_release);
+    transport::mark_unattached(kfd(), transport::Reason::rule, &mark);
+    SD_LOG(info, "fd %d stays on TCP: %s", kfd(),
+           transport::rules().error[0] ? "the rules file is unusable" : "a rule says kernel");
 }
 
 void Stream::finish_deferred_ask() noexcept {

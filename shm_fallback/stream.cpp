@@ -159,17 +159,14 @@ void Stream::connected(bool accepted) noexcept {
     }
     if (!move(p, Phase::attaching)) return connected(accepted);
     acceptor = accepted;
+    // A connection that earns its upgrade hears the rules when it asks
+    // (ask_now_locked); one that upgrades at once hears them now.
+    if (transport::settings().upgrade_after_ms) return start_earning();
     if (transport::rules_keep_fd_on_kernel(kfd(), accepted)) {
-        // On TCP for good, before it touches the engine; the peer's
-        // upgrade finds our entry and says why.
-        for_good.store(true, std::memory_order_release);
-        transport::mark_unattached(kfd(), transport::Reason::rule, &mark);
-        SD_LOG(info, "fd %d stays on TCP: %s", kfd(),
-               transport::rules().error[0] ? "the rules file is unusable" : "a rule says kernel");
+        keep_by_rule();
         move_to(Phase::attached);
         return;
     }
-    if (transport::settings().upgrade_after_ms) return start_earning();
     if ((engine = transport::Engine::wait_ready(transport::settings().engine_wait_ms))) {
         // pre_tx/pre_rx: bytes through the kernel before now (0 unless the
         // socket was shared through fork).

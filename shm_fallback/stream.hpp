@@ -418,6 +418,9 @@ class Stream {
     void ask_or_hold_locked() noexcept;
     // The ask itself, thresholds passed and nobody asleep in the kernel.
     void ask_now_locked() noexcept;
+    // A rule says kernel: on TCP for good, with an entry that tells the
+    // peer why (SDIRECT_RULES).
+    void keep_by_rule() noexcept;
     // Our connection left the fabric for sharing: `n` bytes read on the
     // kernel since count for the holders.
     void count_after_leave(std::uint64_t n) noexcept;

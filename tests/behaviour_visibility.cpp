@@ -495,6 +495,46 @@ TEST_CASE("a rule that says kernel keeps a server's connections on TCP, and its 
     });
 }
 
+TEST_CASE("a rule is heard when a connection earns its upgrade: a one-exchange connection "
+          "under a kernel rule costs nothing of it, a long one is kept on TCP",
+          "[visibility]") {
+    if (config() != Config::direct) {
+        note_skip("needs both ends preloaded");
+        return;
+    }
+    RulesFile rules("kernel role=server local=127.0.0.0/8:*\n");
+    // Connections earn as by default (20 ms of life and 16 calls that
+    // moved bytes; the client builds its engine at once): the hello and
+    // one round, without the settling ping-pong, never do; 3000 rounds do.
+    for (const char *rounds : {"1", "3000"}) {
+        Scratch scratch;
+        const std::string log = scratch.file("log");
+        PairSpec spec;
+        spec.args = {"--scenario", "pingpong", "--rounds", rounds};
+        spec.env = {"SDIRECT_RULES=" + rules.path, "SDIRECT_UPGRADE_AFTER_MS=20",
+                    "SDIRECT_BUILD_AFTER_MS=0", "SDIRECT_UPGRADE_TIMEOUT_MS=200", "SDIRECT_LOG=info",
+                    "SDIRECT_LOG_FILE=" + log};
+        spec.check_modes = false;
+        spec.settle_ms = "0";
+        INFO("rounds: " << rounds);
+        Pair pair = run_pair_once(scratch, spec, placements().front(), "rule");
+        const std::string text = read_text(log);
+        INFO("log:\n" << text);
+        const bool heard = text.find("stays on TCP: a rule says kernel") != std::string::npos;
+        if (std::string(rounds) == "1") {
+            // Over before it earned: neither end asked, so the server never
+            // looked its addresses up nor wrote an entry, and the client
+            // has no statistics of it (no engine either).
+            CHECK(!heard);
+            CHECK(read_stats(pair.client.stats).empty());
+        } else {
+            CHECK(heard);
+            check_client_peer_kernel(pair, "rule");
+        }
+        for (const StatLine &st : read_stats(pair.server.stats)) CHECK(st.mode.empty());
+    }
+}
+
 TEST_CASE("rules that match no connection leave it direct", "[visibility]") {
     RulesFile rules("kernel program=no-such-prog\n"
                     "kernel remote=[::1]:1-2\n"

@@ -560,7 +560,8 @@ Pair start_pair(const Scratch &scratch, const PairSpec &spec, const Placement &p
     Launch server{tag + "-server", {"server", port_file}, pl.server_preload, spec.env};
     server.args.insert(server.args.end(), spec.args.begin(), spec.args.end());
     server.args.insert(server.args.end(), spec.server_args.begin(), spec.server_args.end());
-    server.args.insert(server.args.end(), {"--settle-ms", settle_ms()});
+    const std::string settle = spec.settle_ms.empty() ? settle_ms() : spec.settle_ms;
+    server.args.insert(server.args.end(), {"--settle-ms", settle});
     pair.server = spawn(scratch, server);
     pair.port = wait_port(port_file, pair.server, 20);
     if (pair.port == 0) return pair;
@@ -569,7 +570,7 @@ Pair start_pair(const Scratch &scratch, const PairSpec &spec, const Placement &p
     client.env.insert(client.env.end(), spec.client_env.begin(), spec.client_env.end());
     client.args.insert(client.args.end(), spec.args.begin(), spec.args.end());
     client.args.insert(client.args.end(), spec.client_args.begin(), spec.client_args.end());
-    client.args.insert(client.args.end(), {"--settle-ms", settle_ms()});
+    client.args.insert(client.args.end(), {"--settle-ms", settle});
     pair.client = spawn(scratch, client);
     return pair;
 }

@@ -164,6 +164,8 @@ struct PairSpec {
     // The server ends by this signal instead of exit 0 (a responder told
     // to kill itself); 0: it must exit 0.
     int server_signal = 0;
+    // The hello's ping-pong, in ms (--settle-ms); empty: settle_ms().
+    std::string settle_ms;
 };
 
 struct Pair {
