@@ -119,6 +119,12 @@
 # asking to go direct, of which the library keeps no counters, count as
 # "unasked"), and their target is on speed alone.
 #
+# Each row's speedup is of the medians; beside it, the lowest and highest
+# speedup of one repeat's pair (the kernel's run and sdirect's, one after
+# the other): on a shared host the spread of one row can be wider than a
+# target's margin (ab without keep-alive, c=1: 0.73-1.18 in one quick run),
+# and a median of three then decides little.
+#
 # Output, in the run's folder (BENCH_OUT, or a new benchmarks/results/<UTC
 # time>/) per placement: apps.tsv and apps.txt (the table, also on stdout);
 # then benchmarks/summary.sh's summary.txt (unless BENCH_SUMMARY=0).
@@ -952,11 +958,29 @@ counts_text() {
         sort -k1,1nr -k2,2 | awk '{ printf "%s%s %s", (NR > 1 ? ", " : ""), $2, $3 } END { print "" }'
 }
 
+# run_range KIND KVALUES SVALUES: the lowest and highest speedup of one
+# repeat's pair ("0.91-1.04"), kernel and sdirect of the same repeat run
+# one after the other; "-" unless every repeat of both is there (a failed
+# run would pair values of different repeats) or with one repeat.
+run_range() {
+    awk -v kind="$1" -v kv="$2" -v sv="$3" 'BEGIN {
+        n = split(kv, k, ","); m = split(sv, s, ",")
+        if (n != m || n < 2 || (kind != "lower" && kind != "higher")) { print "-"; exit }
+        for (i = 1; i <= n; i++) {
+            if (k[i] + 0 <= 0 || s[i] + 0 <= 0) { print "-"; exit }
+            r = kind == "lower" ? k[i] / s[i] : s[i] / k[i]
+            if (i == 1 || r < lo) lo = r
+            if (i == 1 || r > hi) hi = r
+        }
+        printf "%.2f-%.2f\n", lo, hi
+    }'
+}
+
 # apps_table: the current placement's table into $pdir/apps.{tsv,txt}.
 apps_table() {
     local row id g label unit kind target check k s speedup mode met tshow kv sv
     local tsv="$tmp/apps.tsv"
-    printf 'id\tbenchmark\tunit\tkernel\tsdirect\tspeedup\ttarget\tmet\tsdirect_mode\tkernel_runs\tsdirect_runs\trepeats\tkernel_values\tsdirect_values\n' >"$tsv"
+    printf 'id\tbenchmark\tunit\tkernel\tsdirect\tspeedup\ttarget\tmet\tsdirect_mode\tkernel_runs\tsdirect_runs\trepeats\tkernel_values\tsdirect_values\tspeedup_range\n' >"$tsv"
     for row in "${rows[@]}"; do
         read -r id g label unit kind target check <<<"$row"
         [[ " ${groups[*]} " == *" $g "* ]] || continue
@@ -999,9 +1023,9 @@ apps_table() {
         [[ "$check" != counts && "$mode" != direct && "$met" == yes ]] && met="no (not direct)"
         kv="$(paste -sd, "$tmp/v/$id.kernel" 2>/dev/null)"
         sv="$(paste -sd, "$tmp/v/$id.sdirect" 2>/dev/null)"
-        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$id" "$label" "$unit" "$k" "$s" \
+        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$id" "$label" "$unit" "$k" "$s" \
             "$speedup" "$tshow" "$met" "$mode" "$(runs_of "$g" kernel)" "$(runs_of "$g" sdirect)" \
-            "$repeats" "${kv:--}" "${sv:--}" >>"$tsv"
+            "$repeats" "${kv:--}" "${sv:--}" "$(run_range "$kind" "$kv" "$sv")" >>"$tsv"
     done
     cp "$tsv" "$pdir/apps.tsv"
 
@@ -1015,7 +1039,9 @@ apps_table() {
         echo "pg-users: PostgreSQL run as postgres (its own data directory), pgbench -S as root, ${pg_secs} s a run; nginx-users: nginx with \`user www-data;\` (master root, workers www-data), ab as root"
         echo "mariadb-users: mariadbd started by root with --user=mysql (its own data directory), mysqlslap as root, $myx_queries primary-key reads a run; both ends SDIRECT_UPGRADE_AFTER_MS=0"
         echo "idle: $idle_conns idle connections, CPU in % of one core and context switches/s of each process over ${idle_secs} s"
-        echo "speedup: kernel/sdirect for latency, sdirect/kernel for rates; runs: good/attempted; sdirect mode: as recorded by the library"
+        echo "speedup: kernel/sdirect for latency, sdirect/kernel for rates, of the medians; per repeat: the lowest and highest speedup of one"
+        echo "repeat's pair (kernel and sdirect run one after the other), the run-to-run spread a row's speedup stands in;"
+        echo "runs: good/attempted; sdirect mode: as recorded by the library"
         echo "(MODE n/N: the client's connections by the mode they ended in, over all runs; a process records its last 4096;"
         echo " unasked: ab connections that closed before asking to go direct, on TCP, of which the library keeps no counters)"
         [[ -n "${hog_note:-}" ]] && echo "$hog_note"
@@ -1028,12 +1054,12 @@ apps_table() {
                 return sprintf("%.2f", v)
             }
             NR == 1 {
-                printf "%-38s %-7s %9s %9s %8s %7s %4s %6s %6s  %s\n", "benchmark", "unit", "kernel", "sdirect",
-                    "speedup", "target", "met", "k runs", "s runs", "sdirect mode"
+                printf "%-38s %-7s %9s %9s %8s %11s %7s %4s %6s %6s  %s\n", "benchmark", "unit", "kernel", "sdirect",
+                    "speedup", "per repeat", "target", "met", "k runs", "s runs", "sdirect mode"
                 next
             }
             {
-                printf "%-38s %-7s %9s %9s %8s %7s %4s %6s %6s  %s\n", $2, $3, f($4), f($5), $6, $7,
+                printf "%-38s %-7s %9s %9s %8s %11s %7s %4s %6s %6s  %s\n", $2, $3, f($4), f($5), $6, $15, $7,
                     ($8 == "no (not direct)" ? "no" : $8), $10, $11, $9
             }' "$tsv"
         if [[ -s "$tmp/failures" ]]; then
