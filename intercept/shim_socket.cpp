@@ -181,16 +181,21 @@ SD_EXPORT int dup3(int fd, int nfd, int flags) {
 namespace {
 int fcntl_any(int fd, int cmd, void *arg) noexcept {
     int r = sys.fcntl(fd, cmd, arg);
-    if (r < 0 || sd::transport::guarded()) return r;
-    if ((cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) && sd::fallback::foreign_process()) return r;
+    // Only a dup and F_SETFL change what we keep of an fd: every other
+    // command (F_GETFL, F_GETFD, F_SETFD, locks ...) is the kernel's alone,
+    // with no look-up of ours (a client's connect sets O_NONBLOCK with a
+    // F_GETFL and a F_SETFL per connection).
+    const bool dup = cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC;
+    if (r < 0 || (!dup && cmd != F_SETFL) || sd::transport::guarded()) return r;
+    if (dup && sd::fallback::foreign_process()) return r;
     CallRef s(fd);
     if (!s) {
-        if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) sd::fallback::epoll_fd_dup(fd, r);
+        if (dup) sd::fallback::epoll_fd_dup(fd, r);
         return r;
     }
-    if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)
+    if (dup)
         sd::fallback::map_dup(r, s.get());
-    else if (cmd == F_SETFL)
+    else
         s->nonblock.store((reinterpret_cast<std::intptr_t>(arg) & O_NONBLOCK) != 0);
     return r;
 }
