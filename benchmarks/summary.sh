@@ -34,19 +34,21 @@ if ((${#order[@]} == 0)); then
 fi
 
 # One line per row and placement: placement, row key, label, target,
-# ratio (or value), met, sdirect mode.
+# ratio (or value), met, sdirect mode, and the lowest and highest ratio of
+# one repeat's pair ("-" where the table has none: sd_pingpong, NetPIPE,
+# an apps table of a run before apps.sh wrote them).
 rows() {
     local p="$1" d="$dir/$1"
     [[ -f "$d/pingpong.tsv" ]] && awk -F'\t' -v p="$p" '
         NR == 1 || $1 == "" { next }
         {
             label = "sd_pingpong " $1 " B " ($2 == "pingpong" ? "latency" : "stream")
-            printf "%s\tpp:%s:%s\t%s\t-\t%s\t-\t%s\n", p, $1, $2, label, $7, $14
+            printf "%s\tpp:%s:%s\t%s\t-\t%s\t-\t%s\t-\n", p, $1, $2, label, $7, $14
         }' "$d/pingpong.tsv"
     [[ -f "$d/netpipe.tsv" ]] && awk -F'\t' -v p="$p" '
         NR == 1 { next }
         $1 == 1 || $1 == 64 || $1 == 4096 || $1 == 65536 || $1 == 1048576 {
-            printf "%s\tnp:%s\tNetPIPE ping-pong %s B\t-\t%s\t-\t-\n", p, $1, $1, $6
+            printf "%s\tnp:%s\tNetPIPE ping-pong %s B\t-\t%s\t-\t-\t-\n", p, $1, $1, $6
         }' "$d/netpipe.tsv"
     [[ -f "$d/apps.tsv" ]] && awk -F'\t' -v p="$p" '
         NR == 1 { next }
@@ -55,11 +57,11 @@ rows() {
             if (v == "-") v = ($5 == "n/a" ? "n/a" : $5 " " $3)  # no ratio: the value
             met = $8
             if (met ~ /^no/) met = "no"
-            printf "%s\tapp:%s\t%s\t%s\t%s\t%s\t%s\n", p, $1, $2, $7, v, met, $9
+            printf "%s\tapp:%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p, $1, $2, $7, v, met, $9, ($15 == "" ? "-" : $15)
         }' "$d/apps.tsv"
 }
 {
-    printf 'placement\trow\tbenchmark\ttarget\tratio\tmet\tsdirect_mode\n'
+    printf 'placement\trow\tbenchmark\ttarget\tratio\tmet\tsdirect_mode\tper_repeat\n'
     for p in "${order[@]}"; do rows "$p"; done
 } >"$dir/summary.tsv"
 
@@ -85,7 +87,7 @@ rows() {
         {
             key = $2
             if (!(key in label)) { keys[++n] = key; label[key] = $3; target[key] = $4 }
-            ratio[key, $1] = $5; met[key, $1] = $6; mode[key, $1] = $7
+            ratio[key, $1] = $5; met[key, $1] = $6; mode[key, $1] = $7; spread[key, $1] = $8
         }
         function cell(k, p,   r, m) {
             if (!((k, p) in ratio)) return "-"
@@ -120,7 +122,8 @@ rows() {
                     if (lower) slow++
                     if (m == "no" || lower) {
                         bad++
-                        printf "  %-9s %-44s %s (target %s; sdirect mode %s)\n", p, substr(label[k], 1, 44), r,
+                        printf "  %-9s %-44s %s%s (target %s; sdirect mode %s)\n", p, substr(label[k], 1, 44), r,
+                            (spread[k, p] != "" && spread[k, p] != "-" ? " (per repeat " spread[k, p] ")" : ""),
                             target[k], mode[k, p]
                     }
                 }
