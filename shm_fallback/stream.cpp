@@ -95,6 +95,7 @@ void Stream::reset(int f, int dom, bool nb) noexcept {
     used_mark.store(nullptr, std::memory_order_relaxed);
     fork_mark = 0;
     share_marked = false;
+    rule_verdict = 0;
     share.store(nullptr, std::memory_order_relaxed);
     prefix.store(nullptr, std::memory_order_relaxed);
     share_check_ns = 0;

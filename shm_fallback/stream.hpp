@@ -223,6 +223,10 @@ class Stream {
     // That entry was written (or tried) for the sharing: once per socket
     // (forking::mark_shared).
     bool share_marked = false;
+    // What SDIRECT_RULES said when a take-over from the holders of a
+    // share first asked (forking::take_over, under pend_lock): 0 not asked
+    // yet, 1 kernel (no take-over), -1 it may go direct.
+    std::int8_t rule_verdict = 0;
     std::atomic<Sharers *> share{nullptr};
     std::uint64_t share_check_ns = 0;  // next look at other holders' lives
     // The peer's bytes read before the kernel socket by every holder

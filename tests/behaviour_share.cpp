@@ -487,6 +487,42 @@ TEST_CASE("a forked child takes a connection over from its parent, which keeps i
     run_pair(spec, check_taken_over);
 }
 
+TEST_CASE("a kernel rule holds for a forked child that would take the connection over",
+          "[fork]") {
+    if (config() != Config::direct) {
+        note_skip("needs both ends preloaded");
+        return;
+    }
+    // The connection earns later than the fork (no settling ping-pong,
+    // 400 ms of life; the rounds before the fork take ~200 ms), so the
+    // rule is first heard by the child's take-over, not by an ask of the
+    // parent before the fork. (Where they take longer, the parent hears it
+    // first and nothing is shared: the checks below hold all the same.)
+    RulesFile rules("kernel role=server local=127.0.0.0/8:*\n");
+    PairSpec spec = driven_by("server", {"--scenario", "fork-idle-parent", "--seed", "15"});
+    spec.env = {"SDIRECT_TAKE_OVER=1", "SDIRECT_RULES=" + rules.path,
+                "SDIRECT_UPGRADE_AFTER_MS=400", "SDIRECT_BUILD_AFTER_MS=0"};
+    spec.settle_ms = "0";
+    run_pair(spec, [](Pair &pair, const Placement &) {
+        INFO(describe(pair.server));
+        INFO("server statistics:\n" << read_text(pair.server.stats));
+        INFO("client statistics:\n" << read_text(pair.client.stats));
+        // Every byte was checked by the ends themselves (exit 0). The
+        // server's processes never asked for an engine: no statistics.
+        CHECK(exited_with(pair.server, 0));
+        CHECK(exited_with(pair.client, 0));
+        for (const StatLine &st : read_stats(pair.server.stats)) {
+            CHECK(st.mode != "direct");
+            CHECK(st.num("upgrades") == 0);
+        }
+        const StatLine client = only_conn_stat(pair.client);
+        CHECK(client.mode == "kernel");
+        CHECK(client.num("upgrades") == 0);
+        CHECK(client.num("tx_fabric") == 0);
+        CHECK(client.num("rx_fabric") == 0);
+    });
+}
+
 TEST_CASE("a parent that kept its copy idle while its forked child took the connection over "
           "uses it: the child moves it back to the kernel first, both go on there, and the "
           "parent, alone once the child has exited, goes direct again, byte-exact",

@@ -77,20 +77,6 @@ std::string run_text(const std::string &command) {
 }
 
 
-// A rules file for one test, removed with it.
-struct RulesFile {
-    std::string path;
-    explicit RulesFile(const std::string &text) {
-        char name[] = "/tmp/sdirect-rules-XXXXXX";
-        const int fd = mkstemp(name);
-        REQUIRE(fd >= 0);
-        REQUIRE(write(fd, text.data(), text.size()) == ssize_t(text.size()));
-        close(fd);
-        path = name;
-    }
-    ~RulesFile() { unlink(path.c_str()); }
-};
-
 // The client's only connection: on TCP, never upgraded, because its
 // server's end is, for `why`. Its statistics line.
 StatLine check_client_peer_kernel(const Pair &pair, const std::string &why) {

@@ -545,6 +545,17 @@ std::vector<Placement> placements() {
     return {};
 }
 
+RulesFile::RulesFile(const std::string &text) {
+    char name[] = "/tmp/sdirect-rules-XXXXXX";
+    const int fd = mkstemp(name);
+    REQUIRE(fd >= 0);
+    REQUIRE(write(fd, text.data(), text.size()) == ssize_t(text.size()));
+    close(fd);
+    path = name;
+}
+
+RulesFile::~RulesFile() { unlink(path.c_str()); }
+
 std::string settle_ms() {
     if (const char *v = std::getenv("SDIRECT_TEST_SETTLE_MS")) return v;
     // The reference needs no time to settle; preloaded runs give the

@@ -153,6 +153,15 @@ struct Placement {
 // when the library is missing).
 std::vector<Placement> placements();
 
+// A rules file (SDIRECT_RULES) for one test, removed with it.
+struct RulesFile {
+    std::string path;
+    explicit RulesFile(const std::string &text);
+    ~RulesFile();
+    RulesFile(const RulesFile &) = delete;
+    RulesFile &operator=(const RulesFile &) = delete;
+};
+
 struct PairSpec {
     std::vector<std::string> args;         // both ends
     std::vector<std::string> server_args;  // server only
