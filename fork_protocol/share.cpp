@@ -15,7 +15,6 @@
 #include "transport/log.hpp"
 #include "transport/renew.hpp"
 #include "transport/sys.hpp"
-#include "transport/rules.hpp"
 #include "transport/settings.hpp"
 
 #include <unistd.h>
@@ -257,11 +256,7 @@ bool take_over(Stream &s, Sharers *sh) noexcept {
     // A rule that says kernel keeps it there: heard once, as a fresh
     // connection hears the rules at its ask. No take-over then; the
     // holders count on, and one left alone hears them at its own ask.
-    if (transport::rules_active()) {
-        if (!s.rule_verdict)
-            s.rule_verdict = transport::rules_keep_fd_on_kernel(s.kfd(), s.acceptor) ? 1 : -1;
-        if (s.rule_verdict > 0) return false;
-    }
+    if (s.rule_says_kernel()) return false;
     if (transport::builds_held()) return false;
     transport::Engine *e = transport::Engine::ready();
     if (!e || !fallback::sharers_take(sh)) return false;

@@ -92,8 +92,7 @@ void Stream::ask_now_locked() noexcept {
     // The peer follows the same earning rule, so our entry is there when
     // its upgrade looks for us. Shared through fork: the holder left
     // alone asks again.
-    if (transport::rules_active() && !share.load(std::memory_order_relaxed) &&
-        transport::rules_keep_fd_on_kernel(kfd(), acceptor)) {
+    if (!share.load(std::memory_order_relaxed) && rule_says_kernel()) {
         pending.store(false, std::memory_order_release);
         keep_by_rule();
         return;
@@ -111,6 +110,11 @@ void Stream::ask_now_locked() noexcept {
         set_conn(e->attach(kfd(), acceptor, rcvbuf.load(std::memory_order_relaxed), pre_tx,
                              pre_rx));
     pending.store(false, std::memory_order_release);
+}
+
+bool Stream::rule_says_kernel() noexcept {
+    if (!rule_verdict) rule_verdict = transport::rules_keep_fd_on_kernel(kfd(), acceptor) ? 1 : -1;
+    return rule_verdict > 0;
 }
 
 void Stream::keep_by_rule() noexcept {

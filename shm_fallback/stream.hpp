@@ -223,9 +223,8 @@ class Stream {
     // That entry was written (or tried) for the sharing: once per socket
     // (forking::mark_shared).
     bool share_marked = false;
-    // What SDIRECT_RULES said when a take-over from the holders of a
-    // share first asked (forking::take_over, under pend_lock): 0 not asked
-    // yet, 1 kernel (no take-over), -1 it may go direct.
+    // What SDIRECT_RULES said of this connection (rule_says_kernel, under
+    // pend_lock): 0 not asked yet, 1 kernel, -1 it may go direct.
     std::int8_t rule_verdict = 0;
     std::atomic<Sharers *> share{nullptr};
     std::uint64_t share_check_ns = 0;  // next look at other holders' lives
@@ -269,6 +268,10 @@ class Stream {
     // shared instead: this process counts its kernel bytes for the holder
     // that upgrades it after us (retire_shared).
     void to_kernel_for_good(transport::Reason why) noexcept;
+    // Whether SDIRECT_RULES keep this connection on TCP: asked of them
+    // once (its addresses from the kernel), when it earns its upgrade or a
+    // holder would take it over (pend_lock held).
+    bool rule_says_kernel() noexcept;
     bool retire_shared() noexcept;
     // recv family; `flags` as for recvmsg. Bytes, 0 at EOF, or -errno.
     // A reset told to the application (from the fabric or from the kernel
