@@ -16,9 +16,10 @@
 
 namespace sd::transport {
 
-// What a delivery need not wake: a sleeper the peer woke itself, which
-// looks at everything anyway once woken: its bell (-1: none) or its
-// poller slot's bit (0: none). wait.hpp: rung_waker, cross_rung.
+// What a delivery need not wake: a sleeper woken already (by the peer, or
+// by another delivery), which looks at everything anyway once woken: its
+// bell (-1: none) or its poller slot's bit (0: none). wait.hpp:
+// latch_waker.
 struct RungWaker {
     int bell;
     std::uint64_t slot_bit;

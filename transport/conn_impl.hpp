@@ -278,8 +278,8 @@ struct Conn {
     // under the lock may take the CPU from the waker at once and then
     // block on the lock the waker still holds: a delivery to a connection
     // polled by a thread of a busy process cost two futex calls that way.
-    // `rung`: a sleep a peer of another uid woke itself (cross_rung),
-    // skipped too.
+    // `rung`: a sleep on a peer of another uid that is woken already
+    // (latch_waker), skipped too.
     std::uint64_t wake_waiters_locked(RungWaker rung = {-1, 0}) noexcept;
     // Flow state into the counters (sdirect-stat shows it); the receive
     // side's only when the caller holds rx_lock.

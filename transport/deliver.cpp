@@ -122,13 +122,12 @@ void Engine::deliver(const char *buf, std::size_t len, const XLink *from) noexce
         return;
     }
     handle(m);
-    // A sleeper whose bell the peer (of another uid) rang itself wakes
-    // anyway: its word in the queue the message came through names it
-    // (only such peers have words there: a queue of our uid's is not
-    // looked at).
+    // A sleeper on a peer of another uid: its word in the queue the
+    // message came through names it (only such peers have words there: a
+    // queue of our uid's is not looked at); woken once (latch_waker).
     RungWaker cross{-1, 0};
     if (from && c->peer->cross && c->id < kXqWakers)
-        cross = cross_rung(xq_wakers(from->in.base)[c->id].load(std::memory_order_acquire));
+        cross = latch_waker(xq_wakers(from->in.base)[c->id], true);
     const std::uint64_t skip = c->wake_waiters_locked(cross);
     lock.unlock();
     // The connection outlives the pass (closing waits for the progress

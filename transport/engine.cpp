@@ -765,8 +765,8 @@ std::uint64_t Conn::wake_waiters_locked(RungWaker cross) noexcept {
     // Once per sleep; never the delivering thread's own (it looks again
     // after its progress pass, before and after its sleep: sleep_once).
     const int own = own_bell();
-    // Nor the sleeper whose eventfd the peer wrote: it wakes anyway.
-    const RungWaker rung = rung_waker(this);
+    // Nor a sleeper woken already (latch_waker): it looks anyway.
+    const RungWaker rung = latch_waker(stat->waker, false);
     for (Waiter &w : waiters) {
         if (w.rung || w.efd == own || w.efd == rung.bell || w.efd == cross.bell) continue;
         w.rung = true;

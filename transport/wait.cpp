@@ -726,19 +726,32 @@ std::uint64_t slot_bit_of(std::uint32_t mark) noexcept {
 
 }  // namespace
 
-RungWaker rung_waker(const Conn *c) noexcept {
-    const std::uint64_t w = c->stat->waker.load(std::memory_order_acquire);
-    if (!(w & kWakeRung)) return {-1, 0};
-    const std::uint32_t mark = std::uint32_t(w >> 32) & ~std::uint32_t(kWakeRung >> 32);
-    if (const std::uint64_t bit = slot_bit_of(mark)) return {-1, bit};
-    return {int(std::uint32_t(w)), 0};
-}
+namespace {
 
-RungWaker cross_rung(std::uint64_t word) noexcept {
-    if (!(word & kXWakeRung)) return {-1, 0};
+// The sleeper a waker word names (its latch left out): a slot's bit, or a
+// bell (of our uid: the eventfd's number in the word's low half; across
+// uids: the mark, which is that number + 1).
+RungWaker waker_of(std::uint64_t word, bool cross) noexcept {
     const std::uint32_t mark = std::uint32_t(word >> 32) & 0x7fffffff;
     if (const std::uint64_t bit = slot_bit_of(mark)) return {-1, bit};
-    return {int(mark) - 1, 0};
+    return {cross ? int(mark) - 1 : int(std::uint32_t(word)), 0};
+}
+
+}  // namespace
+
+RungWaker latch_waker(std::atomic<std::uint64_t> &slot, bool cross) noexcept {
+    static_assert(kWakeRung == kXWakeRung);
+    std::uint64_t v = slot.load(std::memory_order_seq_cst);
+    for (int tries = 0; v && tries < 4; ++tries) {
+        if (v & kWakeRung) return waker_of(v, cross);
+        // Our own sleep (this delivery is its last look before it sleeps,
+        // or the look after it): a latch would keep the peer from waking
+        // it for a later message.
+        const RungWaker w = waker_of(v, cross);
+        if (w.slot_bit ? w.slot_bit == own_slot_bit : w.bell == bell_fd) return {-1, 0};
+        if (slot.compare_exchange_strong(v, v | kWakeRung, std::memory_order_seq_cst)) return {-1, 0};
+    }
+    return {-1, 0};
 }
 
 void wake_pollers(const PollerMask &m, std::uint64_t skip) noexcept {

@@ -236,9 +236,19 @@ std::uint64_t next_watch_serial() noexcept;
 // have come after its sleep).
 // The word of the calling thread's bell (0: it has none).
 std::uint64_t bell_word() noexcept;
-// What a delivery to `c` need not wake (RungWaker, conn_impl.hpp): the
-// sleeper that announced an eventfd the peer wrote already (kWakeRung).
-RungWaker rung_waker(const Conn *c) noexcept;
+// A delivery to a connection whose word (`slot`: ConnStat::waker, or
+// across uids the word in the link's queue, `cross`) announces a sleeper:
+// what the delivery need not wake (RungWaker, conn_impl.hpp), the sleeper
+// whose latch (kWakeRung) is set already: the peer wrote its eventfd, or
+// another delivery of ours wakes it. Otherwise the delivery sets the
+// latch itself (the peer's post then writes nothing: the sleeper takes
+// its message in when it withdraws the word) and wakes the sleeper the
+// usual way, so that one message wakes a sleeper once, not from both
+// ends: a thread of a busy client that takes in its neighbours' answers
+// (mysqlslap's eight) found two wake-ups for most of them. Never the
+// calling thread's own sleep (its last look, or the one after it): that
+// latch would keep the peer from waking it for a later message.
+RungWaker latch_waker(std::atomic<std::uint64_t> &slot, bool cross) noexcept;
 bool announce_waker(Conn *c, std::uint64_t word) noexcept;
 bool withdraw_waker(Conn *c, std::uint64_t word) noexcept;
 
@@ -262,9 +272,8 @@ bool withdraw_waker(Conn *c, std::uint64_t word) noexcept;
 // link's bell as before.
 // The word: the token (bits 0-31), what the sleep polls (bits 32-62: a
 // poller slot's mark, as in ConnStat::waker, or the bell's fd + 1), and
-// the peer's latch (bit 63). A delivery from the link skips the sleep it
-// names when the latch is set (cross_rung): it wakes anyway. A peer can
-// forge the word only for its own connections.
+// the latch (bit 63, latch_waker). A peer can forge the word only for
+// its own connections.
 struct CrossWake {
     int xl = -1;
     std::uint32_t serial = 0, id = 0;
@@ -273,7 +282,6 @@ struct CrossWake {
 };
 bool announce_cross(Engine *e, Conn *c, std::uint32_t mark, CrossWake &w, const int *bells,
                     int nbells) noexcept;
-RungWaker cross_rung(std::uint64_t word) noexcept;
 bool withdraw_cross(Engine *e, const CrossWake &w) noexcept;
 // Takes what the peers sent on a bell, all of it (a flood: at most 512):
 // how many rings (0: none, or an error).
