@@ -2,11 +2,15 @@
 // every `every` failed looks, naps with the pace's growth, and ends on
 // the look, the hook, the deadline or the bound on naps; wait_on_bell,
 // its doorbell form, sleeps after a failed look (with a spin first),
-// ends at the deadline with -EAGAIN and on a signal as the socket would.
+// ends at the deadline with -EAGAIN and on a signal as the socket would;
+// latch_waker, a delivery's look at a sleeper's word, wakes it once.
 #include <catch2/catch.hpp>
 
+#include "transport/conn.hpp"
+#include "transport/procpage.hpp"
 #include "transport/wait.hpp"
 
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <string>
@@ -278,4 +282,62 @@ TEST_CASE("wait_on_bell: an interrupted hook that goes on keeps the wait", "[wai
     SpinSlot slot;
     CHECK(wait_on_bell(w, slot) == 7);
     CHECK(w.signals == 2);
+}
+
+// latch_waker: a delivery to a connection whose word announces a sleeper
+// wakes it once. Words as sleepers announce them: of our uid the mark in
+// the high half and the eventfd's number in the low one; across uids the
+// mark is the eventfd's number + 1 and the low half a token.
+TEST_CASE("latch_waker: another thread's announced word is latched, and the delivery wakes it",
+          "[wait]") {
+    const std::uint64_t word = std::uint64_t(7) << 32 | 42;
+    std::atomic<std::uint64_t> slot{word};
+    const RungWaker r = latch_waker(slot, false);
+    // Latched: the peer's post finds the latch and writes nothing.
+    CHECK(slot.load() == (word | kWakeRung));
+    // Nothing to skip: the delivery's own wake-up is the sleeper's one.
+    CHECK(r.bell == -1);
+    CHECK(r.slot_bit == 0);
+
+    const std::uint64_t xword = std::uint64_t(43) << 32 | 9;
+    std::atomic<std::uint64_t> xslot{xword};
+    const RungWaker x = latch_waker(xslot, true);
+    CHECK(xslot.load() == (xword | kWakeRung));
+    CHECK(x.bell == -1);
+    CHECK(x.slot_bit == 0);
+}
+
+TEST_CASE("latch_waker: a word latched already names the sleeper the delivery skips", "[wait]") {
+    std::atomic<std::uint64_t> slot{(std::uint64_t(7) << 32 | 42) | kWakeRung};
+    const RungWaker r = latch_waker(slot, false);
+    CHECK(r.bell == 42);
+    CHECK(r.slot_bit == 0);
+    // Across uids the bell is the mark - 1.
+    std::atomic<std::uint64_t> xslot{(std::uint64_t(43) << 32 | 9) | kWakeRung};
+    const RungWaker x = latch_waker(xslot, true);
+    CHECK(x.bell == 42);
+    CHECK(x.slot_bit == 0);
+}
+
+TEST_CASE("latch_waker: the calling thread's own sleep is never latched", "[wait]") {
+    const std::uint64_t own = bell_word();
+    REQUIRE(own != 0);
+    std::atomic<std::uint64_t> slot{own};
+    const RungWaker r = latch_waker(slot, false);
+    // Left for the peer: a latch here would keep it from waking this
+    // thread for a later message.
+    CHECK(slot.load() == own);
+    CHECK(r.bell == -1);
+    CHECK(r.slot_bit == 0);
+    std::atomic<std::uint64_t> xslot{std::uint64_t(own_bell() + 1) << 32 | 5};
+    (void)latch_waker(xslot, true);
+    CHECK(xslot.load() == (std::uint64_t(own_bell() + 1) << 32 | 5));
+}
+
+TEST_CASE("latch_waker: no word, nothing latched and nothing skipped", "[wait]") {
+    std::atomic<std::uint64_t> slot{0};
+    const RungWaker r = latch_waker(slot, false);
+    CHECK(slot.load() == 0);
+    CHECK(r.bell == -1);
+    CHECK(r.slot_bit == 0);
 }
