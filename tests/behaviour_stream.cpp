@@ -157,3 +157,62 @@ TEST_CASE("IPv6 connections report their addresses like the kernel", "[ipv6]") {
         CHECK(info[0].find("so_domain=10") != std::string::npos);
     });
 }
+
+namespace {
+
+// The library's debug lines of process `pid` in `log` that contain `needle`.
+std::size_t lines_of(const std::string &log, int pid, const std::string &needle) {
+    const std::string who = "sdirect[" + std::to_string(pid) + "] ";
+    std::size_t n = 0, at = 0;
+    while (at < log.size()) {
+        std::size_t end = log.find('\n', at);
+        if (end == std::string::npos) end = log.size();
+        const std::string line = log.substr(at, end - at);
+        n += line.rfind(who, 0) == 0 && line.find(needle) != std::string::npos;
+        at = end + 1;
+    }
+    return n;
+}
+
+}  // namespace
+
+TEST_CASE("a receive ring filled once is backed by huge pages, and the stream stays exact",
+          "[stream]") {
+    if (config() == Config::kernel) {
+        note_skip("receive rings");
+        return;
+    }
+    for (const Placement &pl : placements()) {
+        if (pl.expect(true) != Expect::direct || pl.expect(false) != Expect::direct) continue;
+        INFO("placement: " << pl.label());
+        for (const bool huge : {true, false}) {
+            INFO("SDIRECT_RING_HUGE=" << huge);
+            Scratch scratch;
+            const std::string log = scratch.file("log");
+            // 8 MiB each way through 2 MiB rings: each fills four times.
+            PairSpec spec = bulk(8u << 20);
+            spec.env = {"SDIRECT_LOG=debug", "SDIRECT_LOG_FILE=" + log,
+                        std::string("SDIRECT_RING_HUGE=") + (huge ? "1" : "0")};
+            Pair pair = run_pair_once(scratch, spec, pl, huge ? "huge" : "small");
+            expect_fabric_traffic(pair, pl);
+            const std::string text = read_text(log);
+            INFO("log:\n" << text);
+            for (const Proc *p : {&pair.server, &pair.client}) {
+                check_modes(*p, Expect::direct);
+                const int pid = conns_of(*p).at(0).pid;
+                if (!huge) {
+                    CHECK(lines_of(text, pid, "backed by huge pages") == 0);
+                    continue;
+                }
+                if (lines_of(text, pid, "ring not backed by huge pages: Invalid argument")) {
+                    note_skip("huge pages for rings (this kernel has no MADV_COLLAPSE)");
+                    return;
+                }
+                // Once per connection, the first time its ring was filled.
+                CHECK(lines_of(text, pid, "ring of 2048 KiB backed by huge pages") == 1);
+            }
+        }
+        return;  // one direct placement is enough
+    }
+    note_skip("huge pages for rings (no placement with both ends direct)");
+}

@@ -172,6 +172,7 @@ struct Conn {
     fid_mr *ring_mr = nullptr;      // the ring registered for the peer's writes
     std::uint64_t ring_head = 0;    // consumed fabric bytes
     std::uint64_t ring_tail = 0;    // delivered fabric bytes
+    bool ring_filled = false;       // consumed a whole ring's worth once (Engine::ring_filled)
     SrcAvail zc;                    // the peer's advertisement being read
     std::uint64_t zc_total = 0;     // stream bytes of finished advertisements
     SinkAvail sink;                 // our recv buffer, advertised

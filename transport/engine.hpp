@@ -205,7 +205,9 @@ bool ids_renewed() noexcept;
 void note_ids_renewed() noexcept;
 // An id change is under way: no engine build starts.
 bool builds_held() noexcept;
-// A receive ring of `cap` bytes, in a mapping of its own (ringmem.cpp).
+// A receive ring of `cap` bytes, in a mapping of its own (ringmem.cpp),
+// aligned to a huge page when it spans one and kept on small pages until
+// it has been filled once (Engine::ring_filled).
 char *ring_alloc(std::uint32_t cap) noexcept;
 
 // Asks process `owner`, whose connection socket `fd` also is here, to
@@ -677,6 +679,13 @@ class Engine {
     // connection closed or the peer gone.
     bool peer_may_write(Conn *c) noexcept;
     void end_ring(Conn *c, bool keep) noexcept;
+  public:
+    // The reader has consumed a whole ring's worth (every page of it was
+    // written, so it is all resident): its memory becomes huge pages where
+    // it spans them (SDIRECT_RING_HUGE), at no cost in memory. The caller
+    // holds the connection, not rx_lock (the collapse copies the ring).
+    void ring_filled(Conn *c) noexcept;
+  private:
     void reap_rings_locked() noexcept;
     struct RetiredRing {
         char *mem;

@@ -11,12 +11,23 @@
 #include "conn_impl.hpp"
 #include "engine.hpp"
 
+#include "log.hpp"
+#include "settings.hpp"
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
 #include <sys/mman.h>
 #include <unistd.h>
 
 namespace sd::transport {
 
 namespace {
+
+constexpr std::size_t kHugePage = std::size_t(2) << 20;
+// madvise's synchronous collapse into huge pages (Linux 6.1; glibc's
+// headers name it only from 2.37).
+constexpr int kMadvCollapse = 25;
 
 std::size_t mapped_len(std::uint32_t cap) noexcept {
     const std::size_t page = std::size_t(sysconf(_SC_PAGESIZE));
@@ -27,10 +38,42 @@ std::size_t mapped_len(std::uint32_t cap) noexcept {
 
 char *ring_alloc(std::uint32_t cap) noexcept {
     // A mapping of its own (not malloc): its addresses are never handed to
-    // another allocation while a reservation holds them.
-    void *p = mmap(nullptr, mapped_len(cap), PROT_READ | PROT_WRITE,
+    // another allocation while a reservation holds them. Where it spans a
+    // huge page it starts on one (the addresses around it are given back),
+    // so that ring_filled can back it with huge pages; until then small
+    // pages only, even where the kernel would give huge ones at the first
+    // touch ("always"): a connection that passes a few bytes touches a few
+    // pages of its ring, not 2 MB.
+    const std::size_t len = mapped_len(cap);
+    const std::size_t align = len >= kHugePage ? kHugePage : 0;
+    void *p = mmap(nullptr, len + align, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    return p == MAP_FAILED ? nullptr : static_cast<char *>(p);
+    if (p == MAP_FAILED) return nullptr;
+    char *const got = static_cast<char *>(p);
+    if (!align) return got;
+    char *const ring = reinterpret_cast<char *>(
+        (reinterpret_cast<std::uintptr_t>(got) + align - 1) & ~std::uintptr_t(align - 1));
+    if (ring > got) munmap(got, std::size_t(ring - got));
+    if (char *const end = got + len + align; end > ring + len) munmap(ring + len, std::size_t(end - (ring + len)));
+    (void)madvise(ring, len, MADV_NOHUGEPAGE);
+    return ring;
+}
+
+void Engine::ring_filled(Conn *c) noexcept {
+    const std::size_t len = mapped_len(c->ring_cap);
+    if (!settings().ring_huge || !c->ring || len < kHugePage) return;
+    // Every page is resident already: huge pages cost no more memory, and
+    // the peer's writes pin (and the reader's copies translate) one page
+    // a 2 MB where they took 512. MADV_COLLAPSE (Linux 6.1) copies the
+    // ring into them now, whatever the system's THP setting; the kernel
+    // leaves a page that a write holds pinned as it is, so a copy under
+    // way is never lost. Refused (an older kernel, no huge page free):
+    // the ring stays as it was.
+    if (madvise(c->ring, len, MADV_HUGEPAGE) != 0) return;
+    if (madvise(c->ring, len, kMadvCollapse) == 0)
+        SD_LOG(debug, "conn %u: ring of %zu KiB backed by huge pages", c->id, len >> 10);
+    else
+        SD_LOG(debug, "conn %u: ring not backed by huge pages: %s", c->id, std::strerror(errno));
 }
 
 bool Engine::peer_may_write(Conn *c) noexcept {

@@ -46,6 +46,12 @@ constexpr Setting table[] = {
      "in from the peer meanwhile (a stream) goes through the ring, where "
      "the sender's copy overlaps the reader's, rather than by read "
      "zero-copy, whose sender waits for each reader. 0: by size alone."},
+    {"SDIRECT_RING_HUGE", SettingKind::boolean, "1",
+     "A connection's receive ring, once a whole ring's worth has been read "
+     "from it (every page already in memory), is backed by huge pages "
+     "(madvise MADV_COLLAPSE, Linux 6.1 on): the peer's copies into it "
+     "and the reader's out of it handle one page per 2 MB instead of 512. "
+     "No memory beyond what the ring holds already. 0: small pages."},
     {"SDIRECT_PROTOCOLS", SettingKind::text, "thresholds",
      "How a send's bytes pick their protocol: thresholds (by size: "
      "SDIRECT_RMA_MIN, SDIRECT_ZCOPY_MIN), auto (per size, the fastest "
@@ -309,6 +315,7 @@ void load_settings() noexcept {
     values.reg_cache_mb = integer(Key::reg_cache_mb);
     values.zcopy_min = integer(Key::zcopy_min);
     values.stream_ring = boolean(Key::stream_ring);
+    values.ring_huge = boolean(Key::ring_huge);
     values.sink_min = integer(Key::sink_min);
     if (values.zcopy_min && values.zcopy_min < values.chunk + 1) values.zcopy_min = values.chunk + 1;
     if (values.rma_min < values.chunk + 1) values.rma_min = values.chunk + 1;
