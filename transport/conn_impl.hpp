@@ -172,7 +172,12 @@ struct Conn {
     fid_mr *ring_mr = nullptr;      // the ring registered for the peer's writes
     std::uint64_t ring_head = 0;    // consumed fabric bytes
     std::uint64_t ring_tail = 0;    // delivered fabric bytes
-    bool ring_filled = false;       // consumed a whole ring's worth once (Engine::ring_filled)
+    // Engine::ring_filled is asked to back the ring with huge pages once a
+    // whole ring's worth has been consumed past huge_after, at most
+    // kRingHugeTries times (under rx_lock).
+    std::uint64_t huge_after = 0;
+    std::uint8_t huge_tries = 0;
+    static constexpr std::uint8_t kRingHugeTries = 8;
     SrcAvail zc;                    // the peer's advertisement being read
     std::uint64_t zc_total = 0;     // stream bytes of finished advertisements
     SinkAvail sink;                 // our recv buffer, advertised

@@ -207,7 +207,7 @@ void note_ids_renewed() noexcept;
 bool builds_held() noexcept;
 // A receive ring of `cap` bytes, in a mapping of its own (ringmem.cpp),
 // aligned to a huge page when it spans one and kept on small pages until
-// it has been filled once (Engine::ring_filled).
+// a whole ring's worth has been read from it (Engine::ring_filled).
 char *ring_alloc(std::uint32_t cap) noexcept;
 
 // Asks process `owner`, whose connection socket `fd` also is here, to

@@ -204,8 +204,12 @@ ssize_t try_recv(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt, std
                 c->rx_off += n;
                 c->unreturned.fetch_add(std::uint32_t(n), std::memory_order_relaxed);
                 c->show_flow(true);
-                const bool filled = !c->ring_filled && c->ring_head >= c->ring_cap;
-                if (filled) c->ring_filled = true;
+                const bool filled = c->huge_tries < Conn::kRingHugeTries &&
+                                    c->ring_head >= c->huge_after + c->ring_cap;
+                if (filled) {
+                    ++c->huge_tries;
+                    c->huge_after = c->ring_head;
+                }
                 lock.unlock();
                 s.engine->maybe_return_credits(c);
                 if (filled) s.engine->ring_filled(c);

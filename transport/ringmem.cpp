@@ -65,15 +65,28 @@ void Engine::ring_filled(Conn *c) noexcept {
     // Every page is resident already: huge pages cost no more memory, and
     // the peer's writes pin (and the reader's copies translate) one page
     // a 2 MB where they took 512. MADV_COLLAPSE (Linux 6.1) copies the
-    // ring into them now, whatever the system's THP setting; the kernel
-    // leaves a page that a write holds pinned as it is, so a copy under
-    // way is never lost. Refused (an older kernel, no huge page free):
-    // the ring stays as it was.
-    if (madvise(c->ring, len, MADV_HUGEPAGE) != 0) return;
-    if (madvise(c->ring, len, kMadvCollapse) == 0)
-        SD_LOG(debug, "conn %u: ring of %zu KiB backed by huge pages", c->id, len >> 10);
+    // ring into them now, whatever the system's THP setting. A page that
+    // another holds at that instant (the peer's write into it under way,
+    // or a fresh page not yet on the kernel's lists) makes it refuse with
+    // EAGAIN, and the copy under way is never lost: the next ring's worth
+    // asks again, up to Conn::kRingHugeTries times. Refused for good (an
+    // older kernel, no huge page free): the ring stays as it was.
+    int err = 0;
+    if (madvise(c->ring, len, MADV_HUGEPAGE) != 0 || madvise(c->ring, len, kMadvCollapse) != 0)
+        err = errno;
+    unsigned tries;
+    {
+        std::lock_guard rx(c->rx_lock);
+        tries = c->huge_tries;
+        if (err == EAGAIN && tries < Conn::kRingHugeTries) return;
+        c->huge_tries = Conn::kRingHugeTries;  // asked no more
+    }
+    if (err)
+        SD_LOG(debug, "conn %u: ring not backed by huge pages (try %u): %s", c->id, tries,
+               std::strerror(err));
     else
-        SD_LOG(debug, "conn %u: ring not backed by huge pages: %s", c->id, std::strerror(errno));
+        SD_LOG(debug, "conn %u: ring of %zu KiB backed by huge pages (try %u)", c->id, len >> 10,
+               tries);
 }
 
 bool Engine::peer_may_write(Conn *c) noexcept {
