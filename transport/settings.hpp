@@ -67,7 +67,7 @@ struct Settings {
     std::uint32_t rma_min;    // smallest piece written straight into the peer's ring
     std::uint32_t zcopy_min;  // smallest piece sent by read zero-copy (0: never)
     bool stream_ring;         // a stream's large sends go through the ring (thresholds)
-    bool ring_huge;           // a ring filled once becomes huge pages
+    bool ring_huge;           // a ring read through becomes huge pages
     std::uint32_t sink_min;   // smallest recv buffer advertised for write zero-copy (0: never)
     bool cma;                 // one host: process_vm_readv/writev copies
     std::uint32_t reg_cache_mb;  // registration cache budget (0: off)
