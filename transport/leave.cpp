@@ -323,7 +323,9 @@ void Engine::rearm_locked(Conn *c) noexcept {
     // when a new one replaces it).
     c->rearm_forget();
     c->switch_off = c->fin_off = c->peer_end = kNoOffset;
-    c->ring_head = c->ring_tail = 0;
+    // The ring stays (a later upgrade reuses it): its count toward huge
+    // pages restarts with its offsets; a ring collapsed or given up stays so.
+    c->ring_head = c->ring_tail = c->huge_after = 0;
     c->zc = SrcAvail{};
     c->zc_total = 0;
     c->sink = SinkAvail{};
