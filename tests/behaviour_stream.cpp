@@ -158,24 +158,6 @@ TEST_CASE("IPv6 connections report their addresses like the kernel", "[ipv6]") {
     });
 }
 
-namespace {
-
-// The library's debug lines of process `pid` in `log` that contain `needle`.
-std::size_t lines_of(const std::string &log, int pid, const std::string &needle) {
-    const std::string who = "sdirect[" + std::to_string(pid) + "] ";
-    std::size_t n = 0, at = 0;
-    while (at < log.size()) {
-        std::size_t end = log.find('\n', at);
-        if (end == std::string::npos) end = log.size();
-        const std::string line = log.substr(at, end - at);
-        n += line.rfind(who, 0) == 0 && line.find(needle) != std::string::npos;
-        at = end + 1;
-    }
-    return n;
-}
-
-}  // namespace
-
 TEST_CASE("a receive ring read through is backed by huge pages, and the stream stays exact",
           "[stream]") {
     if (config() == Config::kernel) {
@@ -201,17 +183,17 @@ TEST_CASE("a receive ring read through is backed by huge pages, and the stream s
             INFO("log:\n" << text);
             for (const Proc *p : {&pair.server, &pair.client}) {
                 check_modes(*p, Expect::direct);
-                const int pid = conns_of(*p).at(0).pid;
+                const auto lines = log_lines(text, conns_of(*p).at(0).pid);
                 if (!huge) {
-                    CHECK(lines_of(text, pid, "backed by huge pages") == 0);
+                    CHECK(count_with(lines, "backed by huge pages") == 0);
                     continue;
                 }
-                if (lines_of(text, pid, "ring not backed by huge pages (try 1): Invalid argument")) {
+                if (count_with(lines, "ring not backed by huge pages (try 1): Invalid argument")) {
                     note_skip("huge pages for rings (this kernel has no MADV_COLLAPSE)");
                     return;
                 }
                 // Once per connection, within its first tries.
-                CHECK(lines_of(text, pid, "ring of 2048 KiB backed by huge pages") == 1);
+                CHECK(count_with(lines, "ring of 2048 KiB backed by huge pages") == 1);
             }
         }
         return;  // one direct placement is enough

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <utility>
 #include <sys/wait.h>
 
 using namespace sdt;
@@ -20,26 +21,13 @@ using namespace sdt;
 namespace {
 
 // Lines of `log` that come from pid and name the connection local > peer.
-std::vector<std::string> log_lines(const std::string &log, int pid, const std::string &local,
-                                   const std::string &peer) {
-    std::vector<std::string> out;
-    const std::string who = "sdirect[" + std::to_string(pid) + "] ";
+std::vector<std::string> conn_log_lines(const std::string &log, int pid, const std::string &local,
+                                        const std::string &peer) {
     const std::string ends = " " + local + " > " + peer + ": ";
-    std::size_t at = 0;
-    while (at < log.size()) {
-        std::size_t end = log.find('\n', at);
-        if (end == std::string::npos) end = log.size();
-        std::string line = log.substr(at, end - at);
-        if (line.rfind(who, 0) == 0 && line.find(ends) != std::string::npos) out.push_back(line);
-        at = end + 1;
-    }
+    std::vector<std::string> out;
+    for (std::string &line : log_lines(log, pid))
+        if (line.find(ends) != std::string::npos) out.push_back(std::move(line));
     return out;
-}
-
-std::size_t count_with(const std::vector<std::string> &lines, const std::string &needle) {
-    std::size_t n = 0;
-    for (const std::string &l : lines) n += l.find(needle) != std::string::npos;
-    return n;
 }
 
 // Every connection of a preloaded `p` has exactly one log line with
@@ -53,7 +41,7 @@ void check_logged(const Proc &p, const std::string &log, const std::string &need
     for (const ConnLine &c : conns) {
         INFO("connection pid " << c.pid << " " << c.local << " > " << c.peer << ", wanted: "
                                << needle);
-        CHECK(count_with(log_lines(log, c.pid, c.local, c.peer), needle) == 1);
+        CHECK(count_with(conn_log_lines(log, c.pid, c.local, c.peer), needle) == 1);
     }
 }
 

@@ -340,6 +340,25 @@ std::string read_text(const std::string &path) {
     return o.str();
 }
 
+std::vector<std::string> log_lines(const std::string &log, int pid) {
+    std::vector<std::string> out;
+    const std::string who = "sdirect[" + std::to_string(pid) + "] ";
+    std::size_t at = 0;
+    while (at < log.size()) {
+        std::size_t end = log.find('\n', at);
+        if (end == std::string::npos) end = log.size();
+        if (log.compare(at, who.size(), who) == 0) out.push_back(log.substr(at, end - at));
+        at = end + 1;
+    }
+    return out;
+}
+
+std::size_t count_with(const std::vector<std::string> &lines, const std::string &needle) {
+    std::size_t n = 0;
+    for (const std::string &l : lines) n += l.find(needle) != std::string::npos;
+    return n;
+}
+
 bool wait_for_text(const std::string &path, const std::string &needle, double timeout_s) {
     const double deadline = now_s() + timeout_s;
     for (int i = 0; i < 1000000 && now_s() < deadline; ++i) {

@@ -92,6 +92,10 @@ std::string status_text(const Proc &p);
 std::string describe(const Proc &p);
 
 std::string read_text(const std::string &path);
+// The library's log lines of process `pid` in `log` (the text of an
+// SDIRECT_LOG_FILE), and how many of `lines` contain `needle`.
+std::vector<std::string> log_lines(const std::string &log, int pid);
+std::size_t count_with(const std::vector<std::string> &lines, const std::string &needle);
 // Waits until the file exists and contains `needle`; false on timeout.
 bool wait_for_text(const std::string &path, const std::string &needle, double timeout_s);
 // Waits for the port file; 0 if `owner` ended or the timeout passed.
