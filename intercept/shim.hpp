@@ -27,9 +27,15 @@ class CallRef {
         // An ask the call made waits for the socket's plain epoll
         // registrations to become shadows: made now, no lock held.
         if (s_->ask_deferred.load(std::memory_order_relaxed)) s_->finish_deferred_ask();
-        // A call on a direct socket may change its readiness beyond what
-        // its connection's counts say (a reset a send found, a shutdown).
-        if (transport::Conn *c = s_->conn.load(std::memory_order_acquire)) s_->touch(c);
+        if (transport::Conn *c = s_->conn.load(std::memory_order_acquire)) {
+            // A call on a direct socket may change its readiness beyond
+            // what its connection's counts say (a reset a send found, a
+            // shutdown).
+            s_->touch(c);
+            // Its wait for the peer's upgrade ran out during the call: on
+            // TCP for good now, with no lock held.
+            if (transport::peer_wait_over(c)) s_->stop_waiting(c);
+        }
         // The last call over a socket closed meanwhile: its close now.
         if (s_->calls.fetch_sub(1, std::memory_order_acq_rel) == 1 &&
             s_->held_fd.load(std::memory_order_acquire) >= 0)

@@ -109,6 +109,12 @@ class Stream {
         touched.fetch_add(1, std::memory_order_release);
         transport::mark_touched(c);
     }
+    // Its connection waited SDIRECT_PEER_WAIT_MS for the peer's upgrade
+    // (transport::peer_wait_over): on TCP for good from now on, so that
+    // its calls and waits are the kernel's alone. No lock held.
+    void stop_waiting(transport::Conn *c) noexcept {
+        if (transport::Engine *e = engine) e->give_up_waiting(c);
+    }
     // Sets `conn` (once, from null) and wakes the poll/select/epoll sleeps
     // that watched the socket without one (they watch the connection next).
     void set_conn(transport::Conn *c) noexcept;

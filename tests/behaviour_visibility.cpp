@@ -509,6 +509,48 @@ TEST_CASE("a rule is heard when a connection earns its upgrade: a one-exchange c
     }
 }
 
+TEST_CASE("a connection that waited SDIRECT_PEER_WAIT_MS for its peer's upgrade stays on TCP "
+          "for good and says so once, and a peer that asks later is told peer_reason=peer_wait; "
+          "with 0 the late peer still upgrades it",
+          "[visibility]") {
+    if (config() != Config::direct) {
+        note_skip("needs both ends preloaded");
+        return;
+    }
+    // The server asks at once; the client only once it has lived 1.5 s,
+    // within the hello's 2.5 s ping-pong. The server's verdict (no_peer:
+    // no entry of the client's yet) comes after 100 ms.
+    for (const std::string wait : {"100", "0"}) {
+        Scratch scratch;
+        const std::string log = scratch.file("log");
+        PairSpec spec;
+        spec.args = {"--scenario", "pingpong", "--rounds", "200"};
+        spec.env = {"SDIRECT_PEER_WAIT_MS=" + wait, "SDIRECT_UPGRADE_TIMEOUT_MS=100",
+                    "SDIRECT_LOG=info", "SDIRECT_LOG_FILE=" + log};
+        spec.client_env = {"SDIRECT_UPGRADE_AFTER_MS=1500"};
+        spec.settle_ms = "2500";
+        spec.check_modes = false;
+        INFO("SDIRECT_PEER_WAIT_MS=" << wait);
+        Pair pair = run_pair_once(scratch, spec, placements().front(), "wait");
+        const std::string text = read_text(log);
+        INFO("log:\n" << text);
+        const StatLine server = only_conn_stat(pair.server);
+        INFO("server: " << server.text);
+        const std::size_t gave_up = count_with(log_lines(text, pair.server.pid),
+                                               ": stays on TCP for good: its peer did not ask");
+        if (wait == "100") {
+            CHECK(gave_up == 1);
+            CHECK(server.mode == "kernel");
+            CHECK(server.reason == "no_peer");
+            CHECK(server.num("upgrades") == 0);
+            check_client_peer_kernel(pair, "peer_wait");
+        } else {
+            CHECK(gave_up == 0);
+            check_earned_then_direct(pair);
+        }
+    }
+}
+
 TEST_CASE("rules that match no connection leave it direct", "[visibility]") {
     RulesFile rules("kernel program=no-such-prog\n"
                     "kernel remote=[::1]:1-2\n"

@@ -186,6 +186,9 @@ struct FabricView {
 bool fabric_view(Conn *c, FabricView &v) noexcept;
 // The poll/select/epoll sleeps watching it.
 PollerMask &pollers_of(Conn *c) noexcept;
+// Its wait for the peer's upgrade has run out (Engine::peer_wait_due):
+// Engine::give_up_waiting is due, with no lock held.
+bool peer_wait_over(const Conn *c) noexcept;
 // Counts of arrivals (data, fin, close, state) and of send retries
 // (credits): an edge-triggered watcher knows something new came.
 void arrivals(const Conn *c, std::uint32_t &rx, std::uint32_t &tx) noexcept;

@@ -110,6 +110,13 @@ struct Conn {
     // On the kernel since attach with no word of the peer: once the
     // upgrade timeout has passed (or at close), verdict.cpp says why, once.
     std::atomic<bool> verdict_due{false};
+    // Published and waiting for the peer's upgrade request
+    // (SDIRECT_PEER_WAIT_MS): set by each plain publish, cleared once the
+    // wait is over one way or the other. `give_up_due`: the wait ran out
+    // (seen at a kernel I/O, under this connection's locks); the call's
+    // end, holding no lock, moves it to TCP for good (give_up_waiting).
+    std::atomic<bool> awaiting_peer{false};
+    std::atomic<bool> give_up_due{false};
     std::atomic<std::uint32_t> barred_why{0};  // Reason given to bar_upgrades()
     std::uint64_t born_ns = 0;
 

@@ -147,6 +147,10 @@ bool fabric_view(Conn *c, FabricView &v) noexcept {
 
 PollerMask &pollers_of(Conn *c) noexcept { return c->pollers; }
 
+bool peer_wait_over(const Conn *c) noexcept {
+    return c->give_up_due.load(std::memory_order_relaxed);
+}
+
 void arrivals(const Conn *c, std::uint32_t &rx, std::uint32_t &tx) noexcept {
     rx = c->rx_seq.load(std::memory_order_acquire);
     tx = c->tx_seq.load(std::memory_order_acquire);
@@ -217,6 +221,7 @@ void say_barred(Conn *c, Reason why, const char *text) noexcept {
 
 void Engine::judge_due(Conn *c) noexcept {
     if (c->verdict_due.load(std::memory_order_relaxed)) judge(c, false);
+    else if (c->awaiting_peer.load(std::memory_order_relaxed)) peer_wait_due(c);
 }
 
 }  // namespace sd::transport

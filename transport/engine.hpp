@@ -354,8 +354,17 @@ class Engine {
     // (close, exit), its reason is made as exact as we can tell (no_peer,
     // other_registry, other_user, peer_kernel) and logged, once.
     void judge(Conn *c, bool at_end) noexcept;
-    // judge(c, false) once its verdict is due.
+    // judge(c, false) once its verdict is due; past it, whether the wait
+    // for the peer's upgrade has run out (peer_wait_due).
     void judge_due(Conn *c) noexcept;
+    // A connection published and still on the kernel SDIRECT_PEER_WAIT_MS
+    // after its entry was written: its wait is over (Conn::give_up_due),
+    // acted on by give_up_waiting at the end of the call. Any lock.
+    void peer_wait_due(Conn *c) noexcept;
+    // Its wait over: on TCP for good, its entry marked peer_wait (a peer
+    // that asks later is told why), the reason its verdict gave kept. An
+    // upgrade that came first wins. Takes conn_lock_: no lock held.
+    void give_up_waiting(Conn *c) noexcept;
     // After every connection left (retired()): the peers' process pages
     // and fabric regions are no longer mapped here, their doorbells and
     // pidfds closed, our entries gone from the registry.

@@ -30,7 +30,7 @@ const char *reason_name(Reason r) noexcept {
         "timeout",     "same_process", "inherited",    "fabric_error", "shared",
         "exec",        "passed",      "privilege",   "oob",
         "other_registry", "peer_kernel", "fd_limit", "other_host",
-        "ended_early", "disconnect", "rule"};
+        "ended_early", "disconnect", "rule", "peer_wait"};
     static_assert(sizeof(names) / sizeof(names[0]) == std::size_t(Reason::count_));
     auto i = std::size_t(r);
     return i < std::size_t(Reason::count_) ? names[i] : "?";

@@ -48,6 +48,7 @@ enum class Reason : std::uint32_t {
     ended_early,       // closed (or exited) while its peer, which runs the library, was about to upgrade
     disconnect,        // connect(AF_UNSPEC): the kernel disconnects it (a reset), for good
     rule,              // a rule of SDIRECT_RULES keeps it on TCP (or the rules file is unusable)
+    peer_wait,         // it waited SDIRECT_PEER_WAIT_MS for its peer's upgrade, then stayed on TCP
     count_
 };
 

@@ -127,6 +127,12 @@ constexpr Setting table[] = {
      "Longest wait for a peer's answer to an upgrade request, and for the "
      "peer's commit after this side accepted one; on expiry both ends of the "
      "connection stay on TCP."},
+    {"SDIRECT_PEER_WAIT_MS", SettingKind::integer, "3000",
+     "How long a connection that asked for its upgrade waits for its peer's "
+     "(a peer without the library never asks): past it, at its next read or "
+     "write, it stays on TCP for good and its calls cost what the kernel's "
+     "cost; a peer that asks later is told so. 0: it waits for as long as "
+     "it lives."},
     {"SDIRECT_LEAVE_TIMEOUT_MS", SettingKind::integer, "3000",
      "Longest wait for a peer to answer when a direct connection goes back "
      "to the kernel (shared after fork, exec): on expiry the process that "
@@ -335,6 +341,7 @@ void load_settings() noexcept {
         boolean(Key::cross_user) && !std::strcmp(reg, table[std::size_t(Key::registry)].fallback);
     values.queues_all = queues_all(raw(Key::queues));
     values.upgrade_timeout_ms = integer(Key::upgrade_timeout_ms);
+    values.peer_wait_ms = integer(Key::peer_wait_ms);
     values.leave_timeout_ms = integer(Key::leave_timeout_ms);
     values.leave_pause_us = integer(Key::leave_pause_us);
     values.commit_pause_us = integer(Key::commit_pause_us);

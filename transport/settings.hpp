@@ -43,6 +43,7 @@ enum class Key : std::uint8_t {
     take_over,
     queues,
     upgrade_timeout_ms,
+    peer_wait_ms,
     leave_timeout_ms,
     leave_pause_us,
     commit_pause_us,
@@ -81,6 +82,7 @@ struct Settings {
     bool take_over;           // a holder of a shared socket takes it over from idle holders
     bool queues_all;          // our message queues between processes of one uid too
     std::uint32_t upgrade_timeout_ms;
+    std::uint32_t peer_wait_ms;      // a connection waits this long for its peer's upgrade (0: for ever)
     std::uint32_t leave_timeout_ms;  // longest wait for a peer to answer our leave
     std::uint32_t leave_pause_us;    // tests: a peer's leave is delivered this much slower
     std::uint32_t commit_pause_us;   // tests: a peer's commit is read this much later

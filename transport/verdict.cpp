@@ -299,4 +299,42 @@ void Engine::judge(Conn *c, bool at_end) noexcept {
     }
 }
 
+void Engine::peer_wait_due(Conn *c) noexcept {
+    if (c->state.load(std::memory_order_acquire) != ConnState::kernel ||
+        c->upgrades_barred.load(std::memory_order_acquire)) {
+        // Upgraded, or on its way to TCP for another reason: nothing to
+        // give up (a rearm publishes, and waits, afresh).
+        c->awaiting_peer.store(false, std::memory_order_relaxed);
+        return;
+    }
+    const std::uint64_t since = c->published_ns.load(std::memory_order_acquire);
+    if (!since || monotonic_ns() - since < std::uint64_t(settings().peer_wait_ms) * 1000000)
+        return;
+    c->awaiting_peer.store(false, std::memory_order_relaxed);
+    c->give_up_due.store(true, std::memory_order_release);
+}
+
+void Engine::give_up_waiting(Conn *c) noexcept {
+    if (!c->give_up_due.exchange(false, std::memory_order_acq_rel)) return;
+    // Under conn_lock_, as the answer to a peer's request: a request that
+    // came first has moved the state on (it goes direct), one that comes
+    // after finds the connection final and is refused.
+    std::lock_guard lock(conn_lock_);
+    if (c->state.load(std::memory_order_acquire) != ConnState::kernel ||
+        c->upgrades_barred.load(std::memory_order_acquire))
+        return;
+    const std::uint64_t since = c->published_ns.load(std::memory_order_relaxed);
+    c->move_to(ConnState::final);
+    c->verdict_due.store(false, std::memory_order_relaxed);
+    // The verdict's reason stays (no_peer, other_user ...): it says why
+    // the peer never asked; our entry says why we no longer wait.
+    mark_kernel(c, Reason::peer_wait);
+    SD_LOG_CONN(info, *c->stat, "stays on TCP for good: its peer did not ask for the upgrade in "
+                                "%u ms (%s; SDIRECT_PEER_WAIT_MS)",
+                unsigned((monotonic_ns() - since) / 1000000),
+                reason_name(Reason(c->stat->reason.load(std::memory_order_relaxed))));
+    std::lock_guard rx(c->rx_lock);
+    c->wake_locked();
+}
+
 }  // namespace sd::transport
