@@ -33,8 +33,9 @@ class CallRef {
             // shutdown).
             s_->touch(c);
             // Its wait for the peer's upgrade ran out during the call: on
-            // TCP for good now, with no lock held.
-            if (transport::peer_wait_over(c)) s_->stop_waiting(c);
+            // TCP for good now, with no lock held (not from a vfork child,
+            // whose memory is its parent's).
+            if (transport::peer_wait_over(c) && !fallback::foreign_process()) s_->stop_waiting(c);
         }
         // The last call over a socket closed meanwhile: its close now.
         if (s_->calls.fetch_sub(1, std::memory_order_acq_rel) == 1 &&

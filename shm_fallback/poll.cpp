@@ -52,12 +52,16 @@ struct PollCtx {
     // companions for their peers' death (POLLRDHUP): no fd of the
     // application's own is the kernel's to answer.
     bool hints_only = false;
+    // Some socket's readiness came from our state this round (on the
+    // fabric, or an epoll set of ours among the fds): the wait may spin.
+    bool fabric = false;
 };
 
 // Builds the kernel's view for this round; true if our state alone
 // already has something to report.
 bool poll_prepare(PollCtx &p) noexcept {
     bool any = false;
+    p.fabric = false;
     for (nfds_t i = 0; i < p.n; ++i) {
         p.k[i] = p.fds[i];
         p.k[i].revents = 0;
@@ -72,6 +76,7 @@ bool poll_prepare(PollCtx &p) noexcept {
         if (p.ours[i] && user_view(p.ours[i], mine, ask)) {
             p.bits[i] |= mine;
             p.user[i] = true;
+            p.fabric = true;
             p.k[i].events = ask;
             if (!ask) p.k[i].fd = -1;  // nothing to ask: the kernel skips it
             if (p.bits[i] & (p.fds[i].events | POLLERR | POLLHUP)) any = true;
@@ -79,6 +84,7 @@ bool poll_prepare(PollCtx &p) noexcept {
             p.bits[i] = POLLIN;
             any = true;
         }
+        if (p.eps[i]) p.fabric = true;
     }
     p.hints_only = true;
     for (nfds_t i = 0; i < p.n && p.hints_only; ++i)
@@ -235,7 +241,7 @@ int poll_fds(pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask) noexce
                 if (ask_kernel && sys.poll(p.k, p.n, 0) < 0) return -errno;
                 return poll_finish(p);
             },
-            k.get(), n, timeout_ms, mask, {poll_peek, poll_enlist, &p, poll_owner});
+            k.get(), n, timeout_ms, mask, {poll_peek, poll_enlist, &p, poll_owner}, &p.fabric);
         if (r == 0) {
             // Timed out: every revents reads 0, as the kernel leaves them.
             for (nfds_t i = 0; i < n; ++i) fds[i].revents = 0;

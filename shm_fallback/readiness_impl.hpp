@@ -73,6 +73,11 @@ inline constexpr std::uint64_t kAskKernelEveryNs = 20000;
 // one that did not, and the last before the timeout). No spin under a signal mask
 // (ppoll, pselect, epoll_pwait: the mask is the kernel's to apply); a
 // signal ends the wait with -EINTR (poll and epoll are never restarted).
+// Nor while `fabric` (when given) says the last look found none of the
+// sockets on the fabric: the kernel reports them all (sockets waiting for
+// their peer's upgrade, a peer that may never ask), and a spin would only
+// ask it again and again; the sleep watches their connections, whose
+// upgrade wakes it.
 template <typename Check>
 struct PollWaiter : transport::BellWaiter {
     Check &check;
@@ -81,12 +86,13 @@ struct PollWaiter : transport::BellWaiter {
     int timeout_ms;
     const sigset_t *mask;
     const transport::Interest &in;
+    const bool *fabric;
     std::uint64_t ask_kernel_at = 0;
     bool asked_kernel = false;
 
     PollWaiter(Check &ch, pollfd *f, nfds_t n, int tmo, const sigset_t *m,
-               const transport::Interest &i) noexcept
-        : check(ch), kfds(f), nk(n), timeout_ms(tmo), mask(m), in(i) {}
+               const transport::Interest &i, const bool *fab) noexcept
+        : check(ch), kfds(f), nk(n), timeout_ms(tmo), mask(m), in(i), fabric(fab) {}
 
     long look() noexcept {
         if (e) e->progress();
@@ -102,7 +108,7 @@ struct PollWaiter : transport::BellWaiter {
         ask_kernel_at = 0;  // the last look before timing out asks the kernel too
         return transport::kLookAgain;
     }
-    bool may_spin() const noexcept { return !mask; }
+    bool may_spin() const noexcept { return !mask && (!fabric || *fabric); }
     int sleep(std::uint64_t) noexcept {
         int left = detail::ms_left(deadline_ns, timeout_ms);
         if (!e) {
@@ -133,8 +139,8 @@ struct PollWaiter : transport::BellWaiter {
 
 template <typename Check>
 int wait_loop(Check check, pollfd *kfds, nfds_t nk, int timeout_ms, const sigset_t *mask,
-              const transport::Interest &in) noexcept {
-    PollWaiter<Check> w(check, kfds, nk, timeout_ms, mask, in);
+              const transport::Interest &in, const bool *fabric = nullptr) noexcept {
+    PollWaiter<Check> w(check, kfds, nk, timeout_ms, mask, in, fabric);
     w.e = transport::Engine::current();
     w.spin_ns = std::uint64_t(transport::settings().spin_us) * 1000;
     w.deadline_ns = deadline_of(timeout_ms);

@@ -113,7 +113,7 @@ class Stream {
     // (transport::peer_wait_over): on TCP for good from now on, so that
     // its calls and waits are the kernel's alone. No lock held.
     void stop_waiting(transport::Conn *c) noexcept {
-        if (transport::Engine *e = engine) e->give_up_waiting(c);
+        if (transport::Engine *e = transport::Engine::current()) e->give_up_waiting(c);
     }
     // Sets `conn` (once, from null) and wakes the poll/select/epoll sleeps
     // that watched the socket without one (they watch the connection next).
