@@ -541,7 +541,7 @@ ssize_t Stream::recv_after_leave(Conn *c, const iovec *iov, int iovcnt, std::siz
 ssize_t Stream::kernel_send(const iovec *iov, int iovcnt, int flags, Conn *c) noexcept {
     ssize_t n = transport::kernel_writev(kfd(), iov, iovcnt, flags);
     if (n < 0) return -errno;
-    if (c && engine) engine->judge_due(c);
+    if (c && engine) engine->judge_due(c, false, std::uint64_t(n));
     if (c) transport::sent_on_kernel(c, std::uint64_t(n));
     return n;
 }

@@ -58,7 +58,11 @@ TEST_CASE("a thread blocked in recv before the connection earned its upgrade get
     // while the reader sleeps in the kernel, the answer would go on the
     // fabric and the reader would never see it.
     PairSpec spec = scenario("earn-blocked-reader", {"--pause-us", "4000000"});
-    spec.env = {"SDIRECT_UPGRADE_AFTER_MS="};  // empty: the library's default policy
+    // Empty: the library's default policy. The server asks first and the
+    // client's ask, held back by its reader, comes 4 s later, then its
+    // engine's build: past SDIRECT_PEER_WAIT_MS, by which the server
+    // would have given up waiting.
+    spec.env = {"SDIRECT_UPGRADE_AFTER_MS=", "SDIRECT_PEER_WAIT_MS=0"};
     run_pair(spec, [](Pair &pair, const Placement &pl) {
         if (!pl.client_preload || !pl.server_preload) return;
         // Both the earning (on TCP) and the upgrade happened.

@@ -117,6 +117,13 @@ struct Conn {
     // end, holding no lock, moves it to TCP for good (give_up_waiting).
     std::atomic<bool> awaiting_peer{false};
     std::atomic<bool> give_up_due{false};
+    // Turns of the conversation since the entry was written (a read that
+    // moved bytes after a write that did, or the reverse; `wait_last_rx`
+    // the direction of the last one): a peer with the library that
+    // exchanged this much with us would have asked (kPeerWaitTurns).
+    std::atomic<std::uint32_t> wait_turns{0};
+    std::atomic<bool> wait_last_rx{false};
+    static constexpr std::uint32_t kPeerWaitTurns = 16;
     std::atomic<std::uint32_t> barred_why{0};  // Reason given to bar_upgrades()
     std::uint64_t born_ns = 0;
 

@@ -219,9 +219,9 @@ void say_barred(Conn *c, Reason why, const char *text) noexcept {
     SD_LOG_CONN(info, *c->stat, "stays on TCP: %s", text);
 }
 
-void Engine::judge_due(Conn *c) noexcept {
+void Engine::judge_due(Conn *c, bool rx, std::uint64_t moved) noexcept {
     if (c->verdict_due.load(std::memory_order_relaxed)) judge(c, false);
-    else if (c->awaiting_peer.load(std::memory_order_relaxed)) peer_wait_due(c);
+    else if (moved && c->awaiting_peer.load(std::memory_order_relaxed)) peer_wait_due(c, rx);
 }
 
 }  // namespace sd::transport

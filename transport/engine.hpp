@@ -354,13 +354,18 @@ class Engine {
     // (close, exit), its reason is made as exact as we can tell (no_peer,
     // other_registry, other_user, peer_kernel) and logged, once.
     void judge(Conn *c, bool at_end) noexcept;
-    // judge(c, false) once its verdict is due; past it, whether the wait
-    // for the peer's upgrade has run out (peer_wait_due).
-    void judge_due(Conn *c) noexcept;
+    // After a kernel read (`rx`) or write of `moved` bytes: judge(c,
+    // false) once its verdict is due; past it, whether the wait for the
+    // peer's upgrade has run out (peer_wait_due).
+    void judge_due(Conn *c, bool rx, std::uint64_t moved) noexcept;
     // A connection published and still on the kernel SDIRECT_PEER_WAIT_MS
-    // after its entry was written: its wait is over (Conn::give_up_due),
-    // acted on by give_up_waiting at the end of the call. Any lock.
-    void peer_wait_due(Conn *c) noexcept;
+    // after its entry was written, and Conn::kPeerWaitTurns turns of the
+    // conversation since (a peer with the library that talks with us that
+    // much has asked by then, unless something of its own holds its ask
+    // back, such as a thread blocked in a read): its wait is over
+    // (Conn::give_up_due), acted on by give_up_waiting at the end of the
+    // call. Any lock.
+    void peer_wait_due(Conn *c, bool rx) noexcept;
     // Its wait over: on TCP for good, its entry marked peer_wait (a peer
     // that asks later is told why), the reason its verdict gave kept. An
     // upgrade that came first wins. Takes conn_lock_: no lock held.

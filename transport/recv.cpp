@@ -56,7 +56,7 @@ ssize_t kernel_recv(const SocketSide &s, Conn *c, const iovec *iov, int iovcnt,
                     int flags) noexcept {
     ssize_t n = s.on_kfd([&](int f) { return kernel_readv(f, iov, iovcnt, flags); });
     if (n < 0) return -errno;
-    if (c && s.engine) s.engine->judge_due(c);
+    if (c && s.engine) s.engine->judge_due(c, true, flags & MSG_PEEK ? 0 : std::uint64_t(n));
     if (c && !(flags & MSG_PEEK)) {
         c->rx_off += std::uint64_t(n);
         c->stat->rx_kernel.fetch_add(std::uint64_t(n), std::memory_order_relaxed);

@@ -129,8 +129,9 @@ constexpr Setting table[] = {
      "connection stay on TCP."},
     {"SDIRECT_PEER_WAIT_MS", SettingKind::integer, "3000",
      "How long a connection that asked for its upgrade waits for its peer's "
-     "(a peer without the library never asks): past it, at its next read or "
-     "write, it stays on TCP for good and its calls cost what the kernel's "
+     "(a peer without the library never asks): past it, and 16 turns of the "
+     "conversation since its ask, at its next read or write it stays on TCP "
+     "for good and its calls cost what the kernel's "
      "cost; a peer that asks later is told so. 0: it waits for as long as "
      "it lives."},
     {"SDIRECT_LEAVE_TIMEOUT_MS", SettingKind::integer, "3000",
