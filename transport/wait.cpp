@@ -23,6 +23,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -1154,6 +1155,7 @@ struct SpinHistory {
     unsigned fails = 0;
     unsigned skip = 0;
     std::uint64_t rest_until = 0;  // no spin before (SpinSlot::preempted)
+    long involuntary = -1;         // involuntary switches at the last jump (-1: none seen)
 };
 thread_local SpinHistory spin_history;
 
@@ -1203,8 +1205,15 @@ void make_way() noexcept {
     }
 }
 
-void SpinSlot::preempted(std::uint64_t now) noexcept {
-    spin_history.rest_until = now + kSpinRestNs;
+bool SpinSlot::preempted(std::uint64_t now) noexcept {
+    SpinHistory &h = spin_history;
+    rusage ru;
+    if (getrusage(RUSAGE_THREAD, &ru) == 0) {
+        const long before = std::exchange(h.involuntary, ru.ru_nivcsw);
+        if (before == ru.ru_nivcsw) return false;
+    }
+    h.rest_until = now + kSpinRestNs;
+    return true;
 }
 
 void SpinSlot::drop(bool satisfied) noexcept {
