@@ -85,6 +85,11 @@ Conn *Engine::attach(int fd, bool acceptor, std::uint32_t rcvbuf, std::uint64_t 
     }
     c->born_ns = monotonic_ns();
     c->verdict_due.store(true, std::memory_order_relaxed);
+    // Waiting for the peer from its entry on, for SDIRECT_PEER_WAIT_MS at
+    // most (judge_due). Only this first wait: a connection rearmed after a
+    // leave (the peer's fork or exec) waits for its holder as long as it
+    // takes, the leave's own protocol bounding it.
+    c->awaiting_peer.store(settings().peer_wait_ms != 0, std::memory_order_relaxed);
     publish(c);
     try_initiate(c);
     return c;

@@ -111,8 +111,9 @@ struct Conn {
     // upgrade timeout has passed (or at close), verdict.cpp says why, once.
     std::atomic<bool> verdict_due{false};
     // Published and waiting for the peer's upgrade request
-    // (SDIRECT_PEER_WAIT_MS): set by each plain publish, cleared once the
-    // wait is over one way or the other. `give_up_due`: the wait ran out
+    // (SDIRECT_PEER_WAIT_MS): set at attach, cleared once the wait is over
+    // one way or the other (never set again: a rearmed connection waits
+    // for its holder without it). `give_up_due`: the wait ran out
     // (seen at a kernel I/O, under this connection's locks); the call's
     // end, holding no lock, moves it to TCP for good (give_up_waiting).
     std::atomic<bool> awaiting_peer{false};

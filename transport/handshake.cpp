@@ -413,6 +413,7 @@ void Engine::go_direct(Conn *c) noexcept {
     }
     c->stat->mode.store(std::uint32_t(Mode::direct), std::memory_order_relaxed);
     c->stat->upgrades.fetch_add(1, std::memory_order_relaxed);
+    c->awaiting_peer.store(false, std::memory_order_relaxed);  // nor after a rearm
     c->move_to(ConnState::direct);
     unpublish(c);
     std::lock_guard rx(c->rx_lock);

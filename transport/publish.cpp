@@ -122,11 +122,6 @@ void Engine::publish(Conn *c, Reason kernel_why) noexcept {
     c->entry_dev.store(dev, std::memory_order_relaxed);
     c->entry_ino.store(ino, std::memory_order_release);
     c->published_ns.store(monotonic_ns(), std::memory_order_release);
-    // Waiting for the peer from now on, for SDIRECT_PEER_WAIT_MS at most
-    // (judge_due); a marked entry waits for nothing.
-    c->wait_turns.store(0, std::memory_order_relaxed);
-    c->awaiting_peer.store(kernel_why == Reason::none && settings().peer_wait_ms,
-                           std::memory_order_relaxed);
     // An answer to it may have ended the upgrade already (a request that
     // read the entry before we noted it, and failed or succeeded): its
     // unpublish found nothing noted, so a plain entry goes now. A marked
