@@ -303,15 +303,14 @@ void Engine::peer_wait_due(Conn *c, bool rx) noexcept {
     if (c->state.load(std::memory_order_acquire) != ConnState::kernel ||
         c->upgrades_barred.load(std::memory_order_acquire)) {
         // Upgraded, or on its way to TCP for another reason: nothing to
-        // give up (a rearm publishes, and waits, afresh).
+        // give up (a rearm after a leave does not wait under this bound).
         c->awaiting_peer.store(false, std::memory_order_relaxed);
         return;
     }
     // (Reads and writes may count at once, under their own locks: a turn
     // seen twice or missed only moves the end by one.)
-    if (c->wait_last_rx.exchange(rx, std::memory_order_relaxed) != rx &&
-        c->wait_turns.fetch_add(1, std::memory_order_relaxed) + 1 < Conn::kPeerWaitTurns)
-        return;
+    if (c->wait_last_rx.exchange(rx, std::memory_order_relaxed) != rx)
+        c->wait_turns.fetch_add(1, std::memory_order_relaxed);
     if (c->wait_turns.load(std::memory_order_relaxed) < Conn::kPeerWaitTurns) return;
     const std::uint64_t since = c->published_ns.load(std::memory_order_acquire);
     if (!since || monotonic_ns() - since < std::uint64_t(settings().peer_wait_ms) * 1000000)
