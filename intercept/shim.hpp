@@ -59,6 +59,15 @@ inline bool table_frozen() noexcept {
     return transport::guarded() || fallback::foreign_process();
 }
 
+// errno back as the kernel's call left it, after work of ours that may
+// have changed it: written only if it did. errno lives on a page of the
+// thread's own variables, and after a fork the first write to a page the
+// child still shares copies it (a page fault): a forking server's accept
+// would pay one per connection for a value already there.
+inline void keep_errno(int err) noexcept {
+    if (errno != err) errno = err;
+}
+
 template <typename T>
 inline T ret(T r) noexcept {
     if (r < 0) {

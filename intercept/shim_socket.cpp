@@ -96,7 +96,7 @@ SD_EXPORT int connect(int fd, const sockaddr *addr, socklen_t len) {
         // sandbox may forbid the getpeername that tells the handshake done.
         s->move(Phase::fresh, Phase::connecting);
     }
-    errno = err;
+    keep_errno(err);
     return r;
 }
 
@@ -105,7 +105,7 @@ SD_EXPORT int accept(int fd, sockaddr *addr, socklen_t *len) {
     CallRef s(fd);
     int err = errno;
     after_accept(s, nfd, 0);
-    errno = err;
+    keep_errno(err);
     return nfd;
 }
 
@@ -114,7 +114,7 @@ SD_EXPORT int accept4(int fd, sockaddr *addr, socklen_t *len, int flags) {
     CallRef s(fd);
     int err = errno;
     after_accept(s, nfd, flags);
-    errno = err;
+    keep_errno(err);
     return nfd;
 }
 
@@ -162,7 +162,7 @@ SD_EXPORT int dup2(int fd, int nfd) {
     int err = errno;
     if (old) sd::fallback::release(old);
     r = dup_onto(fd, nfd, r);
-    errno = err;
+    keep_errno(err);
     return r;
 }
 
@@ -174,7 +174,7 @@ SD_EXPORT int dup3(int fd, int nfd, int flags) {
     int err = errno;
     if (old) sd::fallback::release(old);
     r = dup_onto(fd, nfd, r);
-    errno = err;
+    keep_errno(err);
     return r;
 }
 

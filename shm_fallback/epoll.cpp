@@ -602,7 +602,7 @@ void settle(EpollSet *set, bool clock) noexcept {
 // looked at: a quiet one's close sets its mark (close_prepare), and the
 // marks were gathered.
 void drop_closed(EpollSet *set) noexcept {
-    const std::uint64_t closes = last_closes.load(std::memory_order_acquire);
+    const std::uint64_t closes = last_closes();
     if (closes == set->closes) return;
     set->closes = closes;
     gather(set);

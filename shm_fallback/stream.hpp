@@ -34,10 +34,11 @@ class Stream {
     // across a syscall that a close may race.
     std::atomic<int> fd{-1};
     int domain = 0;
-    // A number no other socket of this process had (a sleep keeps its
-    // kernel socket registered under it: transport::Interest): made anew
-    // each time the pool gives the stream out again, since the same fd
-    // number may come with it for another socket while the file of the
+    // With the stream's address, a pair no other socket of this process
+    // had (a sleep keeps its kernel socket registered under both:
+    // transport::Interest): first a number no earlier call gave, then one
+    // more each time the pool gives the stream out again, since the same
+    // fd number may come with it for another socket while the file of the
     // one before lives on elsewhere (in a child that inherited it).
     std::uint64_t serial = transport::next_watch_serial();
     // The socket's inode, looked up at its first need (inode()): exec

@@ -47,6 +47,9 @@ int scan_end() noexcept {
 // What the fork handlers write of the table's own, kept together: a fork
 // copies every page written after it, in the parent (whose handlers run
 // while the child lives) as in the child. Two 64-byte lines: one page.
+// The count of last closes lives here too: a forking server's parent and
+// its child each close the connection's fd, and on a page of its own the
+// count cost each of them one page fault more per connection.
 struct alignas(128) ForkState {
     transport::RankedMutex<transport::Rank::leaf> pool_lock;  // the pool (pool_get, release)
     int self_pid = 0;      // this process's pid as of its start or last fork
@@ -63,6 +66,7 @@ struct alignas(128) ForkState {
     // whose handlers then write nothing of it after the fork.
     bool pool_locked = false;
     std::uint64_t at_ns = 0;  // the prepare step's clock (table_fork_ns)
+    std::atomic<std::uint64_t> closes{0};  // last_closes()
 };
 static_assert(sizeof(ForkState) == 128);
 ForkState forks;
@@ -81,7 +85,12 @@ Stream *pool_get() noexcept {
         std::lock_guard lock(forks.pool_lock);
         if (Stream *s = free_list) {
             free_list = s->next_free;
-            s->serial = transport::next_watch_serial();
+            // A stream's memory is never anything else's (the pool keeps
+            // it), and its first number came after every earlier one:
+            // counting on from it keeps the pair (stream, number) new,
+            // with no write to the process's counter, which a forking
+            // server's accept would copy from its child once more.
+            ++s->serial;
             return s;
         }
     }
@@ -106,6 +115,8 @@ void table_init() noexcept {
 }
 
 int table_size() noexcept { return nslots; }
+
+std::uint64_t last_closes() noexcept { return forks.closes.load(std::memory_order_acquire); }
 
 Stream *acquire(int fd) noexcept {
     if (fd < 0 || fd >= nslots) return nullptr;
@@ -161,7 +172,7 @@ Stream *unmap(int fd) noexcept {
 Stream *close_prepare(int fd) noexcept {
     Stream *s = unmap(fd);
     if (!s || s->fds.fetch_sub(1, std::memory_order_acq_rel) != 1) return s;
-    last_closes.fetch_add(1, std::memory_order_release);
+    forks.closes.fetch_add(1, std::memory_order_release);
     // An epoll entry that found it quiet looks again, and finds it closed.
     if (transport::Conn *c = s->conn.load(std::memory_order_acquire)) transport::mark_touched(c);
     if (s->calls.load(std::memory_order_acquire) == 0 || !s->hold_for_calls()) s->last_close();

@@ -31,7 +31,7 @@ Stream *unmap(int fd) noexcept;
 Stream *close_prepare(int fd) noexcept;
 // Streams whose last fd went (close_prepare), ever: an epoll set drops
 // its entries of closed sockets only when this has moved.
-inline std::atomic<std::uint64_t> last_closes{0};
+std::uint64_t last_closes() noexcept;
 
 // fork: before it, mark every connected socket shared (the fork
 // protocol's fork_prepare, through fork_hooks) and take the pool lock;
