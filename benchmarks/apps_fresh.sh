@@ -183,6 +183,21 @@ measure_ab() {
     ((ok == 4))
 }
 
+# pgc_counts PORT COUNTS: the modes of pgbench -C's connections appended
+# to COUNTS. With no connection on PORT in its stats file, none of them
+# asked to go direct (the library keeps no counters for those): each,
+# one per transaction processed, counts as "unasked" (on TCP), as ab's.
+pgc_counts() {
+    local counted n
+    counted="$(mode_counts "$1" on "$tmp/pgc-cli.stats")"
+    if [[ -n "$counted" ]]; then
+        echo "$counted" >>"$2"
+        return
+    fi
+    n="$(awk '/^number of transactions actually processed:/ { print $NF }' "$tmp/pgc-cli.out")"
+    [[ "$n" =~ ^[1-9][0-9]*$ ]] && echo "unasked $n" >>"$2"
+}
+
 # pgbench -C -S: select-only, one client, a new connection (so a backend
 # forked anew) for every transaction, pg_secs, against a server started
 # for it; both ends with the library's own settings. The modes counted are
@@ -212,6 +227,6 @@ measure_pgc() {
     fi
     tps="$vals"
     put pg_C_tps "$how" "$tps"
-    [[ "$how" == sdirect ]] && mode_counts "$port" on "$tmp/pgc-cli.stats" >>"$tmp/v/pg_C_tps.counts"
+    [[ "$how" == sdirect ]] && pgc_counts "$port" "$tmp/v/pg_C_tps.counts"
     echo "  pgbench -C -S $how: $tps tps" >&2
 }
