@@ -39,7 +39,11 @@ __attribute__((constructor(101))) void sdirect_start() {
     if (sd::transport::settings().enable) sd::transport::fabric_pin_environment();
     sd::transport::load_protocols();
     sd::transport::load_rules();
-    sd::fallback::table_init();
+    // SDIRECT_ENABLE=0: no socket table, so no fd is ever a stream of
+    // ours (nor an epoll set: their table is sized by it) and every call
+    // goes to libc as it came, at the cost of the look-up that finds
+    // nothing.
+    sd::fallback::table_init(sd::transport::settings().enable);
     sd::fallback::epoll_init();
     sd::forking::inherit_init();
     sd::forking::install();

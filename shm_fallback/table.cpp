@@ -100,7 +100,9 @@ Stream *pool_get() noexcept {
 
 }  // namespace
 
-void table_init() noexcept {
+void table_init(bool sockets) noexcept {
+    forks.self_pid = int(getpid());
+    if (!sockets) return;
     rlimit rl{};
     getrlimit(RLIMIT_NOFILE, &rl);
     rlim_t n = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > (1u << 20) ? (1u << 20) : rl.rlim_max;
@@ -111,7 +113,6 @@ void table_init() noexcept {
     if (mem == MAP_FAILED) return;
     slots = static_cast<std::atomic<Stream *> *>(mem);
     nslots = int(n);
-    forks.self_pid = int(getpid());
 }
 
 int table_size() noexcept { return nslots; }

@@ -8,7 +8,10 @@
 
 namespace sd::fallback {
 
-void table_init() noexcept;
+// The table, sized by RLIMIT_NOFILE's hard limit. `sockets` false
+// (SDIRECT_ENABLE=0): no table at all, so that no fd is ever found ours
+// and every call goes to libc as it came.
+void table_init(bool sockets = true) noexcept;
 
 // One past the largest fd number the table can hold.
 int table_size() noexcept;
