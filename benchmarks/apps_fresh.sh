@@ -126,21 +126,29 @@ ab_rate() {
         END { if (r != "" && clean && !bad) print r }' "$1"
 }
 
-# ab_counts PORT VARIANT ROLE COUNTS: the modes of ab's connections (ab
-# run ROLE, VARIANT k or c then the concurrency) appended to COUNTS. An ab
-# that wrote no stats file had no connection that asked to go direct (each
-# closed before SDIRECT_UPGRADE_AFTER_MS; the library keeps no counters
-# for those): all its connections, one per completed request without
-# keep-alive, count as "unasked" (on TCP).
-ab_counts() {
-    local n
-    if [[ -s "$tmp/$3.stats" ]]; then
-        mode_counts "$1" on "$tmp/$3.stats" >>"$4"
+# counts_or_unasked PORT STATS N COUNTS: the modes of the connections on
+# PORT in the stats file STATS appended to COUNTS. With none there, none
+# of the client's connections asked to go direct (each closed before
+# SDIRECT_UPGRADE_AFTER_MS; the library keeps no counters for those): all
+# N of them count as "unasked" (on TCP).
+counts_or_unasked() {
+    local counted
+    counted="$(mode_counts "$1" on "$2")"
+    if [[ -n "$counted" ]]; then
+        echo "$counted" >>"$4"
         return
     fi
-    n="${2#?}"
+    [[ "$3" =~ ^[1-9][0-9]*$ ]] && echo "unasked $3" >>"$4"
+}
+
+# ab_counts PORT VARIANT ROLE COUNTS: the modes of ab's connections (ab
+# run ROLE, VARIANT k or c then the concurrency) appended to COUNTS: with
+# keep-alive one connection per concurrent request, without it one per
+# completed request.
+ab_counts() {
+    local n="${2#?}"
     [[ "$2" == c* ]] && n="$(awk '/^Complete requests:/ { print $3 }' "$tmp/$3.out")"
-    [[ "$n" =~ ^[1-9][0-9]*$ ]] && echo "unasked $n" >>"$4"
+    counts_or_unasked "$1" "$tmp/$3.stats" "$n" "$4"
 }
 
 measure_ab() {
@@ -183,19 +191,12 @@ measure_ab() {
     ((ok == 4))
 }
 
-# pgc_counts PORT COUNTS: the modes of pgbench -C's connections appended
-# to COUNTS. With no connection on PORT in its stats file, none of them
-# asked to go direct (the library keeps no counters for those): each,
-# one per transaction processed, counts as "unasked" (on TCP), as ab's.
+# pgc_counts PORT COUNTS: the modes of pgbench -C's connections, one per
+# transaction processed, appended to COUNTS.
 pgc_counts() {
-    local counted n
-    counted="$(mode_counts "$1" on "$tmp/pgc-cli.stats")"
-    if [[ -n "$counted" ]]; then
-        echo "$counted" >>"$2"
-        return
-    fi
+    local n
     n="$(awk '/^number of transactions actually processed:/ { print $NF }' "$tmp/pgc-cli.out")"
-    [[ "$n" =~ ^[1-9][0-9]*$ ]] && echo "unasked $n" >>"$2"
+    counts_or_unasked "$1" "$tmp/pgc-cli.stats" "$n" "$2"
 }
 
 # pgbench -C -S: select-only, one client, a new connection (so a backend

@@ -170,8 +170,8 @@ struct Interest {
     // What the sleep's kernel fd `i` is (a socket of ours, an epoll set of
     // the application's), and which one of its kind (`*serial`: with the
     // owner, a pair no other ever had): the thread's sleep set then keeps
-    // it registered from one sleep to the next. Null, or nullptr returned: unknown (the
-    // sleep polls).
+    // it registered from one sleep to the next. Null, or nullptr returned:
+    // unknown (the sleep polls).
     const void *(*owner)(void *ctx, std::size_t i, std::uint64_t *serial) = nullptr;
 };
 
