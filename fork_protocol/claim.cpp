@@ -128,7 +128,7 @@ bool use_shared(Stream &s, int proof) noexcept {
 
 }  // namespace
 
-bool claim_inherited(Stream &s, int proof, transport::Reason why) noexcept {
+SD_CHILD_PATH bool claim_inherited(Stream &s, int proof, transport::Reason why) noexcept {
     if (!s.orphan.load(std::memory_order_acquire)) return use_shared(s, proof);
     std::lock_guard lock(s.pend_lock);
     if (!s.orphan.load(std::memory_order_relaxed)) return true;

@@ -384,7 +384,7 @@ void inherit_init() noexcept {
     waiting.store(nentries, std::memory_order_release);
 }
 
-bool inherit_waiting() noexcept { return waiting.load(std::memory_order_acquire) > 0; }
+SD_CHILD_PATH bool inherit_waiting() noexcept { return waiting.load(std::memory_order_acquire) > 0; }
 
 namespace {
 

@@ -298,7 +298,7 @@ void mark_while_shared(Stream &s) noexcept {
 
 }  // namespace
 
-bool adopt_share(Stream &s, Sharers *sh) noexcept {
+SD_CHILD_PATH bool adopt_share(Stream &s, Sharers *sh) noexcept {
     // Still waiting for this process's engine (the builder clears pending);
     // retired: never attaches.
     if (s.pending.load(std::memory_order_relaxed) || transport::retired()) return false;

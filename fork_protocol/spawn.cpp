@@ -35,20 +35,24 @@ transport::RankedMutex<transport::Rank::spawn> record_lock;
 // priority 101): this prepare handler runs before theirs, this child
 // handler after theirs.
 bool locked_for_fork = false;
+
+void record_lock_prepare() {
+    // Written only when it changes: the page stays as the last fork left
+    // it.
+    transport::renew(locked_for_fork, !transport::one_thread());
+    if (locked_for_fork) record_lock.lock();
+}
+
+void record_lock_parent() {
+    if (locked_for_fork) record_lock.unlock();
+}
+
+SD_CHILD_PATH void record_lock_child() {
+    if (locked_for_fork) record_lock.unlock();
+}
+
 __attribute__((constructor(102))) void spawn_init() {
-    pthread_atfork(
-        [] {
-            // Written only when it changes: the page stays as the last
-            // fork left it.
-            transport::renew(locked_for_fork, !transport::one_thread());
-            if (locked_for_fork) record_lock.lock();
-        },
-        [] {
-            if (locked_for_fork) record_lock.unlock();
-        },
-        [] {
-            if (locked_for_fork) record_lock.unlock();
-        });
+    pthread_atfork(record_lock_prepare, record_lock_parent, record_lock_child);
 }
 
 }  // namespace

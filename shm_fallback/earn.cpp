@@ -20,6 +20,7 @@
 #include "transport/log.hpp"
 #include "transport/rules.hpp"
 #include "transport/settings.hpp"
+#include "transport/sys.hpp"
 #include "transport/wait.hpp"
 
 namespace sd::fallback {
@@ -30,7 +31,7 @@ void finish_pending_cb(void *ctx) noexcept {
     release(s);
 }
 
-void Stream::start_earning() noexcept {
+SD_CHILD_PATH void Stream::start_earning() noexcept {
     std::lock_guard lock(pend_lock);
     pending.store(true, std::memory_order_release);
     // A socket that went through a fork has lived at least since this
@@ -58,7 +59,7 @@ bool Stream::earned(std::uint32_t calls, std::uint64_t earn_at, std::uint64_t bu
            transport::Engine::serving();
 }
 
-void Stream::ask_upgrade_locked() noexcept {
+SD_CHILD_PATH void Stream::ask_upgrade_locked() noexcept {
     if (!earned(++earn_calls, earn_ns, build_ns)) return;
     if (plain_n.load(std::memory_order_relaxed)) {
         // Registered plainly in epoll sets, where no sleep watches our

@@ -789,7 +789,7 @@ void epoll_created(int epfd) noexcept {
     if (old) set_release(old);
 }
 
-void epoll_fd_closed(int fd) noexcept {
+SD_CHILD_PATH void epoll_fd_closed(int fd) noexcept {
     if (!sets || fd < 0 || fd >= nsets || !sets[fd].load(std::memory_order_acquire)) return;
     EpollSet *set;
     {

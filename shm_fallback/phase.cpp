@@ -2,6 +2,8 @@
 // changes, checked against the table in debug and sanitizer builds.
 #include "stream.hpp"
 
+#include "transport/sys.hpp"
+
 namespace sd::fallback {
 
 namespace {
@@ -10,11 +12,11 @@ constexpr const char *kWhat = "a socket's phase";
 
 }  // namespace
 
-bool Stream::move(Phase from, Phase to) noexcept {
+SD_CHILD_PATH bool Stream::move(Phase from, Phase to) noexcept {
     return transport::move_word(phase, kPhaseMoves, kPhaseNames, kWhat, from, to);
 }
 
-void Stream::move_to(Phase to) noexcept {
+SD_CHILD_PATH void Stream::move_to(Phase to) noexcept {
     transport::move_word_to(phase, to, [this](Phase from, Phase p) { return move(from, p); });
 }
 

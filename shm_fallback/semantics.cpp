@@ -118,7 +118,7 @@ void Stream::leave_for_urgent() noexcept {
                       "goes in line", kfd(), std::strerror(-rc));
 }
 
-ssize_t Stream::told(ssize_t r) noexcept {
+SD_CHILD_PATH ssize_t Stream::told(ssize_t r) noexcept {
     if (r == -ECONNRESET)
         if (transport::Conn *c = conn.load(std::memory_order_acquire)) {
             // The kernel socket may have told it before the fabric's word

@@ -187,7 +187,7 @@ enum Others : int {
     kOthersGone,  // every other holder closed it or is dead
     kOthersIdle,  // the others alive have not used it since their last fork
 };
-Others others(Sharers *sh, std::uint64_t *next_check, bool idle_ok) noexcept {
+SD_CHILD_PATH Others others(Sharers *sh, std::uint64_t *next_check, bool idle_ok) noexcept {
     const std::uint64_t self = me();
     bool look = false, idle = false;
     for (auto &e : sh->entry) {
@@ -237,7 +237,7 @@ SD_CHILD_PATH void sharers_born(Sharers *sh, int parent, bool used) noexcept {
     take(sh, kReserved | std::uint32_t(parent), me() | (used ? kUsed : 0));
 }
 
-void sharers_leave(Sharers *sh) noexcept {
+SD_CHILD_PATH void sharers_leave(Sharers *sh) noexcept {
     if (!take(sh, me(), 0)) return;
     for (auto &e : sh->entry)
         if (e.load(std::memory_order_acquire) != 0) return;
@@ -260,7 +260,7 @@ void sharers_count(Sharers *sh, bool out, std::uint64_t n) noexcept {
     (out ? sh->sent : sh->received).fetch_add(n, std::memory_order_acq_rel);
 }
 
-std::uint64_t sharers_sent(const Sharers *sh) noexcept {
+SD_CHILD_PATH std::uint64_t sharers_sent(const Sharers *sh) noexcept {
     return sh->sent.load(std::memory_order_acquire);
 }
 
@@ -274,7 +274,7 @@ bool sharers_left(const Sharers *sh) noexcept {
     return sh->left.load(std::memory_order_acquire) != 0;
 }
 
-std::uint64_t sharers_received(const Sharers *sh) noexcept {
+SD_CHILD_PATH std::uint64_t sharers_received(const Sharers *sh) noexcept {
     return sh->received.load(std::memory_order_acquire);
 }
 
@@ -325,11 +325,11 @@ bool sharers_hold(const Sharers *sh) noexcept {
     return false;
 }
 
-void sharers_use(Sharers *sh) noexcept { mark_used(sh, true); }
+SD_CHILD_PATH void sharers_use(Sharers *sh) noexcept { mark_used(sh, true); }
 
 void sharers_unuse(Sharers *sh) noexcept { mark_used(sh, false); }
 
-int sharers_may_take(Sharers *sh, std::uint64_t *next_check) noexcept {
+SD_CHILD_PATH int sharers_may_take(Sharers *sh, std::uint64_t *next_check) noexcept {
     if (sh->stuck.load(std::memory_order_acquire) || sh->owner.load(std::memory_order_acquire))
         return 0;
     return int(others(sh, next_check, true));
@@ -363,7 +363,7 @@ void sharers_reset_counts(Sharers *sh) noexcept {
     sh->left.store(0, std::memory_order_release);
 }
 
-int sharers_owner(Sharers *sh, bool *pending) noexcept {
+SD_CHILD_PATH int sharers_owner(Sharers *sh, bool *pending) noexcept {
     const std::uint64_t v = sh->owner.load(std::memory_order_seq_cst);
     const int pid = int(std::uint32_t(v));
     *pending = (v & kOwnerPending) != 0;

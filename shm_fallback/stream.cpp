@@ -134,7 +134,7 @@ void Stream::fd_added(int nfd) noexcept {
     aliases.push_back(nfd);
 }
 
-void Stream::fd_removed(int gone) noexcept {
+SD_CHILD_PATH void Stream::fd_removed(int gone) noexcept {
     std::lock_guard lock(alias_lock);
     if (fd.load(std::memory_order_relaxed) != gone) {
         std::erase(aliases, gone);
@@ -148,7 +148,7 @@ void Stream::fd_removed(int gone) noexcept {
         std::atomic_ref<std::int32_t>(transport::stats(c).fd).store(next, std::memory_order_relaxed);
 }
 
-void Stream::connected(bool accepted) noexcept {
+SD_CHILD_PATH void Stream::connected(bool accepted) noexcept {
     Phase p = phase.load(std::memory_order_acquire);
     if (p != Phase::fresh && p != Phase::connecting && p != Phase::deferred) {
         // Another thread's first call attaches it: ours goes the same way,
@@ -219,7 +219,7 @@ struct KernelSlice : transport::BellWaiter {
 
 }  // namespace
 
-ssize_t Stream::pending_io(const iovec *iov, int iovcnt, int flags, bool out,
+SD_CHILD_PATH ssize_t Stream::pending_io(const iovec *iov, int iovcnt, int flags, bool out,
                            std::size_t &done) noexcept {
     const bool nb = nonblock.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
     const std::int64_t tmo = (out ? sndtimeo_ns : rcvtimeo_ns).load(std::memory_order_relaxed);
@@ -329,7 +329,7 @@ ssize_t Stream::pending_io(const iovec *iov, int iovcnt, int flags, bool out,
     }
 }
 
-Conn *Stream::attached_conn() noexcept {
+SD_CHILD_PATH Conn *Stream::attached_conn() noexcept {
     Phase p = phase.load(std::memory_order_acquire);
     if (p == Phase::connecting && !forked) {
         // Non-blocking connect: attach once the handshake is done (the
@@ -381,7 +381,7 @@ void Stream::count_after_leave(std::uint64_t n) noexcept {
     if (Sharers *h = holders.load(std::memory_order_acquire)) sharers_count(h, false, n);
 }
 
-ssize_t Stream::recv_stream(const iovec *iov, int iovcnt, int flags) noexcept {
+SD_CHILD_PATH ssize_t Stream::recv_stream(const iovec *iov, int iovcnt, int flags) noexcept {
     if (kernel_only(flags)) {
         // Urgent data and the error queue are never carried on the fabric:
         // the companion socket answers (EINVAL or EAGAIN when it has
@@ -546,7 +546,7 @@ ssize_t Stream::kernel_send(const iovec *iov, int iovcnt, int flags, Conn *c) no
     return n;
 }
 
-ssize_t Stream::send_stream(const iovec *iov, int iovcnt, int flags) noexcept {
+SD_CHILD_PATH ssize_t Stream::send_stream(const iovec *iov, int iovcnt, int flags) noexcept {
     if (!claim_inherited()) return orphan_error(true, flags);
     if (flags & MSG_OOB) leave_for_urgent();
     Conn *c = attached_conn();
@@ -707,7 +707,7 @@ int Stream::readable_bytes() noexcept {
     return n < 0 ? kernel : int(n);
 }
 
-void Stream::last_close() noexcept {
+SD_CHILD_PATH void Stream::last_close() noexcept {
     if (plain_n.load(std::memory_order_relaxed)) epoll_plain_closed(this);
     if (Sharers *sh = share.load(std::memory_order_acquire)) {
         // The last holder: the entry that said it was shared goes with it
@@ -748,7 +748,7 @@ void Stream::last_close() noexcept {
     transport::close_conn(side(), c, linger_reset.load(std::memory_order_relaxed));
 }
 
-void Stream::destroy() noexcept {
+SD_CHILD_PATH void Stream::destroy() noexcept {
     Conn *c = conn.exchange(nullptr, std::memory_order_acq_rel);
     if (c) {
         // The handoff's room is the prefix's memory: gone with it.

@@ -18,11 +18,14 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <utility>
 #include <vector>
 
 namespace sd::fallback {
 namespace {
 
+// The slots of fds from kLowSlots on (mapped by table_init); those below
+// are on the table's first page (FirstPage, below).
 std::atomic<Stream *> *slots = nullptr;
 int nslots = 0;
 // One past the highest fd ever mapped: the passes over every stream
@@ -69,7 +72,39 @@ struct alignas(128) ForkState {
     std::atomic<std::uint64_t> closes{0};  // last_closes()
 };
 static_assert(sizeof(ForkState) == 128);
-ForkState forks;
+
+// What a forking server's parent and child each write after every fork,
+// on one page, which each of them then copies once: the fork state (the
+// fork handlers), the pool's free list, the memory of the process's first
+// two streams (a server's listener, whose count of calls accept and the
+// child's close of it change, and its first connection, which the pool
+// gives out again for each later one) and the slots of the lowest fds
+// (the connection's fd, closed in both).
+inline constexpr int kFirstStreams = 2;
+struct FirstPageHead {
+    ForkState forks;
+    // The pool (forks.pool_lock): streams given back, and where the next
+    // new one is cut (here, then pool_get's pages).
+    Stream *free_list = nullptr;
+    char *stream_next = nullptr;
+    std::size_t streams_left = 0;
+    alignas(Stream) unsigned char streams[kFirstStreams * sizeof(Stream)] = {};
+};
+inline constexpr int kLowSlots =
+    int((4096 - sizeof(FirstPageHead)) / sizeof(std::atomic<Stream *>));
+struct alignas(4096) FirstPage {
+    FirstPageHead head;
+    std::atomic<Stream *> low[kLowSlots] = {};
+};
+static_assert(sizeof(FirstPage) == 4096 && kLowSlots >= 64);
+// Set before any constructor of ours runs: table_init (from the library's
+// first constructor) writes it.
+constinit FirstPage first_page;
+ForkState &forks = first_page.head.forks;
+
+inline std::atomic<Stream *> &slot(int fd) noexcept {
+    return fd < kLowSlots ? first_page.low[fd] : slots[fd];
+}
 
 // Code of ours may run in a process other than self_pid's (ForkState's
 // under_way, unhandled): only then do foreign_process() and own_pid() ask
@@ -78,24 +113,56 @@ inline bool may_run_elsewhere() noexcept {
     return forks.unhandled.load(std::memory_order_relaxed) ||
            forks.under_way.load(std::memory_order_relaxed);
 }
-Stream *free_list = nullptr;
+
+// New streams are cut in order, the first ones from the first page, the
+// others from pages of their own: streams made one after the other (a
+// listener and its connections) share a page.
+inline constexpr std::size_t kStreamsPerPage = 4096 / sizeof(Stream);
+static_assert(kStreamsPerPage >= 1);
 
 Stream *pool_get() noexcept {
-    {
-        std::lock_guard lock(forks.pool_lock);
-        if (Stream *s = free_list) {
-            free_list = s->next_free;
-            // A stream's memory is never anything else's (the pool keeps
-            // it), and its first number came after every earlier one:
-            // counting on from it keeps the pair (stream, number) new,
-            // with no write to the process's counter, which a forking
-            // server's accept would copy from its child once more.
-            ++s->serial;
-            return s;
+    FirstPageHead &p = first_page.head;
+    for (;;) {
+        void *mem = nullptr;
+        {
+            std::lock_guard lock(forks.pool_lock);
+            if (!p.stream_next) {
+                p.stream_next = reinterpret_cast<char *>(p.streams);
+                p.streams_left = kFirstStreams;
+            }
+            if (Stream *s = p.free_list) {
+                p.free_list = s->next_free;
+                // A stream's memory is never anything else's (the pool
+                // keeps it), and its first number came after every
+                // earlier one: counting on from it keeps the pair
+                // (stream, number) new, with no write to the process's
+                // counter, which a forking server's accept would copy
+                // from its child once more.
+                ++s->serial;
+                return s;
+            }
+            if (p.streams_left) {
+                --p.streams_left;
+                mem = std::exchange(p.stream_next, p.stream_next + sizeof(Stream));
+            }
         }
+        // Constructed, and a page allocated, with no lock of ours held
+        // (the allocator may come back to us through the memory hooks).
+        if (mem) return new (mem) Stream();
+        void *page = std::aligned_alloc(4096, 4096);
+        if (!page) return nullptr;
+        bool spare = false;
+        {
+            std::lock_guard lock(forks.pool_lock);
+            // Another thread's page came first: ours goes back.
+            spare = p.streams_left != 0;
+            if (!spare) {
+                p.stream_next = static_cast<char *>(page);
+                p.streams_left = kStreamsPerPage;
+            }
+        }
+        if (spare) std::free(page);
     }
-    void *mem = std::malloc(sizeof(Stream));
-    return mem ? new (mem) Stream() : nullptr;
 }
 
 }  // namespace
@@ -119,10 +186,10 @@ int table_size() noexcept { return nslots; }
 
 std::uint64_t last_closes() noexcept { return forks.closes.load(std::memory_order_acquire); }
 
-Stream *acquire(int fd) noexcept {
+SD_CHILD_PATH Stream *acquire(int fd) noexcept {
     if (fd < 0 || fd >= nslots) return nullptr;
     for (;;) {
-        Stream *s = slots[fd].load(std::memory_order_acquire);
+        Stream *s = slot(fd).load(std::memory_order_acquire);
         // A socket handed over by the image before an exec: tracked from
         // its first use here.
         if (!s) return fork_hooks.inherit_waiting() ? fork_hooks.adopt_inherited(fd) : nullptr;
@@ -130,17 +197,17 @@ Stream *acquire(int fd) noexcept {
         while (r > 0 && !s->refs.compare_exchange_weak(r, r + 1, std::memory_order_acq_rel)) {
         }
         if (r <= 0) continue;  // being recycled: look again
-        if (slots[fd].load(std::memory_order_acquire) == s) return s;
+        if (slot(fd).load(std::memory_order_acquire) == s) return s;
         release(s);
     }
 }
 
-void release(Stream *s) noexcept {
+SD_CHILD_PATH void release(Stream *s) noexcept {
     if (s->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
     s->destroy();
     std::lock_guard lock(forks.pool_lock);
-    s->next_free = free_list;
-    free_list = s;
+    s->next_free = first_page.head.free_list;
+    first_page.head.free_list = s;
 }
 
 Stream *create(int fd, int domain, bool nonblock) noexcept {
@@ -150,7 +217,7 @@ Stream *create(int fd, int domain, bool nonblock) noexcept {
     if (!s) return nullptr;
     s->reset(fd, domain, nonblock);
     note_used(fd);
-    if (Stream *old = slots[fd].exchange(s, std::memory_order_acq_rel)) release(old);
+    if (Stream *old = slot(fd).exchange(s, std::memory_order_acq_rel)) release(old);
     return s;
 }
 
@@ -160,17 +227,17 @@ void map_dup(int fd, Stream *s) noexcept {
     s->fds.fetch_add(1, std::memory_order_relaxed);
     s->fd_added(fd);
     note_used(fd);
-    if (Stream *old = slots[fd].exchange(s, std::memory_order_acq_rel)) release(old);
+    if (Stream *old = slot(fd).exchange(s, std::memory_order_acq_rel)) release(old);
 }
 
 Stream *unmap(int fd) noexcept {
     if (fd < 0 || fd >= nslots) return nullptr;
-    Stream *s = slots[fd].exchange(nullptr, std::memory_order_acq_rel);
+    Stream *s = slot(fd).exchange(nullptr, std::memory_order_acq_rel);
     if (s) s->fd_removed(fd);
     return s;
 }
 
-Stream *close_prepare(int fd) noexcept {
+SD_CHILD_PATH Stream *close_prepare(int fd) noexcept {
     Stream *s = unmap(fd);
     if (!s || s->fds.fetch_sub(1, std::memory_order_acq_rel) != 1) return s;
     forks.closes.fetch_add(1, std::memory_order_release);
@@ -188,7 +255,7 @@ namespace {
 template <typename Fn>
 void each_stream(Fn fn) noexcept {
     for (int fd = 0, end = scan_end(); fd < end; ++fd)
-        if (Stream *s = slots[fd].load(std::memory_order_acquire)) fn(s);
+        if (Stream *s = slot(fd).load(std::memory_order_acquire)) fn(s);
 }
 
 }  // namespace
@@ -235,14 +302,14 @@ void note_unhandled_child() noexcept {
     if (slots && !foreign_process()) each_stream([](Stream *s) { (void)s->inode(); });
 }
 
-bool foreign_process() noexcept {
+SD_CHILD_PATH bool foreign_process() noexcept {
     return may_run_elsewhere() && int(getpid()) != forks.self_pid;
 }
 int table_pid() noexcept { return forks.self_pid; }
 
 SD_CHILD_PATH std::uint64_t table_fork_ns() noexcept { return forks.at_ns; }
 
-int own_pid() noexcept {
+SD_CHILD_PATH int own_pid() noexcept {
     return forks.self_pid && !may_run_elsewhere() ? forks.self_pid : int(getpid());
 }
 
@@ -275,8 +342,8 @@ int inherited_sockets(ino_t *out, int *out_fd, int max, int after) noexcept {
     return n;
 }
 
-bool slot_taken(int fd) noexcept {
-    return fd >= 0 && fd < nslots && slots[fd].load(std::memory_order_acquire);
+SD_CHILD_PATH bool slot_taken(int fd) noexcept {
+    return fd >= 0 && fd < nslots && slot(fd).load(std::memory_order_acquire);
 }
 
 namespace {

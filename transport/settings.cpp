@@ -1,5 +1,6 @@
 #include "settings.hpp"
 #include "registry.hpp"
+#include "sys.hpp"
 
 #include <cstdio>
 #include <cstdlib>
@@ -301,7 +302,7 @@ const Setting *setting_table(std::size_t *count) noexcept {
     return table;
 }
 
-const Settings &settings() noexcept { return values; }
+SD_CHILD_PATH const Settings &settings() noexcept { return values; }
 
 void load_settings() noexcept {
     values.enable = boolean(Key::enable);

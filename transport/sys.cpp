@@ -374,7 +374,7 @@ SD_UNINSTRUMENTED void resolve_sys() noexcept {
     __atomic_store_n(&sys_resolved, true, __ATOMIC_RELEASE);
 }
 
-ssize_t kernel_readv(int fd, const iovec *iov, int iovcnt, int flags) noexcept {
+SD_CHILD_PATH ssize_t kernel_readv(int fd, const iovec *iov, int iovcnt, int flags) noexcept {
     if (iovcnt == 1)
         return flags ? sys.recv(fd, iov[0].iov_base, iov[0].iov_len, flags)
                      : sys.read(fd, iov[0].iov_base, iov[0].iov_len);
@@ -385,7 +385,7 @@ ssize_t kernel_readv(int fd, const iovec *iov, int iovcnt, int flags) noexcept {
     return sys.recvmsg(fd, &mh, flags);
 }
 
-ssize_t kernel_writev(int fd, const iovec *iov, int iovcnt, int flags) noexcept {
+SD_CHILD_PATH ssize_t kernel_writev(int fd, const iovec *iov, int iovcnt, int flags) noexcept {
     if (iovcnt == 1)
         return flags ? sys.send(fd, iov[0].iov_base, iov[0].iov_len, flags)
                      : sys.write(fd, iov[0].iov_base, iov[0].iov_len);

@@ -166,8 +166,10 @@ void resolve_sys() noexcept;
 // without its instrumentation.
 #define SD_UNINSTRUMENTED __attribute__((no_sanitize_thread))
 
-// The code a fork child runs in its handlers, kept together on few pages:
-// a child starts with none of the library's code mapped, and each page of
+// The code a fork child runs in its handlers, and in its first calls on the
+// connection it inherited (a read, a write, a close and its exit, as a
+// forking server's child makes them), kept together on few pages: a child
+// starts with none of the library's code mapped, and each 64 KiB window of
 // it that the child runs costs a page fault (a forking server pays it per
 // connection). The linker places these sections side by side.
 #define SD_CHILD_PATH __attribute__((section(".text.hot.sdirect_child")))

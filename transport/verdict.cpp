@@ -180,7 +180,7 @@ void mark_unattached(int fd, Reason why, EntryMark *mark) noexcept {
     if (write_entry(t, e, &dev, &ino) && mark) *mark = EntryMark{dev, ino};
 }
 
-void unmark_unattached(int fd, EntryMark &mark) noexcept {
+SD_CHILD_PATH void unmark_unattached(int fd, EntryMark &mark) noexcept {
     if (!mark.ino) return;
     const EntryMark m = std::exchange(mark, EntryMark{});
     Tuple t;

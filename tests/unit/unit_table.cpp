@@ -35,6 +35,38 @@ TEST_CASE("the table holds every fd number up to RLIMIT_NOFILE, at least 1024", 
     CHECK_FALSE(slot_taken(table_size()));
 }
 
+TEST_CASE("every fd number keeps its own stream, on both sides of the table's first page "
+          "(the lowest fds) and the mapped slots after it; streams made one after the other "
+          "are distinct and each found at its fd",
+          "[table]") {
+    Table t;
+    // The first page holds the slots of the lowest few hundred fds; the
+    // rest are mapped. Numbers need not be open fds for the table.
+    const int fds[] = {0, 1, 200, 379, 380, 381, 382, 383, 511, 512, 1000, table_size() - 1};
+    Stream *made[sizeof fds / sizeof fds[0]] = {};
+    for (std::size_t i = 0; i < sizeof fds / sizeof fds[0]; ++i) {
+        INFO("fd " << fds[i]);
+        REQUIRE_FALSE(slot_taken(fds[i]));
+        made[i] = create(fds[i], AF_INET, false);
+        REQUIRE(made[i]);
+        for (std::size_t j = 0; j < i; ++j) CHECK(made[j] != made[i]);
+    }
+    for (std::size_t i = 0; i < sizeof fds / sizeof fds[0]; ++i) {
+        INFO("fd " << fds[i]);
+        CHECK(slot_taken(fds[i]));
+        Stream *a = acquire(fds[i]);
+        CHECK(a == made[i]);
+        CHECK(a->fd.load() == fds[i]);
+        release(a);
+    }
+    for (std::size_t i = 0; i < sizeof fds / sizeof fds[0]; ++i) {
+        Stream *gone = unmap(fds[i]);
+        CHECK(gone == made[i]);
+        CHECK_FALSE(slot_taken(fds[i]));
+        release(gone);
+    }
+}
+
 TEST_CASE("a created stream is found at its fd with a reference each caller releases",
           "[table]") {
     Table t;
