@@ -72,9 +72,12 @@ Args parse(int argc, char **argv) {
     return a;
 }
 
-bool read_exact(int fd, char *p, std::size_t n) {
+// All n bytes through `io` (read or write), across short transfers and
+// signals; false on an error or an early EOF.
+template <typename Io>
+bool exact(Io io, int fd, char *p, std::size_t n) {
     while (n) {
-        const ssize_t r = read(fd, p, n);
+        const ssize_t r = io(fd, p, n);
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) return false;
         p += r;
@@ -83,15 +86,10 @@ bool read_exact(int fd, char *p, std::size_t n) {
     return true;
 }
 
+bool read_exact(int fd, char *p, std::size_t n) { return exact(read, fd, p, n); }
 bool write_exact(int fd, const char *p, std::size_t n) {
-    while (n) {
-        const ssize_t r = write(fd, p, n);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return false;
-        p += r;
-        n -= std::size_t(r);
-    }
-    return true;
+    return exact([](int f, char *b, std::size_t k) { return write(f, b, k); }, fd,
+                 const_cast<char *>(p), n);
 }
 
 long faults(const rusage &u) { return u.ru_minflt + u.ru_majflt; }
