@@ -160,11 +160,14 @@ variant() {
         # takes the socket over from the idle monitor and upgrades it
         # across users, asking the client itself (the kernel names root,
         # the socket's maker, as the owner of sshd's end). So two
-        # upgrades, one leave (the pre-auth child's), the 1 MiB each way
-        # on the fabric.
+        # upgrades, one leave (the pre-auth child's), and the 1 MiB echoed
+        # back on the fabric. The client's upload starts with the session
+        # and races that upgrade: part or all of it may cross on TCP
+        # before it (the bytes are exact either way, checked above), so
+        # only some of it is required on the fabric.
         if ((!it_kernel)); then
             if it_mode_check "$port" "$name-user" direct none peer_pid'>0' upgrades=2 leaves=1 \
-                tx_fabric'>1048575' rx_fabric'>1048575'; then
+                tx_fabric'>0' rx_fabric'>1048575'; then
                 it_ok "$it_mode_text"
             else
                 it_bad "$it_mode_text"
