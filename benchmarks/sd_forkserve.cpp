@@ -74,8 +74,8 @@ Args parse(int argc, char **argv) {
 
 // All n bytes through `io` (read or write), across short transfers and
 // signals; false on an error or an early EOF.
-template <typename Io>
-bool exact(Io io, int fd, char *p, std::size_t n) {
+template <typename Io, typename Byte>
+bool exact(Io io, int fd, Byte *p, std::size_t n) {
     while (n) {
         const ssize_t r = io(fd, p, n);
         if (r < 0 && errno == EINTR) continue;
@@ -87,10 +87,7 @@ bool exact(Io io, int fd, char *p, std::size_t n) {
 }
 
 bool read_exact(int fd, char *p, std::size_t n) { return exact(read, fd, p, n); }
-bool write_exact(int fd, const char *p, std::size_t n) {
-    return exact([](int f, char *b, std::size_t k) { return write(f, b, k); }, fd,
-                 const_cast<char *>(p), n);
-}
+bool write_exact(int fd, const char *p, std::size_t n) { return exact(write, fd, p, n); }
 
 long faults(const rusage &u) { return u.ru_minflt + u.ru_majflt; }
 double cpu_us(const rusage &u) {
