@@ -36,6 +36,11 @@ class CallRef {
             // TCP for good now, with no lock held (not from a vfork child,
             // whose memory is its parent's).
             if (transport::peer_wait_over(c) && !fallback::foreign_process()) s_->stop_waiting(c);
+            // Its upgrade is ours to ask and the peer had not published
+            // when we last looked: again, at longer and longer intervals
+            // (Engine::ask_later).
+            else if (transport::ask_again_due(c) && !fallback::foreign_process())
+                s_->ask_again(c);
         }
         // The last call over a socket closed meanwhile: its close now.
         if (s_->calls.fetch_sub(1, std::memory_order_acq_rel) == 1 &&

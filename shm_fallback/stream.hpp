@@ -116,6 +116,11 @@ class Stream {
     void stop_waiting(transport::Conn *c) noexcept {
         if (transport::Engine *e = transport::Engine::current()) e->give_up_waiting(c);
     }
+    // Its peer cannot find our entry and had not published when we
+    // looked (transport::ask_again_due): look again now. No lock held.
+    void ask_again(transport::Conn *c) noexcept {
+        if (transport::Engine *e = transport::Engine::current()) e->ask_again(c);
+    }
     // Sets `conn` (once, from null) and wakes the poll/select/epoll sleeps
     // that watched the socket without one (they watch the connection next).
     void set_conn(transport::Conn *c) noexcept;

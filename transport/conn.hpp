@@ -189,6 +189,9 @@ PollerMask &pollers_of(Conn *c) noexcept;
 // Its wait for the peer's upgrade has run out (Engine::peer_wait_due):
 // Engine::give_up_waiting is due, with no lock held.
 bool peer_wait_over(const Conn *c) noexcept;
+// Its look for the peer's entry is due again (Engine::ask_later):
+// Engine::ask_again is, with no lock held.
+bool ask_again_due(const Conn *c) noexcept;
 // Counts of arrivals (data, fin, close, state) and of send retries
 // (credits): an edge-triggered watcher knows something new came.
 void arrivals(const Conn *c, std::uint32_t &rx, std::uint32_t &tx) noexcept;

@@ -255,6 +255,14 @@ struct Conn {
     // without a lock (acquire).
     std::atomic<Rearm> rearm{Rearm::none};
     std::atomic<bool> initiate_due{false};  // rearmed: look for the peer's entry
+    // Our entry is where the peer never looks (ids changed afresh: the
+    // kernel names our socket's old uid, whose registry holds at most a
+    // mark of the holder we took it over from), so the upgrade is ours to
+    // ask, and the peer had not published when we looked: we look again
+    // at the end of a call at or after this time (monotonic ns; 0: not
+    // due), `ask_step_ms` later each time (Engine::ask_again).
+    std::atomic<std::uint64_t> ask_again_ns{0};
+    std::atomic<std::uint32_t> ask_step_ms{0};
     std::uint64_t tx_fabric_base = 0;       // stat->tx_fabric when rearmed (peer_died)
     // A send's next progress pass for a CLOSE of a peer of another uid
     // (tx_lock): at most once a millisecond.

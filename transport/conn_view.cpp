@@ -1,5 +1,6 @@
 // What the layers above transport may ask of a connection (conn.hpp):
 // each a look at, or one step on, fields that stay transport's own.
+#include "clock.hpp"
 #include "conn_impl.hpp"
 #include "engine.hpp"
 #include "log.hpp"
@@ -149,6 +150,11 @@ PollerMask &pollers_of(Conn *c) noexcept { return c->pollers; }
 
 bool peer_wait_over(const Conn *c) noexcept {
     return c->give_up_due.load(std::memory_order_relaxed);
+}
+
+bool ask_again_due(const Conn *c) noexcept {
+    const std::uint64_t at = c->ask_again_ns.load(std::memory_order_relaxed);
+    return at && monotonic_ns() >= at;
 }
 
 void arrivals(const Conn *c, std::uint32_t &rx, std::uint32_t &tx) noexcept {

@@ -370,6 +370,10 @@ class Engine {
     // that asks later is told why), the reason its verdict gave kept. An
     // upgrade that came first wins. Takes conn_lock_: no lock held.
     void give_up_waiting(Conn *c) noexcept;
+    // Its look for the peer's entry is due again (Conn::ask_again_ns, set
+    // by ask_later): try_initiate once more. At the end of a call, with
+    // no lock held.
+    void ask_again(Conn *c) noexcept;
     // After every connection left (retired()): the peers' process pages
     // and fabric regions are no longer mapped here, their doorbells and
     // pidfds closed, our entries gone from the registry.
@@ -822,6 +826,13 @@ class Engine {
     // handshake.cpp: the upgrade, as its initiator and as its responder
     // (the control thread, for request `req` and the fds it passed).
     void try_initiate(Conn *c) noexcept;
+    // try_initiate found no entry of the peer and the peer cannot find
+    // ours (Conn::ask_again_ns): look again at the end of a later call,
+    // while the connection is on the kernel and waits for its peer
+    // (SDIRECT_PEER_WAIT_MS). ask_again, with no lock held, looks once it
+    // is due.
+    void ask_later(Conn *c) noexcept;
+    static constexpr std::uint32_t kAskStepMaxMs = 1024;
     // The connecting side found the acceptor's entry: its request is sure
     // to come.
     bool acceptor_will_ask(const Conn *c, const Entry &e) noexcept;

@@ -16,6 +16,7 @@
 #include "sys.hpp"
 #include "wait.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -119,6 +120,28 @@ int Engine::make_ring(Conn *c, bool offer) noexcept {
 //    stamp, its lookup sees our entry (the two cannot both miss).
 // Both ends read CLOCK_MONOTONIC; ends in different time namespaces could
 // misjudge it, and the connection would then stay on TCP.
+void Engine::ask_later(Conn *c) noexcept {
+    // 1, 2, 4 ... ms, at most kAskStepMaxMs apart: a peer that publishes
+    // soon after us (its engine still building) is found within a few
+    // ms of it, one that never does costs a look a second at most.
+    const std::uint32_t step = std::clamp<std::uint32_t>(
+        c->ask_step_ms.load(std::memory_order_relaxed) * 2, 1, kAskStepMaxMs);
+    c->ask_step_ms.store(step, std::memory_order_relaxed);
+    c->ask_again_ns.store(monotonic_ns() + std::uint64_t(step) * 1000000,
+                          std::memory_order_release);
+}
+
+void Engine::ask_again(Conn *c) noexcept {
+    if (!c->ask_again_ns.exchange(0, std::memory_order_acq_rel)) return;  // another call's
+    // Upgraded meanwhile (the peer found us after all), on TCP for good,
+    // or its wait for the peer over: nothing more to ask.
+    if (c->state.load(std::memory_order_acquire) != ConnState::kernel ||
+        c->upgrades_barred.load(std::memory_order_acquire) ||
+        (settings().peer_wait_ms && !c->awaiting_peer.load(std::memory_order_relaxed)))
+        return;
+    try_initiate(c);
+}
+
 bool Engine::acceptor_will_ask(const Conn *c, const Entry &e) noexcept {
     const std::uint64_t ours = c->published_ns.load(std::memory_order_acquire);
     if (!ours) return false;
@@ -171,12 +194,16 @@ void Engine::try_initiate(Conn *c) noexcept {
         // No fd to look with (RLIMIT_NOFILE): whether the peer published
         // cannot be known now, and an upgrade would need more fds. Said
         // once; a later attempt may still go. Otherwise the peer has not
-        // published (yet): it may find us.
+        // published (yet): it may find us, unless we changed ids afresh
+        // (the kernel may name our socket's old uid, in whose registry
+        // the peer looks for us in vain): then we look again later.
         std::uint32_t expect = std::uint32_t(Reason::no_peer);
         if ((errno == EMFILE || errno == ENFILE) &&
             c->stat->reason.compare_exchange_strong(expect, std::uint32_t(Reason::fd_limit)))
             SD_LOG_CONN(info, *c->stat, "on TCP for now: fd_limit (no fd to look up the peer's "
                                         "registry entry with)");
+        else if (errno == ENOENT && ids_renewed())
+            ask_later(c);
         return;
     }
     Entry e{};

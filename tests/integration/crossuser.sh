@@ -104,14 +104,15 @@ pair() {
 }
 
 # drop NAME: a root server, direct with a nobody client, becomes uid
-# daemon after 1 MiB: the connection goes on over the kernel, byte-exact,
+# daemon after 1 MiB, once it has sent on the fabric: the connection goes on over the kernel, byte-exact,
 # and the server has none of the nobody process's memory mapped after.
 drop() {
-    local name="$1" port srv rc
+    local name="$1" port srv rc stat=()
     port="$(it_free_port)"
     unset SDIRECT_CROSS_USER  # on by default
+    ((it_kernel)) || stat=(--stat-tool "$it_tools/sdirect-stat")
     it_start "$name-server" 40 "$it_py" "$it_dir/xuser_echo.py" server --port "$port" \
-        --drop-to "$third"
+        --drop-to "$third" "${stat[@]}"
     srv=$it_pid
     if ! it_wait_listen "$port" "$srv"; then
         it_bad "$name: server did not listen on 127.0.0.1:$port"

@@ -20,7 +20,9 @@
 #     the pair goes through the message queues, as across users: direct
 #     on both ends, every byte inline (no ring write, no zero-copy).
 #   holds-direct: a root server whose connection with a root client is
-#     direct, and that becomes nobody after 1 MiB: the connection goes on
+#     direct, and that becomes nobody after 1 MiB, once it has sent on
+#     the fabric (its stats say so; on a busy host the upgrade may come
+#     later than 1 MiB): the connection goes on
 #     over the kernel, byte-exact, reason privilege on both ends (direct
 #     first: one upgrade, one leave).
 #   accept-fork: a root server that accepts a root client's connection
@@ -31,6 +33,14 @@
 #     uses the socket: it asks the child, of another uid now, to move the
 #     connection back to the kernel, and echoes the rest there (client:
 #     one upgrade, one leave, then shared; both halves byte-exact).
+#   accept-fork-late: as accept-fork, but the client sends its first
+#     byte 1 s after its connect: the child's engine is built by then, it
+#     takes the connection over at its first echo and finds no entry of
+#     the client's (whose engine builds only now); the client then finds
+#     only the parent's mark (shared) in root's registry, never the
+#     child's entry (the kernel names root as the owner of the child's
+#     socket), so the child must look again until the client's entry is
+#     there (same checks as accept-fork).
 #   monitor: sshd's shape for a login as another user, with a root
 #     client: the root server echoes the first 100 kB itself (direct), a
 #     child it forks the next 100 kB (the server leaves the fabric for
@@ -55,6 +65,10 @@ nogroup=$(id -g nobody)
 it_as nobody
 as_nobody=("${it_as_words[@]}")
 bytes=3000000
+client_args=()  # more arguments of echo_pair's client
+# Each end's account of its upgrades, leaves and take-overs goes to its
+# log, whose last lines a failed check prints.
+export SDIRECT_LOG="${SDIRECT_LOG:-info}"
 
 # echo_pair NAME CLIENT-AS SERVER-ARG...: one server and its client.
 echo_pair() {
@@ -73,7 +87,7 @@ echo_pair() {
     fi
     [[ "$cli_as" == nobody ]] && pre=("${as_nobody[@]}")
     it_run "$name-client" 30 "${pre[@]}" "$it_py" "$it_dir/xuser_echo.py" client --port "$port" \
-        --bytes "$bytes" </dev/null >"$it_tmp/$name-client.log" 2>&1
+        --bytes "$bytes" "${client_args[@]}" </dev/null >"$it_tmp/$name-client.log" 2>&1
     rc=$?
     it_check "$rc" "$name: client ($cli_as) $(it_status "$rc")"
     if it_reap "$srv" 10; then
@@ -132,7 +146,10 @@ fi
 port="$(it_free_port)"
 : >"$it_tmp/holds-direct-server.stats"
 chmod 0666 "$it_tmp/holds-direct-server.stats"
-it_start holds-direct-server 40 "$it_py" "$it_dir/xuser_echo.py" server --port "$port" --drop-to "$nobody"
+stat_tool=()
+((it_kernel)) || stat_tool=(--stat-tool "$it_tools/sdirect-stat")
+it_start holds-direct-server 40 "$it_py" "$it_dir/xuser_echo.py" server --port "$port" \
+    --drop-to "$nobody" "${stat_tool[@]}"
 srv=$it_pid
 if it_wait_listen "$port" "$srv"; then
     it_run holds-direct-client 30 "$it_py" "$it_dir/xuser_echo.py" client --port "$port" \
@@ -156,8 +173,6 @@ else
     it_stop "$srv" TERM 3
 fi
 
-stat_tool=()
-((it_kernel)) || stat_tool=(--stat-tool "$it_tools/sdirect-stat")
 if echo_pair accept-fork root --accept-fork "$nobody" --half $((bytes / 2)) "${stat_tool[@]}"; then
     inherited_ok accept-fork "the child (nobody) keeps nothing of root's registry or of the parent's region"
     # The client may have sent all its bytes before the upgrade, the echo
@@ -165,6 +180,14 @@ if echo_pair accept-fork root --accept-fork "$nobody" --half $((bytes / 2)) "${s
     it_expect_mode "$pair_port" accept-fork-client kernel shared "upgrades=1" "leaves=1" \
         "tx_fabric+rx_fabric>0" "tx_fabric+tx_kernel=$bytes" "rx_fabric+rx_kernel=$bytes"
 fi
+
+client_args=(--pause 1)
+if echo_pair accept-fork-late root --accept-fork "$nobody" --half $((bytes / 2)) "${stat_tool[@]}"; then
+    inherited_ok accept-fork-late "the child (nobody) keeps nothing of root's registry or of the parent's region"
+    it_expect_mode "$pair_port" accept-fork-late-client kernel shared "upgrades=1" "leaves=1" \
+        "tx_fabric+rx_fabric>0" "tx_fabric+tx_kernel=$bytes" "rx_fabric+rx_kernel=$bytes"
+fi
+client_args=()
 
 if echo_pair monitor root --monitor "$nobody" --piece 100000 "${stat_tool[@]}"; then
     inherited_ok monitor "the second child (nobody) keeps nothing of root's registry or of the parent's region"

@@ -8,6 +8,11 @@
 # --clients N (server): N connections at once, one thread each, each
 # line "server conn I received N SHA" or "server conn I broke ...".
 # --seconds S (client): sends for S seconds (at least --bytes).
+# --pause S (client): connected, waits S seconds before its first byte.
+# --drop-to UID (server): after --drop-after bytes, becomes UID; with
+# --stat-tool (sdirect-stat), only once its stats list the connection
+# direct with bytes sent on the fabric (at most 10 s later; it reads 4 KiB
+# at a time meanwhile, each piece followed by a look).
 #
 # --check-acl UID (client): before its shutdown, the client's own shm
 # region must not be opened to UID; prints "acl ok" or to whom it is.
@@ -161,6 +166,29 @@ def serve_many(s, n):
         t.join()
 
 
+def sent_direct(c, stat_tool, state={}):
+    """Whether our end of c is direct and has sent bytes on the fabric,
+    by --stat-tool on our registry; without the tool, or after 10 s of
+    asking (a busy host upgrades late; the checks then say what
+    happened), yes."""
+    if not stat_tool:
+        return True
+    now = time.monotonic()
+    state.setdefault("until", now + 10)
+    if now >= state["until"]:
+        return True
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    out = subprocess.run([stat_tool, "--dir", f"/dev/shm/sdirect-{os.getuid()}"], env=env,
+                         capture_output=True, text=True).stdout
+    mine = (f"pid={os.getpid()} ", f" fd={c.fileno()} ", " mode=direct ")
+    for line in out.splitlines():
+        if all(w in line for w in mine):
+            sent = [w for w in line.split() if w.startswith("tx_fabric=")]
+            if sent and int(sent[0].split("=", 1)[1]) > 0:
+                return True
+    return False
+
+
 def server(a):
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -175,13 +203,18 @@ def server(a):
     n = 0
     dropped = False
     while True:
-        b = c.recv(1 << 20)
+        # Past --drop-after and waiting for the fabric: small pieces, each
+        # followed by a look at our stats, so that the rest of the stream
+        # lasts until the upgrade has come (or 10 s).
+        due = a.drop_to is not None and not dropped and n >= a.drop_after
+        b = c.recv(4096 if due else 1 << 20)
         if not b:
             break
         h.update(b)
         n += len(b)
         c.sendall(b)
-        if a.drop_to is not None and not dropped and n >= a.drop_after:
+        if a.drop_to is not None and not dropped and n >= a.drop_after and \
+                sent_direct(c, a.stat_tool):
             # Mid-stream, the connection direct: become another user.
             before = not_ours() + memfd_maps()
             os.setgroups([])
@@ -231,6 +264,7 @@ def client(a):
 
     t = threading.Thread(target=reader)
     t.start()
+    time.sleep(a.pause)
     h = hashlib.sha256()
     sent = 0
     sizes = [1, 100, 4000, 5000, 65536, 200000, 1 << 20, 7]
@@ -268,6 +302,8 @@ p.add_argument("--seed", type=int, default=11)
 p.add_argument("--probe", type=int)
 p.add_argument("--peer-uid", type=int)
 p.add_argument("--drop-to", type=int)
+p.add_argument("--pause", type=float, default=0)
+p.add_argument("--stat-tool", default="")
 p.add_argument("--bind-port", type=int)
 p.add_argument("--check-acl", type=int)
 p.add_argument("--drop-after", type=int, default=1 << 20)
