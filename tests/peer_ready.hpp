@@ -155,6 +155,10 @@ struct Fill {
     std::uint64_t off = 0;        // bytes sent so far
     std::uint64_t first = 0;      // what the first (large) send returned
     int eagains = 0;
+    // The first send's bytes were made before the peer's pause began
+    // (start_fill): 16 MiB of pattern take long enough under a sanitizer
+    // to use up the pause, and the peer would read before the window fills.
+    bool first_ready = false;
 };
 Fill start_fill(int fd, std::uint64_t total, std::uint64_t seed, std::uint32_t pause_us);
 // Sends with `flags` (MSG_DONTWAIT, or 0 on a non-blocking socket) through

@@ -512,10 +512,25 @@ void take(int fd, std::uint64_t size, std::uint64_t seed, const char *what) {
     recv_pattern(fd, Rx::recv, seed, size, std::uint32_t(size < 65536 ? size : 65536), what);
 }
 
+namespace {
+
+std::vector<char> &fill_buffer() {
+    static thread_local std::vector<char> buf;
+    return buf;
+}
+
+constexpr std::size_t kFirstSend = 16u << 20;  // more than any send buffer holds
+
+}  // namespace
+
 Fill start_fill(int fd, std::uint64_t total, std::uint64_t seed, std::uint32_t pause_us) {
     Fill f;
     f.seed = seed;
     f.total = total;
+    std::vector<char> &buf = fill_buffer();
+    if (buf.size() < kFirstSend) buf.resize(kFirstSend);
+    pattern_fill(seed, 0, buf.data(), std::size_t(std::min<std::uint64_t>(kFirstSend, total)));
+    f.first_ready = true;
     Cmd cmd;
     cmd.op = Op::recv;
     cmd.api = std::uint32_t(Rx::recv);
@@ -526,26 +541,16 @@ Fill start_fill(int fd, std::uint64_t total, std::uint64_t seed, std::uint32_t p
     return f;
 }
 
-namespace {
-
-std::vector<char> &fill_buffer() {
-    static thread_local std::vector<char> buf;
-    return buf;
-}
-
-}  // namespace
-
 void fill_until_eagain(int fd, Fill &f, Tx tx, int flags, const char *what) {
     std::vector<char> &buf = fill_buffer();
-    const std::size_t big = 16u << 20;
-    if (buf.size() < big) buf.resize(big);
+    if (buf.size() < kFirstSend) buf.resize(kFirstSend);
     for (int i = 0; i < 100000; ++i) {
         // The first call asks for more than any send buffer holds.
-        const std::size_t want = std::size_t(std::min<std::uint64_t>(i == 0 ? big : 65536,
+        const std::size_t want = std::size_t(std::min<std::uint64_t>(i == 0 ? kFirstSend : 65536,
                                                                      f.total - f.off));
         if (want == 0) fail("%s: %llu bytes sent without EAGAIN", what,
                             (unsigned long long)f.total);
-        pattern_fill(f.seed, f.off, buf.data(), want);
+        if (!(i == 0 && f.off == 0 && f.first_ready)) pattern_fill(f.seed, f.off, buf.data(), want);
         const std::uint64_t call_t0 = now_ns();
         ssize_t n = tx_once(fd, tx, buf.data(), want, flags | MSG_NOSIGNAL);
         const int err = errno;
