@@ -192,8 +192,13 @@ TEST_CASE("a receive ring read through is backed by huge pages, and the stream s
                     note_skip("huge pages for rings (this kernel has no MADV_COLLAPSE)");
                     return;
                 }
-                // Once per connection, within its first tries.
-                CHECK(count_with(lines, "ring of 2048 KiB backed by huge pages") == 1);
+                // Once per connection, within its first tries. A ring
+                // never offered to the peer starts over whenever a delivery
+                // finds it empty: read through only where the reader lags.
+                if (undumpable())
+                    CHECK(count_with(lines, "ring of 2048 KiB backed by huge pages") <= 1);
+                else
+                    CHECK(count_with(lines, "ring of 2048 KiB backed by huge pages") == 1);
             }
         }
         return;  // one direct placement is enough

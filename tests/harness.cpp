@@ -30,6 +30,11 @@ Config config() {
     return Config::kernel;
 }
 
+bool undumpable() {
+    const char *u = std::getenv("SDIRECT_TEST_UNDUMPABLE");
+    return u && *u == '1';
+}
+
 const char *config_name() {
     switch (config()) {
     case Config::kernel: return "kernel";
@@ -166,6 +171,9 @@ std::vector<std::string> child_env(const Scratch &scratch, const Launch &l, cons
         for (const std::string &v : l.env) own_queues |= v.rfind("SDIRECT_QUEUES=", 0) == 0;
         if (const char *q = std::getenv("SDIRECT_QUEUES"); q && !own_queues)
             env.push_back(std::string("SDIRECT_QUEUES=") + q);
+        // The undumpable configuration reaches every peer program.
+        if (const char *u = std::getenv("SDIRECT_TEST_UNDUMPABLE"))
+            env.push_back(std::string("SDIRECT_TEST_UNDUMPABLE=") + u);
         for (const std::string &v : l.env) env.push_back(v);
     }
     return env;

@@ -20,6 +20,10 @@ namespace sdt {
 enum class Config { kernel, direct, mixed };
 Config config();
 const char *config_name();
+// The peer programs make themselves not dumpable (SDIRECT_TEST_UNDUMPABLE=1,
+// the undumpable configuration): a pair goes through the queues under the
+// restrictions of two uids, every byte inline, no ring offered.
+bool undumpable();
 
 // ---- skips -------------------------------------------------------------------
 // Catch2 v2 has no skip: a skipped test case prints "SKIPPED: ..." and

@@ -187,6 +187,20 @@ struct Conn {
     fid_mr *ring_mr = nullptr;      // the ring registered for the peer's writes
     std::uint64_t ring_head = 0;    // consumed fabric bytes
     std::uint64_t ring_tail = 0;    // delivered fabric bytes
+    // The byte at stream position p is at ring[(p - ring_base) % ring_cap]
+    // (ring_at). A ring the peer never writes into (not registered: a peer
+    // through the queues of another uid, or one not dumpable) starts over
+    // at its first byte whenever a delivery finds it empty (Rx::data): a
+    // conversation of small messages then reuses the same few cache lines
+    // and pages, where a ring placed by stream offset alone would move
+    // through all of its window (2 MiB by default), a line it has not
+    // touched for a while and, the first time round, a page fault every
+    // 4 KiB. A registered ring stays placed by offset (base 0), as the
+    // peer's writes into it are. Under rx_lock.
+    std::uint64_t ring_base = 0;
+    std::uint32_t ring_at(std::uint64_t pos) const noexcept {
+        return std::uint32_t((pos - ring_base) % ring_cap);
+    }
     // Engine::ring_filled is asked to back the ring with huge pages once a
     // whole ring's worth has been consumed past huge_after, at most
     // kRingHugeTries times (under rx_lock).

@@ -201,7 +201,7 @@ std::uint64_t hand_ring_out(Conn *c, char *(*room)(void *ctx, std::uint64_t n),
     char *to = room(ctx, n);
     if (!to) return 0;
     for (std::uint64_t done = 0; done < n;) {
-        const std::uint32_t at = std::uint32_t((c->ring_head + done) % c->ring_cap);
+        const std::uint32_t at = c->ring_at(c->ring_head + done);
         const std::uint64_t run = std::min<std::uint64_t>(n - done, c->ring_cap - at);
         std::memcpy(to + done, c->ring + at, run);
         done += run;

@@ -158,7 +158,14 @@ void Engine::Rx::data(Rx &m) noexcept {
         return;
     }
     const char *src = m.payload;
-    std::uint32_t at = std::uint32_t(c->ring_tail % c->ring_cap);
+    if (!c->ring_mr && c->ring_head == c->ring_tail && c->ring_base != c->ring_tail) {
+        // Empty, and only we place bytes in it: from its start again. A
+        // whole ring's worth read since (bulk, not a conversation) is
+        // what may earn it huge pages (recv.cpp).
+        c->ring_base = c->ring_tail;
+        c->huge_after = std::max(c->huge_after, c->ring_base);
+    }
+    std::uint32_t at = c->ring_at(c->ring_tail);
     std::uint32_t first = std::min(h.len, c->ring_cap - at);
     std::memcpy(c->ring + at, src, first);
     std::memcpy(c->ring, src + first, h.len - first);

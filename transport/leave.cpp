@@ -249,7 +249,7 @@ bool Engine::unread_to_handoff_locked(Conn *c) noexcept {
         c->tx_owed.load(std::memory_order_acquire) || !h || !h.reads_room())
         return false;
     for (std::uint64_t done = 0; done < n;) {
-        const std::uint32_t at = std::uint32_t((c->ring_head + done) % c->ring_cap);
+        const std::uint32_t at = c->ring_at(c->ring_head + done);
         const std::uint64_t run = std::min<std::uint64_t>(n - done, c->ring_cap - at);
         std::memcpy(sp.bytes + done, c->ring + at, run);
         done += run;
@@ -325,7 +325,7 @@ void Engine::rearm_locked(Conn *c) noexcept {
     c->switch_off = c->fin_off = c->peer_end = kNoOffset;
     // The ring stays (a later upgrade reuses it): its count toward huge
     // pages restarts with its offsets; a ring collapsed or given up stays so.
-    c->ring_head = c->ring_tail = c->huge_after = 0;
+    c->ring_head = c->ring_tail = c->ring_base = c->huge_after = 0;
     c->zc = SrcAvail{};
     c->zc_total = 0;
     c->sink = SinkAvail{};
@@ -514,7 +514,7 @@ int Engine::leave_locked(Conn *c, Reason why) noexcept {
         from = c->peer_end == kNoOffset ? 0 : c->peer_end - n;
         if (n && !gone && (give = static_cast<char *>(std::malloc(n)))) {
             for (std::uint32_t i = 0; i < n;) {
-                std::uint32_t at = std::uint32_t((c->ring_head + i) % c->ring_cap);
+                std::uint32_t at = c->ring_at(c->ring_head + i);
                 std::uint32_t run = std::min(n - i, c->ring_cap - at);
                 std::memcpy(give + i, c->ring + at, run);
                 i += run;

@@ -26,7 +26,7 @@ void ring_copy_out(const Conn *c, std::uint64_t head, const iovec *v, int k) noe
         auto *dst = static_cast<char *>(v[i].iov_base);
         std::size_t left = v[i].iov_len;
         while (left) {
-            std::uint32_t at = std::uint32_t(head % c->ring_cap);
+            std::uint32_t at = c->ring_at(head);
             std::size_t run = std::min<std::size_t>(left, c->ring_cap - at);
             std::memcpy(dst, c->ring + at, run);
             dst += run;
