@@ -400,7 +400,11 @@ int Engine::link_set_out(int xl, int fd) noexcept {
     l.out.base = base;
     l.out.dev = dev;
     l.out.ino = ino;
-    l.out.tail = reinterpret_cast<XqHeader *>(base)->tail.load(std::memory_order_acquire);
+    const XqHeader *h = reinterpret_cast<const XqHeader *>(base);
+    l.out.tail = h->tail.load(std::memory_order_acquire);
+    // Skips only where the reader reads them (an older library's queue
+    // says version 1; a header that lies breaks only its own queue).
+    l.out.skips = h->version >= 2;
     return 0;
 }
 

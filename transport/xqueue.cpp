@@ -84,9 +84,20 @@ int xq_put(XqWriter &w, const iovec *iov, int iovcnt, std::uint32_t len) noexcep
     // The reader's head, written by the other process: anything may be
     // there. It only ever tells us how much room there is, within our tail.
     const std::uint64_t head = header(w.base)->head.load(std::memory_order_acquire);
-    const std::uint64_t used = w.tail - head;
+    std::uint64_t used = w.tail - head;
     if (used > kXqCap || (head & 7)) return -EPIPE;
     const std::uint64_t rec = xq_record(len);
+    const std::size_t in = std::size_t(w.tail % kXqCap);
+    if (w.skips && used == 0 && in >= kXqSkipFrom && rec <= in) {
+        // Read to the end: the record goes to the start of the data area,
+        // where the last ones went (hot in both caches, its pages mapped).
+        // The skipped part counts as used until the reader passes the
+        // skip, so the record must fit in what is left: `in`.
+        const std::uint32_t skip[2] = {0, kXqSkip};
+        std::memcpy(data(w.base) + in, skip, sizeof skip);  // 8-aligned: never wraps
+        w.tail += kXqCap - in;
+        used = kXqCap - in;
+    }
     if (rec > kXqCap - used) return -EAGAIN;
     const std::uint32_t words[2] = {len, 0};
     std::memcpy(data(w.base) + w.tail % kXqCap, words, sizeof words);  // never wraps: 8-aligned
@@ -110,13 +121,25 @@ long xq_take(XqReader &r, char *out, std::size_t min, std::size_t max) noexcept 
     // Pairs with the writer's release store: the record's bytes are there
     // (if the writer is honest; if not, whatever we copy is validated).
     const std::uint64_t tail = h->tail.load(std::memory_order_acquire);
-    const std::uint64_t avail = tail - r.head;  // our head: never what the shared word says
+    std::uint64_t avail = tail - r.head;  // our head: never what the shared word says
     if (avail == 0) return 0;
     if (avail > kXqCap || (tail & 7) || avail < kXqRecHead) return -EPROTO;
-    std::uint32_t len;
-    // Read once: the writer may change the shared word under us.
-    len = __atomic_load_n(reinterpret_cast<const std::uint32_t *>(data(r.base) + r.head % kXqCap),
-                          __ATOMIC_RELAXED);
+    // Read once: the writer may change the shared words under us.
+    const auto *word = reinterpret_cast<const std::uint32_t *>(data(r.base) + r.head % kXqCap);
+    std::uint32_t len = __atomic_load_n(word, __ATOMIC_RELAXED);
+    if (len == 0) {
+        // A skip (no message is empty): the next record is at the start
+        // of the data area, within the tail.
+        const std::uint64_t next = (r.head / kXqCap + 1) * kXqCap;
+        if (__atomic_load_n(word + 1, __ATOMIC_RELAXED) != kXqSkip || next - r.head > avail)
+            return -EPROTO;
+        r.head = next;
+        h->head.store(r.head, std::memory_order_release);
+        avail = tail - r.head;
+        if (avail == 0) return 0;
+        if (avail < kXqRecHead) return -EPROTO;
+        len = __atomic_load_n(reinterpret_cast<const std::uint32_t *>(data(r.base)), __ATOMIC_RELAXED);
+    }
     if (len < min || len > max || xq_record(len) > avail) return -EPROTO;
     ring_out(r.base, r.head + kXqRecHead, out, len);
     r.head += xq_record(len);

@@ -32,7 +32,13 @@
 //        byte on that bell instead of the link's (Engine::ring)
 // 36864  data[kXqCap]   records at position % kXqCap, 8-byte aligned:
 //        u32 len, u32 zero, then len bytes of message (which may wrap
-//        past the end of data to its start), padded to 8 bytes.
+//        past the end of data to its start), padded to 8 bytes. Version 2
+//        (the reader's, in the header: a writer skips only into such a
+//        queue): u32 0, u32 kXqSkip is a skip, the next record is at the
+//        next multiple of kXqCap. The writer skips when it finds the queue
+//        empty at least kXqSkipFrom into the data area, so that a
+//        conversation of small messages keeps writing the same few lines
+//        and pages instead of walking through all of the 1 MiB.
 //
 // head and tail only grow (u64, never wrapping in practice); the writer
 // publishes a record whole with a release store of tail, the reader frees
@@ -51,7 +57,9 @@
 namespace sd::transport {
 
 inline constexpr std::uint32_t kXqMagic = 0x51584453;  // "SDXQ"
-inline constexpr std::uint16_t kXqVersion = 1;
+inline constexpr std::uint16_t kXqVersion = 2;
+inline constexpr std::uint32_t kXqSkip = 0x50494B53;  // "SKIP"
+inline constexpr std::size_t kXqSkipFrom = 4096;
 inline constexpr std::size_t kXqCap = std::size_t(1) << 20;
 inline constexpr std::size_t kXqWakersAt = 4096;
 inline constexpr std::size_t kXqWakers = 4096;  // = kSlots, the connection ids
@@ -116,6 +124,7 @@ struct XqWriter {
     std::uint64_t tail = 0;
     dev_t dev = 0;
     ino_t ino = 0;
+    bool skips = false;  // the reader reads skips (its queue's version, 2 on)
 };
 
 // Appends one message (the iovecs, `len` bytes in all) whole, or nothing:
@@ -131,10 +140,11 @@ struct XqReader {
     std::uint64_t head = 0;
 };
 
-// Takes the next message into `out` (`max` bytes): its length, 0 when the
-// queue is empty, -EPROTO when the queue is poisoned (a tail before our
-// head or more than the capacity past it, a length below `min` or above
-// `max`, a record past the tail). Nothing is read outside the data area.
+// Takes the next message into `out` (`max` bytes), past a skip before it:
+// its length, 0 when the queue is empty, -EPROTO when the queue is
+// poisoned (a tail before our head or more than the capacity past it, a
+// length below `min` or above `max`, a record or a skip past the tail, a
+// length of 0 that is no skip). Nothing is read outside the data area.
 long xq_take(XqReader &r, char *out, std::size_t min, std::size_t max) noexcept;
 
 }  // namespace sd::transport

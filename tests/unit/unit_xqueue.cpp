@@ -9,6 +9,7 @@
 
 #include "transport/xqueue.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -88,6 +89,78 @@ TEST_CASE("queue messages arrive whole and in order, across the end of the data 
     }
     CHECK(read == written);
     CHECK(r.head == w.tail);
+}
+
+TEST_CASE("a writer that finds the queue read to the end goes on at its start, and the reader follows") {
+    Queue q;
+    Fenced w_map(q.fd), r_map(q.fd);
+    XqWriter w;
+    w.base = w_map.base;
+    w.skips = true;
+    XqReader r{r_map.base, 0};
+    std::vector<char> msg(kMax), out(kMax);
+    std::mt19937 rnd(11);
+    std::uint64_t deepest = 0;
+    int restarts = 0;
+    for (int i = 0; i < 20000; ++i) {
+        // A conversation: each message read before the next is written
+        // (every few, two in a row, so that the queue is not always empty).
+        const int burst = i % 7 == 0 ? 2 : 1;
+        std::vector<int> sent;
+        for (int b = 0; b < burst; ++b, ++i) {
+            const std::uint32_t len = std::uint32_t(kMin + rnd() % 600);
+            std::memcpy(msg.data(), &i, sizeof i);
+            for (std::uint32_t k = sizeof i; k < len; ++k) msg[k] = char(i * 7 + int(k));
+            iovec v{msg.data(), len};
+            const std::uint64_t before = w.tail;
+            REQUIRE(xq_put(w, &v, 1, len) == 0);
+            if ((w.tail - xq_record(len)) % kXqCap == 0 && before % kXqCap != 0) ++restarts;
+            deepest = std::max<std::uint64_t>(deepest, w.tail % kXqCap == 0 ? kXqCap : w.tail % kXqCap);
+            sent.push_back(i);
+        }
+        --i;
+        for (int seq : sent) {
+            const long got = xq_take(r, out.data(), kMin, kMax);
+            REQUIRE(got >= long(kMin));
+            int at;
+            std::memcpy(&at, out.data(), sizeof at);
+            REQUIRE(at == seq);
+            for (long k = sizeof at; k < got; ++k) REQUIRE(out[std::size_t(k)] == char(seq * 7 + int(k)));
+        }
+    }
+    CHECK(xq_take(r, out.data(), kMin, kMax) == 0);
+    CHECK(r.head == w.tail);
+    CHECK(restarts > 100);
+    // Never far past the point where it starts over: the same few pages.
+    CHECK(deepest < kXqSkipFrom + 2 * 1024);
+}
+
+TEST_CASE("a skip the reader cannot follow poisons the queue") {
+    Queue q;
+    Fenced shared(q.fd);
+    XqReader r{shared.base, 0};
+    std::vector<char> out(kMax);
+    auto *word = reinterpret_cast<std::uint32_t *>(shared.data());
+    SECTION("a length of 0 that is no skip") {
+        word[0] = 0;
+        word[1] = 0;
+        shared.h().tail.store(64, std::memory_order_release);
+        CHECK(xq_take(r, out.data(), kMin, kMax) == -EPROTO);
+    }
+    SECTION("a skip past the tail") {
+        word[0] = 0;
+        word[1] = kXqSkip;
+        shared.h().tail.store(64, std::memory_order_release);
+        CHECK(xq_take(r, out.data(), kMin, kMax) == -EPROTO);
+    }
+    SECTION("a skip to the tail, then nothing: empty") {
+        word[0] = 0;
+        word[1] = kXqSkip;
+        shared.h().tail.store(kXqCap, std::memory_order_release);
+        CHECK(xq_take(r, out.data(), kMin, kMax) == 0);
+        CHECK(r.head == kXqCap);
+        CHECK(shared.h().head.load() == kXqCap);
+    }
 }
 
 TEST_CASE("a writer and a reader running at once over one queue see every message whole, in order") {
