@@ -518,13 +518,15 @@ TEST_CASE("a connection that waited SDIRECT_PEER_WAIT_MS for its peer's upgrade 
         return;
     }
     // The server asks at once; the client only once it has lived 1.5 s,
-    // within the hello's 2.5 s ping-pong. The server's verdict (no_peer:
-    // no entry of the client's yet) comes after 100 ms.
+    // within the hello's 2.5 s ping-pong, paced (a round a millisecond:
+    // unpaced, the settle's 200,000 rounds may end before 1.5 s on a fast
+    // host, and the client then never asks). The server's verdict
+    // (no_peer: no entry of the client's yet) comes after 100 ms.
     for (const std::string wait : {"100", "0"}) {
         Scratch scratch;
         const std::string log = scratch.file("log");
         PairSpec spec;
-        spec.args = {"--scenario", "pingpong", "--rounds", "200"};
+        spec.args = {"--scenario", "pingpong", "--rounds", "200", "--earn-ms", "2500"};
         spec.env = {"SDIRECT_PEER_WAIT_MS=" + wait, "SDIRECT_UPGRADE_TIMEOUT_MS=100",
                     "SDIRECT_LOG=info", "SDIRECT_LOG_FILE=" + log};
         spec.client_env = {"SDIRECT_UPGRADE_AFTER_MS=1500"};
